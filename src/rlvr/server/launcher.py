@@ -1,0 +1,218 @@
+"""`vf-vllm`: vLLM's OpenAI-compatible server with the RL weight-update routes switched on.
+
+The weight routes replace the served model, so the server binds 127.0.0.1 unless `--host` opens
+it on purpose. Every argument we do not define is passed to vLLM unchanged. The launcher stays
+in the foreground: it prints where it serves once the engine is ready and, on SIGINT/SIGTERM,
+takes the whole engine process tree down with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from rlvr.models import resolve_model
+
+LOG_TAIL_LINES = 60
+CPU_KVCACHE_GIB = "2"
+CPU_MEMORY_FRACTION = "0.5"
+
+
+class LaunchError(RuntimeError):
+    """A start-up failure with a message meant for the user (no traceback)."""
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vf-vllm",
+        description=(
+            "rlvr's vf-vllm: start vLLM's OpenAI-compatible server with the RL routes "
+            "(/pause, /resume, /init_weight_transfer_engine, /update_weights) enabled. "
+            "Any other argument is passed to vLLM unchanged "
+            "(e.g. --tensor-parallel-size, --max-model-len, --enable-lora, --enforce-eager)."
+        ),
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="smollm2-135m (the embedded default), a local model directory, or a HF id",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=None, help="require this bearer key on requests")
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="name clients use for the model (default: the --model string as given)",
+    )
+    parser.add_argument(
+        "--weight-transfer-backend",
+        default="auto",
+        help="nccl, ipc (server on the trainer's GPU), gloo (CPU); auto: nccl on CUDA, else gloo",
+    )
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for the engine to come up",
+    )
+    return parser
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host if host != "0.0.0.0" else "", port))
+        except OSError:
+            return True
+    return False
+
+
+def has_flag(passthrough: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in passthrough)
+
+
+def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -> list[str]:
+    """The api_server command line: our defaults first, the user's own flags override them."""
+    model_path = resolve_model(args.model)
+    backend = args.weight_transfer_backend
+    if backend == "auto":
+        backend = "nccl" if cuda else "gloo"
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--served-model-name",
+        args.served_model_name or args.model,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--weight-transfer-config",
+        json.dumps({"backend": backend}),
+    ]
+    if args.api_key:
+        cmd += ["--api-key", args.api_key]
+    if not cuda and not has_flag(passthrough, "--gpu-memory-utilization"):
+        cmd += ["--gpu-memory-utilization", CPU_MEMORY_FRACTION]
+    return cmd + passthrough
+
+
+def engine_env(cuda: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    if not cuda:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+    return env
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float, api_key: str | None) -> None:
+    deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LaunchError(f"the vLLM engine exited with code {proc.returncode} before ready")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2):
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            time.sleep(0.5)
+    raise LaunchError(f"the vLLM engine was not ready after {timeout:.0f}s")
+
+
+def stop_tree(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Terminate the engine's whole process group (API server, engine core, workers)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:  # children may outlive the leader; make sure none is left
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def pump(stream, tail: collections.deque[str]) -> None:
+    for line in iter(stream.readline, ""):
+        tail.append(line)
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def run(argv: list[str] | None = None) -> int:
+    args, passthrough = build_parser().parse_known_args(argv)
+    if port_in_use(args.host, args.port):
+        raise LaunchError(f"port {args.port} on {args.host} is already in use; pick --port")
+    cuda = has_cuda()
+    cmd = vllm_command(args, passthrough, cuda)
+    proc = subprocess.Popen(
+        cmd,
+        env=engine_env(cuda),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    threading.Thread(target=pump, args=(proc.stdout, tail), daemon=True).start()
+
+    def on_signal(signum, _frame):
+        stop_tree(proc)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    base = f"http://{host}:{args.port}"
+    try:
+        wait_ready(f"{base}/v1/models", proc, args.ready_timeout, args.api_key)
+    except LaunchError as e:
+        stop_tree(proc)
+        time.sleep(0.2)  # let the pump thread flush the last lines
+        raise LaunchError(f"{e}\n--- last engine log lines ---\n{''.join(tail)}") from None
+    backend = json.loads(cmd[cmd.index("--weight-transfer-config") + 1])["backend"]
+    name = args.served_model_name or args.model
+    print(f"vf-vllm: serving {name} at {base}/v1 (weight transfer: {backend})", flush=True)
+    code = proc.wait()
+    stop_tree(proc)
+    return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        sys.exit(run(argv))
+    except (LaunchError, FileNotFoundError) as e:
+        print(f"vf-vllm: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

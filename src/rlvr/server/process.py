@@ -1,0 +1,106 @@
+"""Run vf-vllm as a child process from Python (tests, benchmarks, the demo, the trainer's
+examples): start it, wait until it serves, and stop its whole process tree."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from rlvr.weights import free_port
+
+
+class VLLMServer:
+    """A vf-vllm child process. Use as a context manager or call start()/stop().
+
+    `model` is what clients send as the model name (the served name); `base_url` is the OpenAI
+    base URL (".../v1"). The server's log goes to `log_path` so failures can be shown.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
+        log_path: str | Path | None = None,
+        ready_timeout: float = 900.0,
+        env: dict[str, str] | None = None,
+    ):
+        self.model = model
+        self.port = port or free_port()
+        self.extra_args = extra_args or []
+        self.log_path = Path(log_path or f"/tmp/vf-vllm-{self.port}.log")
+        self.ready_timeout = ready_timeout
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def root_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root_url}/v1"
+
+    def start(self) -> VLLMServer:
+        cmd = [sys.executable, "-m", "rlvr.server.launcher", "--model", self.model]
+        cmd += ["--port", str(self.port), *self.extra_args]
+        env = {**os.environ, **(self.env or {})}
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vf-vllm exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"vf-vllm not ready after {self.ready_timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """SIGTERM the launcher (it tears down the engine tree), then make sure of it."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,206 @@
+"""Trainer side of the weight push into a running vf-vllm.
+
+One object, `WeightSync`, hides the three transports behind `connect()` and `push()`:
+- `nccl`: vLLM's engine, for a server on other GPUs;
+- `ipc`: vLLM's engine, for a server sharing the trainer's GPU (one-GPU users);
+- `gloo`: ours (rlvr.server.gloo_engine), for a server on the CPU or without a GPU fabric.
+
+`push()` pauses generation (requests in flight are kept, not aborted), streams the weights,
+resets the prefix cache (cached KV was computed with the old weights) and resumes. Every HTTP
+call has a timeout and raises with the server's own error text; resume runs even when the
+transfer fails, so a failed push never leaves the server paused.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any
+
+import httpx
+import torch
+from vllm.distributed.weight_transfer.base import (
+    ModuleSource,
+    TrainerWeightTransferEngine,
+    WeightSource,
+)
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("gloo", "nccl", "ipc")
+
+
+class ServerError(RuntimeError):
+    """The server answered a control call with an error (its text is in the message)."""
+
+
+def server_root(base_url: str) -> str:
+    """Accept the OpenAI base URL (".../v1") as well as the server root."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerControl:
+    """The control-plane routes of vf-vllm (vLLM's RL routes), with timeouts and clear errors.
+
+    Also satisfies vLLM's `VLLMWeightSyncClient` protocol, so vLLM's own trainer engines drive
+    their handshakes through it.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 300.0):
+        self.root = server_root(base_url)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.root, headers=headers, timeout=timeout_s)
+
+    def post(self, path: str, json: Any = None, params: dict | None = None) -> dict:
+        try:
+            response = self.http.post(path, json=json, params=params)
+        except httpx.HTTPError as e:
+            raise ServerError(f"POST {self.root}{path} failed: {e!r}") from e
+        if response.status_code >= 400:
+            raise ServerError(
+                f"POST {self.root}{path} -> {response.status_code}: {response.text[:2000]}"
+            )
+        return response.json() if response.content else {}
+
+    def health(self) -> bool:
+        try:
+            return self.http.get("/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def pause(self) -> None:
+        self.post("/pause", params={"mode": "keep"})
+
+    def resume(self) -> None:
+        self.post("/resume")
+
+    def reset_prefix_cache(self) -> None:
+        self.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
+
+    # vLLM's VLLMWeightSyncClient protocol
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.post("/init_weight_transfer_engine", json={"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.post("/start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
+
+        self.post("/update_weights", json={"update_info": _json_safe_update_payload(update_info)})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        body = {"weight_version": weight_version} if weight_version is not None else None
+        self.post("/finish_weight_update", json=body)
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _trainer_init_info(backend: str, host: str, port: int, chunk_bytes: int, timeout_s: float):
+    if backend == "gloo":
+        from rlvr.server.gloo_engine import GlooTrainerInitInfo
+
+        return GlooTrainerInitInfo(
+            master_address=host,
+            master_port=port,
+            world_size=2,
+            chunk_bytes=chunk_bytes,
+            timeout_s=timeout_s,
+            rank=0,
+        )
+    if backend == "nccl":
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        return NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=2, rank=0)
+    if backend == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+        return IPCTrainerInitInfo(rank=0)
+    raise ValueError(f"unknown weight-transfer backend {backend!r}; choose one of {BACKENDS}")
+
+
+class WeightSync:
+    """Connects a trainer's weights to one vf-vllm and pushes them on demand.
+
+    `source` is anything vLLM's `WeightSource` describes (`ModuleSource(model)` for a plain
+    model; the trainer passes a merged-LoRA source). It is re-iterated on every push, so the
+    server always receives the current values.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        backend: str = "gloo",
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        transfer_timeout_s: float = 120.0,
+        master_address: str = "127.0.0.1",
+        chunk_bytes: int = 256 * 1024 * 1024,
+    ):
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"unknown weight-transfer backend {backend!r}; choose one of {BACKENDS}"
+            )
+        self.backend = backend
+        self.control = ServerControl(base_url, api_key=api_key, timeout_s=timeout_s)
+        self.transfer_timeout_s = transfer_timeout_s
+        self.master_address = master_address
+        self.chunk_bytes = chunk_bytes
+        self.engine: TrainerWeightTransferEngine | None = None
+        self.version = 0
+
+    def connect(self, source: WeightSource | torch.nn.Module) -> None:
+        """Handshake with the server. A server left paused by a trainer that died is resumed."""
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        from rlvr.server.plugin import register
+
+        register()
+        if isinstance(source, torch.nn.Module):
+            source = ModuleSource(source)
+        self.control.resume()
+        info = _trainer_init_info(
+            self.backend,
+            self.master_address,
+            free_port(self.master_address),
+            self.chunk_bytes,
+            self.transfer_timeout_s,
+        )
+        self.engine = WeightTransferTrainerFactory.trainer_init(
+            info, client=self.control, source=source
+        )
+
+    def push(self) -> float:
+        """Send the current weights; returns the seconds the server was paused."""
+        if self.engine is None:
+            raise RuntimeError("WeightSync.push() before connect()")
+        start = time.perf_counter()
+        self.control.pause()
+        try:
+            self.engine.send_weights()
+            self.control.reset_prefix_cache()
+        finally:
+            self.control.resume()
+        self.version += 1
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        self.control.close()
+
+    def __enter__(self) -> WeightSync:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

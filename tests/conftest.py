@@ -1,0 +1,64 @@
+"""Shared fixtures: the real test data beside the repo, and real vf-vllm servers on the CPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(
+    os.environ.get("RLVR_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.fail(
+            f"test data not found at {SHARED_DATA}; set RLVR_SHARED_DATA to the shared/data folder"
+        )
+    return SHARED_DATA
+
+
+# Flags every test server uses: float32 for exact logprob comparisons with transformers,
+# eager mode because compiling costs more start-up time than it saves on tiny workloads.
+SERVER_FLAGS = [
+    "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
+    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from rlvr.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
+
+
+def _serve(model: str, log_dir: Path):
+    from rlvr.server.process import VLLMServer
+
+    server = VLLMServer(model, extra_args=SERVER_FLAGS, log_path=log_dir / "vf-vllm.log")
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir, tmp_path_factory):
+    """One real vf-vllm (CPU) on the tiny model, shared by every integration test."""
+    server = _serve(str(tiny_model_dir), tmp_path_factory.mktemp("tiny-server"))
+    server.model_dir = tiny_model_dir
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory):
+    """A real vf-vllm on the embedded SmolLM2-135M-Instruct (converted once into the cache)."""
+    from rlvr.models import ensure_embedded_model
+
+    server = _serve("smollm2-135m", tmp_path_factory.mktemp("smollm2-server"))
+    server.model_dir = ensure_embedded_model()
+    yield server
+    server.stop()
