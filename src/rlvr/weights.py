@@ -105,7 +105,9 @@ class ServerControl:
         self.http.close()
 
 
-def _trainer_init_info(backend: str, host: str, port: int, chunk_bytes: int, timeout_s: float):
+def _trainer_init_info(
+    backend: str, host: str, port: int, chunk_bytes: int, timeout_s: float, rank: int = 0
+):
     if backend == "gloo":
         from rlvr.server.gloo_engine import GlooTrainerInitInfo
 
@@ -115,16 +117,16 @@ def _trainer_init_info(backend: str, host: str, port: int, chunk_bytes: int, tim
             world_size=2,
             chunk_bytes=chunk_bytes,
             timeout_s=timeout_s,
-            rank=0,
+            rank=rank,
         )
     if backend == "nccl":
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        return NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=2, rank=0)
+        return NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=2, rank=rank)
     if backend == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
-        return IPCTrainerInitInfo(rank=0)
+        return IPCTrainerInitInfo(rank=rank)
     raise ValueError(f"unknown weight-transfer backend {backend!r}; choose one of {BACKENDS}")
 
 
@@ -134,6 +136,10 @@ class WeightSync:
     `source` is anything vLLM's `WeightSource` describes (`ModuleSource(model)` for a plain
     model; the trainer passes a merged-LoRA source). It is re-iterated on every push, so the
     server always receives the current values.
+
+    With several trainer ranks, every rank creates a WeightSync with its `rank` and calls
+    `connect`/`push` together: rank 0 talks to the server and sends; the others only iterate
+    the source, taking part in the gathers (ZeRO-3) that materialise each parameter.
     """
 
     def __init__(
@@ -145,6 +151,7 @@ class WeightSync:
         transfer_timeout_s: float = 120.0,
         master_address: str = "127.0.0.1",
         chunk_bytes: int = 256 * 1024 * 1024,
+        rank: int = 0,
     ):
         if backend not in BACKENDS:
             raise ValueError(
@@ -155,6 +162,7 @@ class WeightSync:
         self.transfer_timeout_s = transfer_timeout_s
         self.master_address = master_address
         self.chunk_bytes = chunk_bytes
+        self.rank = rank
         self.engine: TrainerWeightTransferEngine | None = None
         self.version = 0
 
@@ -167,13 +175,15 @@ class WeightSync:
         register()
         if isinstance(source, torch.nn.Module):
             source = ModuleSource(source)
-        self.control.resume()
+        if self.rank == 0:
+            self.control.resume()
         info = _trainer_init_info(
             self.backend,
             self.master_address,
             free_port(self.master_address),
             self.chunk_bytes,
             self.transfer_timeout_s,
+            self.rank,
         )
         self.engine = WeightTransferTrainerFactory.trainer_init(
             info, client=self.control, source=source
@@ -184,6 +194,10 @@ class WeightSync:
         if self.engine is None:
             raise RuntimeError("WeightSync.push() before connect()")
         start = time.perf_counter()
+        if self.rank != 0:
+            self.engine.send_weights()
+            self.version += 1
+            return time.perf_counter() - start
         self.control.pause()
         try:
             self.engine.send_weights()

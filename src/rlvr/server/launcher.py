@@ -32,6 +32,14 @@ class LaunchError(RuntimeError):
     """A start-up failure with a message meant for the user (no traceback)."""
 
 
+class Stopped(Exception):
+    """SIGINT/SIGTERM arrived; unwinds the main thread so cleanup runs outside the handler."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def has_cuda() -> bool:
     try:
         import torch
@@ -120,9 +128,15 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
     return cmd + passthrough
 
 
-def engine_env(cuda: bool) -> dict[str, str]:
+def weight_backend(cmd: list[str]) -> str:
+    return json.loads(cmd[cmd.index("--weight-transfer-config") + 1])["backend"]
+
+
+def engine_env(cuda: bool, backend: str) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if backend == "ipc":  # CUDA IPC handles travel pickled over HTTP
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if not cuda:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
     return env
@@ -175,7 +189,7 @@ def run(argv: list[str] | None = None) -> int:
     cmd = vllm_command(args, passthrough, cuda)
     proc = subprocess.Popen(
         cmd,
-        env=engine_env(cuda),
+        env=engine_env(cuda, weight_backend(cmd)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -185,11 +199,23 @@ def run(argv: list[str] | None = None) -> int:
     threading.Thread(target=pump, args=(proc.stdout, tail), daemon=True).start()
 
     def on_signal(signum, _frame):
-        stop_tree(proc)
-        sys.exit(128 + signum)
+        # Only unwind here: cleaning up inside the handler would re-enter Popen.wait(), which
+        # the interrupted main thread still holds a lock for.
+        raise Stopped(signum)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    try:
+        return serve(args, cmd, proc, tail)
+    except Stopped as stop:
+        return 128 + stop.signum
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut cleanup
+            signal.signal(signum, signal.SIG_IGN)
+        stop_tree(proc)
+
+
+def serve(args, cmd: list[str], proc: subprocess.Popen, tail: collections.deque[str]) -> int:
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     base = f"http://{host}:{args.port}"
     try:
@@ -198,12 +224,10 @@ def run(argv: list[str] | None = None) -> int:
         stop_tree(proc)
         time.sleep(0.2)  # let the pump thread flush the last lines
         raise LaunchError(f"{e}\n--- last engine log lines ---\n{''.join(tail)}") from None
-    backend = json.loads(cmd[cmd.index("--weight-transfer-config") + 1])["backend"]
     name = args.served_model_name or args.model
-    print(f"vf-vllm: serving {name} at {base}/v1 (weight transfer: {backend})", flush=True)
-    code = proc.wait()
-    stop_tree(proc)
-    return code
+    print(f"vf-vllm: serving {name} at {base}/v1 (weight transfer: {weight_backend(cmd)})")
+    sys.stdout.flush()
+    return proc.wait()
 
 
 def main(argv: list[str] | None = None) -> None:

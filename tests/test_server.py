@@ -1,0 +1,112 @@
+"""vf-vllm as users run it: our launcher, clear start-up errors, and no orphaned engines."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+VF_VLLM = str(Path(sys.executable).with_name("vf-vllm"))
+
+
+def engine_processes(marker: str) -> list[str]:
+    """API-server processes whose command line carries one test's unique served-model-name."""
+    out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def alive(pids: list[int]) -> list[int]:
+    import psutil
+
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+def run_launcher(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([VF_VLLM, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_vf_vllm_on_path_is_ours_not_verifiers_shim():
+    result = run_launcher("--help", timeout=60)
+    assert result.returncode == 0
+    assert "rlvr's vf-vllm" in result.stdout
+    assert "--weight-transfer-backend" in result.stdout
+
+
+def test_missing_model_path_fails_fast_with_a_clear_error(tmp_path):
+    result = run_launcher("--model", str(tmp_path / "no-such-model"), timeout=60)
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_port_in_use_is_reported(tiny_model_dir):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = run_launcher("--model", str(tiny_model_dir), "--port", str(port), timeout=60)
+    assert result.returncode == 2
+    assert f"port {port}" in result.stderr and "already in use" in result.stderr
+
+
+@pytest.mark.integration
+def test_engine_failure_shows_log_tail_and_leaves_nothing_running(tiny_model_dir, tmp_path):
+    # A model directory whose weights file is corrupt passes our checks but kills the engine.
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    from rlvr.weights import free_port
+
+    marker = f"broken-{uuid.uuid4().hex[:8]}"
+    port = str(free_port())
+    result = run_launcher(
+        "--model", str(broken), "--served-model-name", marker, "--enforce-eager", "--port", port
+    )
+    assert result.returncode == 2
+    assert "exited with code" in result.stderr
+    assert "last engine log lines" in result.stderr
+    time.sleep(1)
+    assert engine_processes(marker) == []
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_sigint_stops_the_whole_engine_tree(tiny_model_dir, tmp_path):
+    from rlvr.weights import free_port
+
+    marker = f"sigint-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    log = open(tmp_path / "log.txt", "w")
+    proc = subprocess.Popen(
+        [VF_VLLM, "--model", str(tiny_model_dir), "--served-model-name", marker,
+         "--port", str(port), "--enforce-eager", "--dtype", "float32"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while "vf-vllm: serving" not in (tmp_path / "log.txt").read_text():
+            assert proc.poll() is None, (tmp_path / "log.txt").read_text()[-3000:]
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(1)
+        assert f"http://127.0.0.1:{port}/v1" in (tmp_path / "log.txt").read_text()
+        import psutil
+
+        # the API server, the engine core and its workers: every descendant of the launcher
+        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(tree) >= 2 and engine_processes(marker)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        time.sleep(1)
+        assert alive(tree) == []
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        log.close()

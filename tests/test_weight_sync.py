@@ -1,0 +1,133 @@
+"""Pushing trainer weights into a running vf-vllm (CPU, gloo engine) and what vLLM then serves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import httpx
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "The quick brown fox jumps over the lazy dog"
+COMPLETION = " and runs far away into the forest"
+
+
+def server_logprobs(server, token_ids: list[int]) -> torch.Tensor:
+    """vLLM's logprob of each token given its prefix (prompt_logprobs), for tokens 1..n-1."""
+    body = {
+        "model": server.model,
+        "prompt": token_ids,
+        "max_tokens": 1,
+        "temperature": 0,
+        "prompt_logprobs": 0,
+    }
+    response = httpx.post(f"{server.base_url}/completions", json=body, timeout=120)
+    response.raise_for_status()
+    entries = response.json()["choices"][0]["prompt_logprobs"][1:]
+    return torch.tensor(
+        [entry[str(tok)]["logprob"] for entry, tok in zip(entries, token_ids[1:], strict=True)]
+    )
+
+
+def trainer_logprobs(model, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(token_ids[1:])[:, None])[:, 0]
+
+
+@pytest.fixture
+def trainer_model(tiny_server):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_server.model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_server.model_dir)
+    return model, tokenizer(PROMPT + COMPLETION)["input_ids"]
+
+
+def test_pushed_weights_are_what_vllm_serves(tiny_server, trainer_model):
+    from rlvr.weights import WeightSync
+
+    model, ids = trainer_model
+    with WeightSync(tiny_server.base_url, backend="gloo") as sync:
+        sync.connect(model)
+        sync.push()  # the server may hold weights from an earlier test: start from ours
+        before = server_logprobs(tiny_server, ids)
+        assert (before - trainer_logprobs(model, ids)).abs().mean() < 1e-2
+
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.2 * torch.randn_like(p))
+        expected = trainer_logprobs(model, ids)
+        stale = server_logprobs(tiny_server, ids)
+        seconds = sync.push()
+        after = server_logprobs(tiny_server, ids)
+
+    assert seconds > 0
+    assert (stale - before).abs().max() < 1e-5, "weights changed before the push"
+    assert (after - expected).abs().mean() < 1e-2, "vLLM does not serve the pushed weights"
+    assert (after - before).abs().mean() > 0.1, "the push changed nothing"
+
+
+DYING_TRAINER = textwrap.dedent(
+    """
+    import os, sys, torch
+    from transformers import AutoModelForCausalLM
+    from vllm.distributed.weight_transfer.base import ModuleSource
+    from rlvr.weights import WeightSync
+
+    class DiesMidway(ModuleSource):
+        def __iter__(self):
+            for i, pair in enumerate(super().__iter__()):
+                if i == 5:
+                    os._exit(3)  # the trainer process dies mid-transfer
+                yield pair
+
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0)  # had these arrived, the model would produce garbage
+    sync = WeightSync(sys.argv[1], backend="gloo", transfer_timeout_s=5, chunk_bytes=4096)
+    sync.connect(DiesMidway(model))
+    sync.push()
+    """
+)
+
+
+def test_server_survives_a_trainer_dying_mid_update(tiny_server, trainer_model):
+    from rlvr.weights import WeightSync
+
+    model, ids = trainer_model
+    with WeightSync(tiny_server.base_url, backend="gloo") as sync:
+        sync.connect(model)
+        sync.push()
+    reference = server_logprobs(tiny_server, ids)
+
+    dead = subprocess.run(
+        [sys.executable, "-c", DYING_TRAINER, tiny_server.base_url, str(tiny_server.model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert dead.returncode == 3, dead.stderr[-2000:]
+
+    # A new trainer connects (un-pausing the server) and the old weights are still intact:
+    # the worker loads only after every byte arrived.
+    with WeightSync(tiny_server.base_url, backend="gloo") as sync:
+        sync.connect(model)
+        assert (server_logprobs(tiny_server, ids) - reference).abs().max() < 1e-5
+        sync.push()
+    assert (server_logprobs(tiny_server, ids) - reference).abs().max() < 1e-5
+
+
+def test_control_errors_carry_the_servers_message(tiny_server):
+    from rlvr.weights import ServerControl, ServerError
+
+    control = ServerControl(tiny_server.base_url, timeout_s=30)
+    with pytest.raises(ServerError, match="update_weights -> 4|update_weights -> 5"):
+        control.post("/update_weights", json={"update_info": {"names": ["x"]}})
+    assert control.health()
