@@ -1,0 +1,361 @@
+"""Unit tests for vf_openspiel: games played to the end through the real rollout loop
+(`env.rollout` -> get_prompt_messages -> env_response -> is_completed) with a scripted client
+that implements verifiers' Client interface, then scored by the environment's rubric.
+
+Turn limit: the play-through tests use max_turns=400 (model moves). Random chess is the longest
+default game (about 320 plies on average, up to ~460 seen, i.e. ~230 moves per side); every other
+default game has a hard length bound below 400 moves per side. The whole file takes about 15 s
+wall-clock (7 s CPU) on the shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+
+import pyspiel
+import pytest
+import verifiers as vf
+import vf_openspiel
+from verifiers.utils.save_utils import state_to_output
+from vf_openspiel.cases import DEFAULT_CASES, load_case, resolve_cases
+from vf_openspiel.opponents import MCTSOpponent, sample_world
+from vf_openspiel.parser import extract_move, match_move
+from vf_openspiel.scripted import Policy, ScriptedClient, legal_from_prompt, random_mover
+from vf_openspiel.session import GameSession
+
+
+def constant(reply: str) -> Policy:
+    return lambda prompt: reply
+
+
+def play(env: vf.Environment, row: dict, policy: Policy) -> vf.State:
+    """One rollout through the environment's own loop, scored by its rubric."""
+
+    async def run() -> vf.State:
+        state = await env.rollout(row, ScriptedClient(policy), "scripted", {})
+        await env.rubric.score_rollout(state)
+        return state
+
+    return asyncio.run(run())
+
+
+def first_row(**kwargs) -> tuple[vf.Environment, dict]:
+    env = vf_openspiel.load_environment(num_tasks_per_case=1, **kwargs)
+    return env, env.get_dataset()[0]
+
+
+# --------------------------------------------------------------------------- cases and config
+def test_default_cases_load_with_open_spiel_parameter_names():
+    for case in DEFAULT_CASES:
+        game = load_case(case)
+        assert game.get_type().dynamics == pyspiel.GameType.Dynamics.SEQUENTIAL
+    assert pyspiel.load_game("go(board_size=13)").get_parameters()["board_size"] == 13
+    assert pyspiel.load_game("dots_and_boxes(num_rows=5,num_cols=5)").num_distinct_actions() == 60
+
+
+def test_game_types_short_names_lists_and_strings():
+    assert resolve_cases(None, None, None, "hex") == [
+        c for c in DEFAULT_CASES if c.startswith("hex(")
+    ]
+    both = resolve_cases(None, None, None, "hex, chess")
+    assert len(both) == 4 and "chess" in both
+    assert resolve_cases(None, None, None, ["go(board_size=9)"]) == ["go(board_size=9)"]
+    with pytest.raises(ValueError, match="match no case"):
+        resolve_cases(None, None, None, "hexx")
+
+
+def test_game_list_and_game_configs_build_one_case_per_pair():
+    cases = resolve_cases(
+        None,
+        ["hex", "go", "tic_tac_toe"],
+        [[{"board_size": 5}, {"board_size": 7}], {"board_size": 9, "komi": 6.5}, None],
+        None,
+    )
+    assert cases == [
+        "hex(board_size=5)",
+        "hex(board_size=7)",
+        "go(board_size=9,komi=6.5)",
+        "tic_tac_toe",
+    ]
+    assert resolve_cases("hex(board_size=5),chess", None, None, None) == [
+        "hex(board_size=5)",
+        "chess",
+    ]
+    with pytest.raises(ValueError, match="one config"):
+        resolve_cases(None, ["hex", "go"], [{"board_size": 5}], None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cases": ["goofspiel"]}, "simultaneous-move game"),
+        ({"cases": ["no_such_game"]}, "does not load"),
+        ({"mode": "turn"}, "mode must be one of"),
+        ({"reward_mode": "win"}, "reward_mode must be one of"),
+        ({"opponent": "alphazero"}, "opponent must be"),
+        ({"model_player": 2}, "has 2 players"),
+        ({"model_player": "first"}, "model_player must be"),
+        ({"num_tasks_per_case": 0}, "num_tasks_per_case must be"),
+        ({"opponent": "mcts", "mcts_simulations": 0}, "mcts_simulations must be"),
+    ],
+)
+def test_bad_arguments_fail_at_load_with_a_clear_message(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        vf_openspiel.load_environment(**kwargs)
+
+
+def test_turn_based_wrapper_plays_a_simultaneous_game():
+    env, row = first_row(cases=["turn_based_simultaneous_game(game=goofspiel(num_cards=4))"])
+    state = play(env, row, random_mover(0))
+    assert state["openspiel"]["ended_by"] == "game_over"
+
+
+def test_info_lists_case_task_and_seat_and_seats_alternate_or_stay_fixed():
+    env = vf_openspiel.load_environment(game_types="tic_tac_toe,kuhn_poker", num_tasks_per_case=4)
+    infos = env.get_dataset()["info"]
+    assert [(i["case"], i["task_id"], i["seat"]) for i in infos[:4]] == [
+        ("tic_tac_toe", 0, 0),
+        ("kuhn_poker", 0, 0),
+        ("tic_tac_toe", 1, 1),
+        ("kuhn_poker", 1, 1),
+    ]
+    fixed = vf_openspiel.load_environment(
+        game_types="tic_tac_toe", model_player=1, num_tasks_per_case=3
+    )
+    assert {i["seat"] for i in fixed.get_dataset()["info"]} == {1}
+
+
+# --------------------------------------------------------------------------- full games
+def test_every_default_case_plays_to_the_end_within_its_turn_limit():
+    env = vf_openspiel.load_environment(num_tasks_per_case=2, max_turns=400)
+    rows = env.get_dataset()
+    assert {row["info"]["case"] for row in rows} == set(DEFAULT_CASES)
+    for index, row in enumerate(rows):
+        state = play(env, row, random_mover(index))
+        record = state["openspiel"]
+        assert state.get("error") is None, record["case"]
+        assert record["ended_by"] == "game_over", record["case"]
+        assert state["stop_condition"] == "has_final_env_response"
+        assert 1 <= record["model_moves"] <= 400
+        metrics = state["metrics"]
+        assert metrics["legal_rate"] == 1.0
+        assert metrics["win"] + metrics["draw"] + metrics["loss"] == 1.0
+        assert 0.0 <= state["reward"] <= 1.0
+        # The record's history replays to the same final position under pyspiel's own rules.
+        replay = pyspiel.load_game(record["case"]).new_initial_state()
+        for action in record["history"]:
+            replay.apply_action(action)
+        assert replay.is_terminal() and replay.returns() == record["returns"]
+
+
+def test_mcts_opponent_plays_real_games_and_beats_random_play():
+    cases = ["tic_tac_toe", "kuhn_poker", "leduc_poker", "liars_dice", "hex(board_size=5)"]
+    env = vf_openspiel.load_environment(
+        cases=cases, opponent="mcts", mcts_simulations=30, num_tasks_per_case=2
+    )
+    for index, row in enumerate(env.get_dataset()):
+        state = play(env, row, random_mover(index))
+        assert state["openspiel"]["ended_by"] == "game_over", row["info"]["case"]
+
+    def mean_outcome(opponent: str) -> float:
+        env = vf_openspiel.load_environment(
+            cases=["tic_tac_toe"], opponent=opponent, mcts_simulations=300, num_tasks_per_case=30
+        )
+        return statistics.mean(
+            play(env, row, random_mover(7))["reward"] for row in env.get_dataset()
+        )
+
+    assert mean_outcome("mcts") < mean_outcome("random") - 0.2
+
+
+def test_move_mode_is_one_decision_scored_by_a_playout():
+    env = vf_openspiel.load_environment(
+        game_types="connect_four", mode="move", num_tasks_per_case=3
+    )
+    for row in env.get_dataset():
+        state = play(env, row, random_mover(1))
+        record = state["openspiel"]
+        assert record["replies"] == 1 and record["model_moves"] == 1
+        assert record["ended_by"] == "game_over"
+        assert len(state["trajectory"]) == 1
+
+
+def test_turn_limit_counts_moves_not_illegal_replies_and_scores_the_position():
+    replies = iter(["<move>nonsense</move>", "no tag"] + [None] * 10)
+
+    def sometimes_illegal(prompt):
+        reply = next(replies)
+        return reply if reply is not None else random_mover(3)(prompt)
+
+    env, row = first_row(cases=["chess"], max_turns=3)
+    state = play(env, row, sometimes_illegal)
+    record = state["openspiel"]
+    assert record["ended_by"] == "turn_limit"
+    assert record["model_moves"] == 3 and record["illegal_attempts"] == 2 and record["replies"] == 5
+    assert state["metrics"]["unfinished"] == 1.0 and state["metrics"]["win"] == 0.0
+    assert state["metrics"]["outcome"] == 0.5  # chess returns 0 for an unfinished game
+    assert state["metrics"]["legal_rate"] == pytest.approx(3 / 5)
+
+
+# --------------------------------------------------------------------------- exploits
+ILLEGAL_POLICIES: dict[str, Policy] = {
+    "empty reply": constant(""),
+    "every legal move, one tag each": lambda p: " ".join(
+        f"<move>{move_id}</move>" for move_id, _ in legal_from_prompt(p)
+    ),
+    "every legal move in one tag": lambda p: (
+        "<move>" + " ".join(text for _, text in legal_from_prompt(p)) + "</move>"
+    ),
+    "every legal move, no tag": lambda p: "\n".join(text for _, text in legal_from_prompt(p)),
+    "move only in the reasoning": lambda p: f"I will play {legal_from_prompt(p)[0][1]}.",
+    "move tag inside think": lambda p: f"<think><move>{legal_from_prompt(p)[0][0]}</move></think>",
+    "move tag after an unclosed think": lambda p: (
+        f"<think>hmm <move>{legal_from_prompt(p)[0][0]}</move>"
+    ),
+    "not a move": constant("<move>resign</move>"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ILLEGAL_POLICIES))
+@pytest.mark.parametrize("reward_mode", ["outcome", "legal"])
+def test_illegal_replies_forfeit_and_score_the_minimum(name, reward_mode):
+    env, row = first_row(cases=["tic_tac_toe"], reward_mode=reward_mode, max_illegal_moves=2)
+    state = play(env, row, ILLEGAL_POLICIES[name])
+    record = state["openspiel"]
+    assert record["ended_by"] == "forfeit"
+    assert record["illegal_attempts"] == 3 and record["legal_replies"] == 0
+    assert state["reward"] == 0.0
+    assert state["metrics"]["loss"] == 1.0 and state["metrics"]["forfeit"] == 1.0
+    assert "Illegal move" in state["completion"][1].content
+    assert "you lose the game" in state["completion"][-1].content
+
+
+def test_reasoning_outside_the_tag_is_ignored_and_text_or_id_both_count():
+    env, row = first_row(cases=["tic_tac_toe"], model_player=0, max_random_steps=0)
+    state = play(env, row, lambda p: "x(0,0) looks bad.\n<move>x(1,1)</move>")
+    assert state["openspiel"]["history"][0] == 4
+    env, row = first_row(cases=["tic_tac_toe"], model_player=0, max_random_steps=0)
+    state = play(env, row, constant("<move> 4 </move>"))
+    assert state["openspiel"]["history"][0] == 4
+
+
+def test_exact_match_never_confuses_a1_with_a10():
+    session = GameSession(pyspiel.load_game("hex(board_size=11)"), 0, 0, None)
+    lookup = session.lookup()
+    assert match_move(extract_move("<move>a1</move>"), lookup) == 0
+    assert match_move(extract_move("<move>a10</move>"), lookup) == 99
+    for reply in ("<move>a</move>", "<move>a1a10</move>", "<move>A1</move>", "a1", "<move></move>"):
+        assert match_move(extract_move(reply), lookup) is None, reply
+    go = GameSession(pyspiel.load_game("go(board_size=13)"), 0, 0, None).lookup()
+    assert go["B a1"] != go["B a10"] and match_move("B a1", go) == go["B a1"]
+
+
+def test_legal_reward_is_the_fraction_of_legal_replies():
+    turn = {"n": 0}
+
+    def every_other_illegal(prompt):
+        turn["n"] += 1
+        return "<move>?</move>" if turn["n"] % 2 else random_mover(0)(prompt)
+
+    env, row = first_row(cases=["tic_tac_toe"], reward_mode="legal", max_illegal_moves=20)
+    state = play(env, row, every_other_illegal)
+    record = state["openspiel"]
+    assert record["ended_by"] == "game_over"
+    assert state["reward"] == pytest.approx(record["legal_replies"] / record["replies"]) == 0.5
+
+
+# --------------------------------------------------------------------------- chance, views, seeds
+@pytest.mark.parametrize("seat", [0, 1])
+def test_chance_first_game_starts_at_a_decision_and_pays_the_seat_return(seat):
+    env, row = first_row(cases=["leduc_poker"], max_random_steps=0, model_player=seat)
+    session = GameSession(
+        load_case("leduc_poker"), seat, row["info"]["seed"], None, row["info"]["start_actions"]
+    )
+    assert session.state.current_player() == seat and not session.state.is_chance_node()
+    assert len(row["info"]["start_actions"]) == 2 + seat  # two deals, then the opponent's bet
+    first_prompt = row["prompt"][-1]["content"]
+    assert session.state.information_state_string(seat) in first_prompt
+    state = play(env, row, random_mover(seat))
+    record = state["openspiel"]
+    assert record["ended_by"] == "game_over"
+    assert state["reward"] == pytest.approx((record["returns"][seat] + 13) / 26)
+    assert all("Chance" not in m.content for m in state["completion"])
+
+
+def test_views_are_information_state_when_hidden_and_observation_otherwise():
+    for case, method in [
+        ("chess", "observation_string"),
+        ("liars_dice", "information_state_string"),
+    ]:
+        env, row = first_row(cases=[case])
+        session = GameSession(
+            load_case(case), row["info"]["seat"], 0, None, row["info"]["start_actions"]
+        )
+        assert getattr(session.state, method)(row["info"]["seat"]) in row["prompt"][-1]["content"]
+
+
+def test_mcts_never_searches_the_models_hidden_cards():
+    game = load_case("leduc_poker")
+    state = game.new_initial_state()
+    for action in (0, 5):  # the model (seat 0) holds card 0, the opponent card 5
+        state.apply_action(action)
+    state.apply_action(2)  # the model raises; the opponent (seat 1) must answer
+    rng = random.Random(0)
+    worlds = [sample_world(state, 1, rng, True) for _ in range(40)]
+    assert all(w.information_state_string(1) == state.information_state_string(1) for w in worlds)
+    assert len({w.information_state_string(0) for w in worlds}) > 1
+    assert MCTSOpponent(game, 20).choose(state, random.Random(1)) in state.legal_actions()
+
+
+def test_same_task_id_gives_the_same_prompt_and_the_same_game():
+    for kwargs in (
+        {"cases": ["chess", "go(board_size=9)"]},
+        {"cases": ["leduc_poker", "tic_tac_toe"], "opponent": "mcts", "mcts_simulations": 20},
+    ):
+        first = vf_openspiel.load_environment(num_tasks_per_case=3, **kwargs).get_dataset()
+        again = vf_openspiel.load_environment(num_tasks_per_case=3, **kwargs)
+        second = again.get_dataset()
+        assert first["prompt"] == second["prompt"] and first["info"] == second["info"]
+        assert len({json.dumps(p) for p in first["prompt"]}) > 1  # tasks differ from each other
+        for row in first:
+            one, two = play(again, row, random_mover(5)), play(again, row, random_mover(5))
+            assert one["openspiel"]["history"] == two["openspiel"]["history"]
+            assert [m.content for m in one["completion"]] == [m.content for m in two["completion"]]
+
+
+# --------------------------------------------------------------------------- state hygiene
+def test_saved_state_is_json_and_holds_no_pyspiel_objects():
+    env, row = first_row(cases=["othello"])
+    state = play(env, row, random_mover(2))
+    assert vf_openspiel.SESSION_KEY not in state
+    output = state_to_output(state, state_columns=["openspiel"])
+    json.loads(json.dumps(output, default=str))
+    assert output["openspiel"]["ended_by"] == "game_over"
+
+
+def test_a_rollout_stopped_by_an_error_scores_as_a_loss():
+    calls = {"n": 0}
+
+    def fails_on_third_call(prompt):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("server went away")
+        return random_mover(0)(prompt)
+
+    env, row = first_row(cases=["chess"])
+    state = play(env, row, fails_on_third_call)
+    assert state["error"] is not None
+    assert state["openspiel"]["ended_by"] == "aborted"
+    assert state["reward"] == 0.0 and state["metrics"]["loss"] == 1.0
+
+
+def test_seat_labels_match_open_spiel():
+    chess = pyspiel.load_game("chess").new_initial_state()
+    assert chess.current_player() == 1  # White moves first and is player 1
+    for game, symbol in [("tic_tac_toe", "x"), ("connect_four", "x"), ("hex(board_size=5)", "x")]:
+        state = pyspiel.load_game(game).new_initial_state()
+        state.apply_action(state.legal_actions()[0])
+        assert str(state).count(symbol) == 1
