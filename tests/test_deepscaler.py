@@ -1,0 +1,514 @@
+"""vf_deepscaler: real DeepScaleR rows score 1 when right and 0 when wrong, known exploits score 0,
+verification is time-bounded without blocking the event loop, and the data sources behave."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import time
+from fractions import Fraction
+from typing import Any
+
+import datasets.config
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import vf_deepscaler
+from conftest import SHARED_DATA
+from math_verify import parse
+from verifiers.clients import Client
+from verifiers.types import Response, ResponseMessage
+from vf_deepscaler import (
+    DatasetFormatError,
+    VerifierPool,
+    generate_problems,
+    last_boxed,
+    load_environment,
+)
+from vf_deepscaler import pool as pool_module
+from vf_deepscaler.parser import answer_region, follows_think_format
+from vf_deepscaler.verifier import is_equivalent
+
+ROWS_PATH = SHARED_DATA / "deepscaler" / "preview_first803.jsonl"
+LIMIT_S = 1.0
+"""Verification limit for the timing tests: long enough for any real answer, short for tests."""
+SLACK_S = 1.0
+"""Allowed scheduling overhead beyond the limit on a shared 2-core machine."""
+
+
+def reply(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict[str, Any]]:
+    if not ROWS_PATH.is_file():
+        pytest.fail(f"DeepScaleR rows not found at {ROWS_PATH}")
+    return [json.loads(line) for line in ROWS_PATH.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def env():
+    environment = load_environment(data_files=str(ROWS_PATH), verify_timeout_s=5.0)
+    yield environment
+    find_rubric(environment).pool.close()
+
+
+@pytest.fixture(scope="module")
+def think_env():
+    environment = load_environment(
+        data_files=str(ROWS_PATH), max_examples=4, use_think=True, think_format_weight=0.25
+    )
+    yield environment
+    find_rubric(environment).pool.close()
+
+
+def find_rubric(environment) -> vf_deepscaler.DeepScaleRRubric:
+    """The environment's own rubric inside the group verifiers builds around it."""
+    rubrics = getattr(environment.rubric, "rubrics", [environment.rubric])
+    return next(r for r in rubrics if isinstance(r, vf_deepscaler.DeepScaleRRubric))
+
+
+def rewards(environment, cases: list[tuple[str, str]]) -> list[float]:
+    """``math_reward`` for each (completion text, gold), all scored concurrently."""
+    rubric = find_rubric(environment)
+
+    async def run() -> list[float]:
+        return await asyncio.gather(
+            *(rubric.math_reward(completion=reply(text), answer=gold) for text, gold in cases)
+        )
+
+    return asyncio.run(run())
+
+
+def integer_golds(rows: list[dict[str, Any]]) -> list[str]:
+    return [r["answer"] for r in rows if re.fullmatch(r"-?\d+", r["answer"].strip())]
+
+
+# The real rows -------------------------------------------------------------------------------
+
+
+def test_gold_boxed_scores_one_on_real_rows(env, rows):
+    cases = [
+        (f"Working...\nSo the answer is $\\boxed{{{r['answer']}}}$.", r["answer"]) for r in rows
+    ]
+    scores = rewards(env, cases)
+    failures = [
+        (i, r["answer"]) for i, (r, s) in enumerate(zip(rows, scores, strict=True)) if s != 1
+    ]
+    assert len(rows) == 803
+    assert len(failures) <= 0.01 * len(rows), failures
+    assert failures == []  # measured: all 803 golds verify against themselves (README)
+
+
+def test_wrong_value_scores_zero_on_real_rows(env, rows):
+    golds = integer_golds(rows)
+    assert len(golds) > 400
+    scores = rewards(env, [(f"\\boxed{{{int(g) + 1}}}", g) for g in golds])
+    assert scores == [0.0] * len(golds)
+
+
+def test_equivalent_forms_score_one_on_real_rows(env, rows):
+    """A gold fraction written as its terminating decimal is still correct."""
+    cases = []
+    for r in rows:
+        match = re.fullmatch(r"(-?)\\(?:d|t)?frac\{(\d+)\}\{(\d+)\}", r["answer"].strip())
+        if match and _terminates(int(match[3])):
+            value = Fraction(int(match[2]), int(match[3])) * (-1 if match[1] else 1)
+            cases.append((f"\\boxed{{{float(value)}}}", r["answer"]))
+    assert len(cases) >= 5
+    assert rewards(env, cases) == [1.0] * len(cases)
+
+
+def _terminates(denominator: int) -> bool:
+    """Does 1/denominator have a finite decimal expansion (only factors 2 and 5)?"""
+    for p in (2, 5):
+        while denominator % p == 0:
+            denominator //= p
+    return denominator == 1
+
+
+@pytest.mark.parametrize(
+    ("gold", "prediction"),
+    [
+        ("\\frac{1}{2}", "0.5"),
+        ("0.5", "\\frac12"),
+        ("-\\frac{2}{3}", "-\\frac{4}{6}"),
+        ("26", "26.0"),
+        ("2\\sqrt{2}", "\\sqrt{8}"),
+        ("(-\\infty, 3]", "(-\\infty,3]"),
+        ("\\{1, 2\\}", "\\{2, 1\\}"),
+        ("\\frac{\\pi}{2}", "\\pi/2"),
+        ("26", "x = 26"),
+        ("26", "26 \\text{ inches}"),
+    ],
+)
+def test_equivalent_forms_score_one(env, gold, prediction):
+    assert rewards(env, [(f"\\boxed{{{prediction}}}", gold)]) == [1.0]
+
+
+# Exploits ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "",
+        "The answer is 26.",
+        "$26$",
+        "\\boxed{}",
+        "\\boxed{26",  # never closed
+        "\\boxed{26} is tempting, but the final answer is \\boxed{25}.",
+        " ".join(f"\\boxed{{{k}}}" for k in range(101)),  # every candidate, last one wrong
+        "\\boxed{" + ", ".join(str(k) for k in range(101)) + "}",  # every candidate in one box
+        "\\boxed{26 \\text{ or } 27}",
+        "\\boxed{25 < x < 27}",
+        "\\boxed{C}",
+        "\\boxed{(C)}",
+        "\\boxed{\\text{(C)}}",
+        "\\boxed{\\textbf{(C)}\\ 26, \\text{ also } 27}",
+    ],
+)
+def test_exploits_score_zero(env, completion):
+    assert rewards(env, [(completion, "26")]) == [0.0]
+
+
+def test_boxed_choice_letters_score_zero_when_gold_is_a_value(env, rows):
+    golds = integer_golds(rows)[:100]
+    cases = [(f"\\boxed{{{letter}}}", g) for g in golds for letter in "ABCDE"]
+    assert sum(rewards(env, cases)) == 0.0
+
+
+def test_huge_expression_scores_zero_at_once(env):
+    huge = "+".join(["1"] * 50_000)
+    started = time.perf_counter()
+    assert rewards(env, [(f"\\boxed{{{huge}}}", "50000")]) == [0.0]
+    assert time.perf_counter() - started < LIMIT_S
+
+
+def test_pathological_expression_is_bounded_and_others_keep_scoring():
+    """``9^{9^{9^9}}`` and a tower of factorials make sympy compute for minutes; each scores 0
+    within the limit, the event loop keeps ticking, and correct answers in flight still score 1."""
+    pool = VerifierPool(size=2, timeout_s=LIMIT_S)
+
+    async def run() -> tuple[list, list[float], float]:
+        await asyncio.gather(pool.check("1", "1"), pool.check("1", "1"))  # both workers warm
+        ticks: list[float] = []
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.01)
+
+        async def timed(gold: str, prediction: str) -> tuple[bool, str, float]:
+            started = time.perf_counter()
+            verdict = await pool.check(gold, prediction)
+            return verdict.correct, verdict.status, time.perf_counter() - started
+
+        tick_task = asyncio.create_task(ticker())
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            timed("1", "9^{9^{9^{9}}}"),
+            *(timed("\\frac{1}{2}", "0.5") for _ in range(20)),
+            timed("1", "(((10!)!)!)"),
+        )
+        total = time.perf_counter() - started
+        stop.set()
+        await tick_task
+        gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+        return results, gaps, total
+
+    try:
+        results, gaps, total = asyncio.run(run())
+    finally:
+        pool.close()
+    bad = [results[0], results[-1]]
+    good = results[1:-1]
+    for correct, status, seconds in bad:
+        assert not correct and status in ("timeout", "killed")
+        assert seconds <= LIMIT_S + SLACK_S
+    assert all(correct for correct, _, _ in good)
+    assert max(gaps) < 0.25, "the event loop was blocked"
+    assert total <= 2 * (LIMIT_S + SLACK_S)
+
+
+def test_worker_that_ignores_its_deadline_is_killed_and_replaced(monkeypatch):
+    """With the worker's own CPU deadline pushed past the limit, the parent's hard kill is what
+    bounds the check; the next check runs on a fresh worker."""
+    monkeypatch.setattr(pool_module, "SOFT_DEADLINE_FRACTION", 50.0)
+    pool = VerifierPool(size=1, timeout_s=LIMIT_S)
+
+    async def run():
+        await pool.check("1", "1")
+        first_pid = next(iter(pool._live)).proc.pid
+        started = time.perf_counter()
+        stuck = await pool.check("1", "9^{9^{9^{9}}}")
+        elapsed = time.perf_counter() - started
+        after = await pool.check("\\frac{1}{2}", "0.5")
+        return first_pid, stuck, elapsed, after, next(iter(pool._live)).proc.pid
+
+    try:
+        first_pid, stuck, elapsed, after, second_pid = asyncio.run(run())
+    finally:
+        pool.close()
+    assert (stuck.correct, stuck.status) == (False, "killed")
+    assert LIMIT_S <= elapsed <= LIMIT_S + SLACK_S
+    assert after.correct and after.status == "ok"
+    assert second_pid != first_pid
+
+
+# Answer extraction ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("a \\boxed{1} b \\boxed{2}", "2"),
+        ("\\boxed 5$", "5"),
+        ("\\boxed {7}", "7"),
+        ("\\fbox{3}", "3"),
+        ("\\boxed{1} then \\fbox{4}", "4"),
+        ("\\boxed{1} \\boxed{2", ""),  # an unclosed last box does not fall back to the first
+        ("\\boxedfoo{1}", None),
+        ("no box", None),
+    ],
+)
+def test_last_boxed(text, expected):
+    assert last_boxed(text) == expected
+
+
+def test_think_blocks_never_supply_the_answer():
+    assert answer_region("<think>\\boxed{1}</think> \\boxed{2}", use_think=True).strip() == (
+        "\\boxed{2}"
+    )
+    assert answer_region("<think>\\boxed{26}", use_think=False) == ""  # still thinking
+    assert answer_region("\\boxed{26}", use_think=True) == ""  # think block required
+    assert answer_region("\\boxed{26}", use_think=False) == "\\boxed{26}"
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("<think>work</think> \\boxed{1}", True),
+        ("work</think> \\boxed{1}", True),  # opening tag was in the generation prompt
+        ("<think></think> \\boxed{1}", False),
+        ("<think>work</think>", False),
+        ("x <think>work</think> \\boxed{1}", False),
+        ("<think>a</think><think>b</think> \\boxed{1}", False),
+    ],
+)
+def test_think_format(text, ok):
+    assert follows_think_format(text) is ok
+
+
+def test_think_reward_formula(think_env):
+    """reward = correct * (1 - w + w * format), w = 0.25: format only scales a correct answer."""
+    cases = [
+        ("<think>7 * 3 = 21, plus 5</think> The answer is \\boxed{26}.", "26"),
+        ("<think>a</think>b</think> \\boxed{26}", "26"),  # correct, malformed
+        ("<think>7 * 3</think> \\boxed{25}", "26"),  # well formed, wrong
+        ("<think>the answer is \\boxed{26}</think> I am not sure.", "26"),  # box only inside
+        ("\\boxed{26}", "26"),  # no think block
+    ]
+    assert rewards(think_env, cases) == [1.0, 0.75, 0.0, 0.0, 0.0]
+
+
+# Scoring through env.generate ----------------------------------------------------------------
+
+
+class ScriptedClient(Client):
+    """A verifiers Client that answers each problem from a script instead of a server."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        super().__init__(object())
+        self.answers = answers
+
+    def setup_client(self, config):
+        return None
+
+    async def to_native_tool(self, tool):
+        return tool
+
+    async def to_native_prompt(self, messages):
+        return messages, {}
+
+    async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
+        question = prompt[-1].content if hasattr(prompt[-1], "content") else prompt[-1]["content"]
+        message = ResponseMessage(
+            content=self.answers[question], finish_reason="stop", is_truncated=False
+        )
+        return Response(id="scripted", created=0, model=model, message=message)
+
+    async def raise_from_native_response(self, response):
+        return None
+
+    async def from_native_response(self, response):
+        return response
+
+    async def close(self):
+        return None
+
+
+def test_generate_scores_correct_one_and_wrong_zero(rows):
+    environment = load_environment(data_files=str(ROWS_PATH), max_examples=6)
+    inputs = environment.get_dataset().to_list()
+    answers = {}
+    for i, row in enumerate(rows[:6]):
+        value = row["answer"] if i % 2 == 0 else "\\text{no idea}"
+        answers[row["problem"]] = (
+            f"Let me compute step by step.\n\nFinal answer: $\\boxed{{{value}}}$"
+        )
+    try:
+        results = asyncio.run(
+            environment.generate(inputs, client=ScriptedClient(answers), model="scripted")
+        )
+    finally:
+        find_rubric(environment).pool.close()
+    outputs = sorted(results["outputs"], key=lambda o: o["example_id"])
+    assert [o["reward"] for o in outputs] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    for output in outputs:
+        metrics = output["metrics"]
+        assert {"math_reward", "correct", "has_boxed", "completion_chars"} <= set(metrics)
+        assert metrics["correct"] == output["reward"]
+        assert metrics["has_boxed"] == 1.0 and metrics["completion_chars"] > 0
+
+
+# Data sources --------------------------------------------------------------------------------
+
+
+def test_rows_missing_a_field_name_file_row_and_field(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    lines = [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?"}]
+    path.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    with pytest.raises(
+        DatasetFormatError, match=r"bad\.jsonl, row 2: missing required field 'answer'"
+    ):
+        load_environment(data_files=str(path))
+    path.write_text(json.dumps({"answer": "2", "problem": "  "}) + "\n")
+    with pytest.raises(DatasetFormatError, match=r"row 1: missing required field 'problem'"):
+        load_environment(data_files=str(path))
+
+
+def test_json_and_parquet_files_and_max_examples(tmp_path, rows):
+    json_path = tmp_path / "rows.json"
+    json_path.write_text(json.dumps(rows[:5]))
+    parquet_path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows[5:10]), parquet_path)
+    environment = load_environment(
+        data_files=[str(json_path), str(parquet_path)],
+        eval_data_files=str(parquet_path),
+        max_examples=7,
+    )
+    find_rubric(environment).pool.close()
+    train, evaluation = environment.get_dataset(), environment.get_eval_dataset()
+    assert train["answer"] == [r["answer"] for r in rows[:7]]
+    assert evaluation["answer"] == [r["answer"] for r in rows[5:10]]
+    assert (
+        train[0]["prompt"][0]["role"] == "system" and "\\boxed" in train[0]["prompt"][0]["content"]
+    )
+    assert train[0]["prompt"][-1]["content"] == rows[0]["problem"]
+
+
+def test_unreachable_hub_falls_back_to_generated_problems(monkeypatch, caplog):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    started = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="vf_deepscaler"):
+        environment = load_environment(max_examples=10, seed=3)
+    find_rubric(environment).pool.close()
+    assert time.perf_counter() - started < 10
+    assert "generated problems" in caplog.text
+    expected = generate_problems(10, seed=3)
+    assert environment.get_dataset()["answer"] == [r["answer"] for r in expected]
+
+
+@pytest.mark.parametrize("how", ["env_var", "datasets_offline"])
+def test_offline_mode_falls_back_to_generated_problems(monkeypatch, caplog, how):
+    """HF_HUB_OFFLINE set before start (datasets then reads only its cache, which lacks the
+    dataset) or after import (the hub is not contacted at all): generated problems either way."""
+    if how == "env_var":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    started = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="vf_deepscaler"):
+        environment = load_environment(max_examples=5)
+    find_rubric(environment).pool.close()
+    assert time.perf_counter() - started < 10
+    assert "generated problems" in caplog.text
+    assert len(environment.get_dataset()) == 5
+
+
+def test_bad_arguments_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match="think_format_weight"):
+        load_environment(data_files=str(ROWS_PATH), max_examples=1, think_format_weight=1.5)
+    with pytest.raises(ValueError, match="verify_timeout_s"):
+        load_environment(data_files=str(ROWS_PATH), max_examples=1, verify_timeout_s=0)
+    with pytest.raises(DatasetFormatError, match="not found"):
+        load_environment(data_files=str(tmp_path / "missing.jsonl"))
+
+
+# The embedded generator ----------------------------------------------------------------------
+
+
+def test_generator_is_deterministic_and_spans_levels():
+    first = generate_problems(200, seed=7)
+    assert first == generate_problems(200, seed=7)
+    assert first[:50] == generate_problems(50, seed=7)  # a longer run extends a shorter one
+    assert first != generate_problems(200, seed=8)
+    assert generate_problems(20, seed=7, stream="eval") != first[:20]
+    assert {r["level"] for r in first} == {1, 2, 3, 4, 5}
+    assert len({r["kind"] for r in first}) >= 12
+    assert len({r["problem"] for r in first}) >= 0.95 * len(first)  # small ranges repeat rarely
+
+
+def test_generated_answers_are_exact():
+    """Recompute each answer independently of the generator, from the problem text alone."""
+    checked = 0
+    for row in generate_problems(300, seed=11):
+        text, answer = row["problem"], row["answer"]
+        expected = _solve_independently(row["kind"], text)
+        if expected is None:
+            continue
+        assert is_equivalent(answer, expected), (text, answer, expected)
+        checked += 1
+    assert checked >= 150
+
+
+def _solve_independently(kind: str, text: str) -> str | None:
+    """The answer derived from the problem statement with sympy / math, or None if not covered."""
+    import sympy
+
+    numbers = [int(n) for n in re.findall(r"\d+", text)]
+    math_spans = re.findall(r"\$([^$]+)\$", text)
+    if kind in ("arithmetic", "product", "fraction_sum", "order_of_operations"):
+        value = parse(f"${math_spans[0]}$")[0]
+        return sympy.latex(sympy.nsimplify(value))
+    if kind == "linear_equation":
+        lhs, rhs = math_spans[1].split("=")
+        x = sympy.Symbol("x")
+        expr = sympy.sympify(re.sub(r"(\d)x", r"\1*x", lhs)) - sympy.sympify(
+            re.sub(r"(\d)x", r"\1*x", rhs)
+        )
+        return sympy.latex(sympy.solve(expr, x)[0])
+    if kind == "modular_power":
+        return str(pow(numbers[0], numbers[1], numbers[2]))
+    if kind == "divisor_count":
+        return str(sympy.divisor_count(numbers[0]))
+    if kind == "committee":
+        return str(math.comb(numbers[1], numbers[0]))
+    return None
+
+
+def test_generated_boxed_answers_score_one(env):
+    problems = generate_problems(60, seed=0)
+    assert (
+        rewards(env, [(f"\\boxed{{{r['answer']}}}", r["answer"]) for r in problems]) == [1.0] * 60
+    )
