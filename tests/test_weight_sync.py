@@ -1,4 +1,5 @@
-"""Pushing trainer weights into a running vf-vllm (CPU, gloo engine) and what vLLM then serves."""
+"""Pushing trainer weights into a running vf-vllm (CPU engine: shm and gloo transports) and what
+vLLM then serves."""
 
 from __future__ import annotations
 
@@ -48,11 +49,12 @@ def trainer_model(tiny_server):
     return model, tokenizer(PROMPT + COMPLETION)["input_ids"]
 
 
-def test_pushed_weights_are_what_vllm_serves(tiny_server, trainer_model):
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_pushed_weights_are_what_vllm_serves(tiny_server, trainer_model, transport):
     from rlvr.weights import WeightSync
 
     model, ids = trainer_model
-    with WeightSync(tiny_server.base_url, backend="gloo") as sync:
+    with WeightSync(tiny_server.base_url, backend=transport) as sync:
         sync.connect(model)
         sync.push()  # the server may hold weights from an earlier test: start from ours
         before = server_logprobs(tiny_server, ids)
@@ -102,7 +104,7 @@ def test_server_survives_a_trainer_dying_mid_update(tiny_server, trainer_model):
     from rlvr.weights import WeightSync
 
     model, ids = trainer_model
-    with WeightSync(tiny_server.base_url, backend="gloo") as sync:
+    with WeightSync(tiny_server.base_url) as sync:
         sync.connect(model)
         sync.push()
     reference = server_logprobs(tiny_server, ids)
@@ -117,7 +119,8 @@ def test_server_survives_a_trainer_dying_mid_update(tiny_server, trainer_model):
 
     # A new trainer connects (un-pausing the server) and the old weights are still intact:
     # the worker loads only after every byte arrived.
-    with WeightSync(tiny_server.base_url, backend="gloo") as sync:
+    with WeightSync(tiny_server.base_url) as sync:
+        assert sync.backend == "shm"  # auto: a local server on a machine without CUDA
         sync.connect(model)
         assert (server_logprobs(tiny_server, ids) - reference).abs().max() < 1e-5
         sync.push()

@@ -1,9 +1,11 @@
 """Trainer side of the weight push into a running vf-vllm.
 
-One object, `WeightSync`, hides the three transports behind `connect()` and `push()`:
+One object, `WeightSync`, hides the transports behind `connect()` and `push()`:
 - `nccl`: vLLM's engine, for a server on other GPUs;
 - `ipc`: vLLM's engine, for a server sharing the trainer's GPU (one-GPU users);
-- `gloo`: ours (rlvr.server.gloo_engine), for a server on the CPU or without a GPU fabric.
+- `shm` and `gloo`: our `cpu` engine (rlvr.server.cpu_engine) for a server on the CPU, through
+  shared memory on the same host or a gloo group across hosts;
+- `auto`: `nccl` when the trainer has CUDA, else `shm` for a local server, else `gloo`.
 
 `push()` pauses generation (requests in flight are kept, not aborted), streams the weights,
 resets the prefix cache (cached KV was computed with the old weights) and resumes. Every HTTP
@@ -28,7 +30,8 @@ from vllm.distributed.weight_transfer.base import (
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("gloo", "nccl", "ipc")
+BACKENDS = ("auto", "shm", "gloo", "nccl", "ipc")
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 
 
 class ServerError(RuntimeError):
@@ -57,7 +60,15 @@ class ServerControl:
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 300.0):
         self.root = server_root(base_url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=self.root, headers=headers, timeout=timeout_s)
+        # No keep-alive: a connection idle for uvicorn's 5 s keep-alive timeout may be closed
+        # by the server just as the next call reuses it ("Server disconnected without sending
+        # a response"). Control calls are a handful per step; a fresh connection costs ~1 ms.
+        self.http = httpx.Client(
+            base_url=self.root,
+            headers=headers,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
 
     def post(self, path: str, json: Any = None, params: dict | None = None) -> dict:
         try:
@@ -105,16 +116,25 @@ class ServerControl:
         self.http.close()
 
 
-def _trainer_init_info(
-    backend: str, host: str, port: int, chunk_bytes: int, timeout_s: float, rank: int = 0
-):
-    if backend == "gloo":
-        from rlvr.server.gloo_engine import GlooTrainerInitInfo
+def resolve_backend(backend: str, base_url: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown weight-transfer backend {backend!r}; choose one of {BACKENDS}")
+    if backend != "auto":
+        return backend
+    if torch.cuda.is_available():
+        return "nccl"
+    host = httpx.URL(server_root(base_url)).host
+    return "shm" if host in LOCAL_HOSTS else "gloo"
 
-        return GlooTrainerInitInfo(
+
+def _trainer_init_info(backend: str, host: str, chunk_bytes: int, timeout_s: float, rank: int):
+    if backend in ("shm", "gloo"):
+        from rlvr.server.cpu_engine import CPUTrainerInitInfo
+
+        return CPUTrainerInitInfo(
+            transport=backend,
             master_address=host,
-            master_port=port,
-            world_size=2,
+            master_port=free_port(host) if backend == "gloo" else 0,
             chunk_bytes=chunk_bytes,
             timeout_s=timeout_s,
             rank=rank,
@@ -122,12 +142,12 @@ def _trainer_init_info(
     if backend == "nccl":
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        return NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=2, rank=rank)
-    if backend == "ipc":
-        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+        return NCCLTrainerInitInfo(
+            master_address=host, master_port=free_port(host), world_size=2, rank=rank
+        )
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
-        return IPCTrainerInitInfo(rank=rank)
-    raise ValueError(f"unknown weight-transfer backend {backend!r}; choose one of {BACKENDS}")
+    return IPCTrainerInitInfo(rank=rank)
 
 
 class WeightSync:
@@ -145,7 +165,7 @@ class WeightSync:
     def __init__(
         self,
         base_url: str,
-        backend: str = "gloo",
+        backend: str = "auto",
         api_key: str | None = None,
         timeout_s: float = 300.0,
         transfer_timeout_s: float = 120.0,
@@ -153,11 +173,7 @@ class WeightSync:
         chunk_bytes: int = 256 * 1024 * 1024,
         rank: int = 0,
     ):
-        if backend not in BACKENDS:
-            raise ValueError(
-                f"unknown weight-transfer backend {backend!r}; choose one of {BACKENDS}"
-            )
-        self.backend = backend
+        self.backend = resolve_backend(backend, base_url)
         self.control = ServerControl(base_url, api_key=api_key, timeout_s=timeout_s)
         self.transfer_timeout_s = transfer_timeout_s
         self.master_address = master_address
@@ -178,12 +194,7 @@ class WeightSync:
         if self.rank == 0:
             self.control.resume()
         info = _trainer_init_info(
-            self.backend,
-            self.master_address,
-            free_port(self.master_address),
-            self.chunk_bytes,
-            self.transfer_timeout_s,
-            self.rank,
+            self.backend, self.master_address, self.chunk_bytes, self.transfer_timeout_s, self.rank
         )
         self.engine = WeightTransferTrainerFactory.trainer_init(
             info, client=self.control, source=source

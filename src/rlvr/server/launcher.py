@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--weight-transfer-backend",
         default="auto",
-        help="nccl, ipc (server on the trainer's GPU), gloo (CPU); auto: nccl on CUDA, else gloo",
+        help="nccl, ipc (server on the trainer's GPU), cpu (our shm/gloo engine); "
+        "auto: nccl on CUDA, else cpu",
     )
     parser.add_argument(
         "--ready-timeout",
@@ -105,7 +106,9 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
     model_path = resolve_model(args.model)
     backend = args.weight_transfer_backend
     if backend == "auto":
-        backend = "nccl" if cuda else "gloo"
+        backend = "nccl" if cuda else "cpu"
+    elif backend in ("shm", "gloo"):  # the trainer picks the transport of the cpu engine
+        backend = "cpu"
     cmd = [
         sys.executable,
         "-m",

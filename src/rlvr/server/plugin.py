@@ -1,5 +1,5 @@
 """vLLM general plugin (entry point group `vllm.general_plugins`): runs in every vLLM process,
-so the `gloo` weight-transfer engine exists on CPU workers before the model loads."""
+so our `cpu` weight-transfer engine exists on CPU workers before the model loads."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ def register() -> None:
         WeightTransferTrainerFactory,
     )
 
-    from rlvr.server import gloo_engine
+    from rlvr.server import cpu_engine
 
     for factory, engine in (
-        (WeightTransferEngineFactory, gloo_engine.GlooWeightTransferEngine),
-        (WeightTransferTrainerFactory, gloo_engine.GlooTrainerWeightTransferEngine),
+        (WeightTransferEngineFactory, cpu_engine.CPUWeightTransferEngine),
+        (WeightTransferTrainerFactory, cpu_engine.CPUTrainerWeightTransferEngine),
     ):
         try:
-            factory.register_engine(gloo_engine.BACKEND, engine)
+            factory.register_engine(cpu_engine.BACKEND, engine)
         except ValueError:  # already registered: plugins can load more than once per process
             pass
