@@ -1,0 +1,92 @@
+"""vf-musique: multi-hop question answering over MuSiQue with retrieval tools and citations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .dataset import (
+    DEFAULT_DATASET,
+    UNANSWERABLE,
+    DataFiles,
+    DatasetConfig,
+    MusiqueDataError,
+    load_raw,
+    prepare,
+)
+from .env import MuSiQueEnv
+from .prompts import system_prompt
+from .retrieval import RETRIEVERS, IndexCache, Retriever
+from .rubric import DEFAULT_WEIGHTS, MuSiQueRubric
+from .tools import MAX_TOP_N
+
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "MuSiQueEnv",
+    "MuSiQueRubric",
+    "MusiqueDataError",
+    "UNANSWERABLE",
+    "load_environment",
+]
+
+
+def load_environment(
+    dataset_name: str = DEFAULT_DATASET,
+    dataset_config: DatasetConfig = "answerable",
+    data_files: DataFiles | None = None,
+    split: str = "train",
+    max_examples: int = -1,
+    eval_data_files: DataFiles | None = None,
+    eval_split: str = "validation",
+    retriever: Retriever = "bm25",
+    top_n: int = 3,
+    max_turns: int = 10,
+    noise_rate: float = 1.0,
+    seed: int = 0,
+    hop_weighting: bool = False,
+    reward_weights: dict[str, float] | None = None,
+    max_tool_calls_per_turn: int = 5,
+    **kwargs: Any,
+) -> MuSiQueEnv:
+    """Build the MuSiQue tool environment (see README.md for every argument).
+
+    `data_files` (a local MuSiQue jsonl) skips the Hub; the eval set then comes from
+    `eval_data_files` or, if absent, is the same rows. Without `data_files` both sets come from
+    `dataset_name` on the Hub (`split`, `eval_split`); with no network that raises
+    MusiqueDataError explaining how to pass a local file.
+    """
+    _check_args(retriever, top_n, max_turns, max_tool_calls_per_turn)
+
+    def rows(files: DataFiles | None, which_split: str):
+        raw = load_raw(dataset_name, dataset_config, which_split, files)
+        return prepare(raw, dataset_config, noise_rate, seed, max_examples)
+
+    dataset = rows(data_files, split)
+    if eval_data_files is not None:
+        eval_dataset = rows(eval_data_files, eval_split)
+    else:
+        eval_dataset = None if data_files is not None else rows(None, eval_split)
+    rubric = MuSiQueRubric(reward_weights=reward_weights, hop_weighting=hop_weighting)
+    return MuSiQueEnv(
+        retriever=retriever,
+        top_n=top_n,
+        max_tool_calls_per_turn=max_tool_calls_per_turn,
+        index_cache=IndexCache(),
+        dataset=dataset,
+        eval_dataset=eval_dataset,
+        system_prompt=system_prompt(dataset_config, max_turns),
+        rubric=rubric,
+        max_turns=max_turns,
+        **kwargs,
+    )
+
+
+def _check_args(retriever: str, top_n: int, max_turns: int, max_tool_calls_per_turn: int) -> None:
+    if retriever not in RETRIEVERS:
+        raise ValueError(f"retriever={retriever!r}; choose one of {RETRIEVERS}")
+    if not 1 <= top_n <= MAX_TOP_N:
+        raise ValueError(f"top_n={top_n!r}; must be between 1 and {MAX_TOP_N}")
+    if max_turns < 1 or max_tool_calls_per_turn < 1:
+        raise ValueError(
+            f"max_turns={max_turns!r} and max_tool_calls_per_turn={max_tool_calls_per_turn!r} "
+            "must be at least 1"
+        )
