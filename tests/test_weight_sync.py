@@ -134,3 +134,39 @@ def test_control_errors_carry_the_servers_message(tiny_server):
     with pytest.raises(ServerError, match="update_weights -> 4|update_weights -> 5"):
         control.post("/update_weights", json={"update_info": {"names": ["x"]}})
     assert control.health()
+
+
+def _vllm_has_cuda() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _vllm_has_cuda(), reason="needs CUDA and vLLM's CUDA build")
+def test_ipc_push_into_vllm_sharing_the_trainers_gpu(tiny_model_dir, tmp_path):
+    """One process holds the model on the GPU; vf-vllm serves from the same GPU; CUDA IPC."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.server.process import VLLMServer
+    from rlvr.weights import WeightSync
+
+    flags = ["--dtype", "float32", "--gpu-memory-utilization", "0.3", "--enforce-eager",
+             "--weight-transfer-backend", "ipc"]  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda()
+    ids = AutoTokenizer.from_pretrained(tiny_model_dir)(PROMPT + COMPLETION)["input_ids"]
+    with VLLMServer(str(tiny_model_dir), extra_args=flags, log_path=tmp_path / "log") as server:
+        server.model_dir = tiny_model_dir
+        with WeightSync(server.base_url, backend="ipc") as sync:
+            sync.connect(model)
+            before = server_logprobs(server, ids)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.2 * torch.randn_like(p))
+            sync.push()
+            after = server_logprobs(server, ids)
+    expected = trainer_logprobs(model.cpu(), ids)
+    assert (after - expected).abs().mean() < 1e-2
+    assert (after - before).abs().mean() > 0.1
