@@ -11,10 +11,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from rlvr.atomic import atomic_directory
 from rlvr.chat_template import TOOL_CHAT_TEMPLATE
 
 log = logging.getLogger(__name__)
@@ -70,8 +69,7 @@ def _gguf_path() -> Path:
 def ensure_embedded_model() -> Path:
     """Convert the packaged GGUF to a safetensors model directory once; later calls are free.
 
-    The conversion writes into a temporary directory and renames it into place, so an interrupted
-    conversion never leaves a half-written model that later runs would trust.
+    The conversion is written atomically: an interrupted one leaves nothing behind.
     """
     target = cache_root() / "models" / EMBEDDED_DIRNAME
     if (target / "config.json").is_file():
@@ -89,13 +87,7 @@ def ensure_embedded_model() -> Path:
     model.hf_quantizer = None
     model.config.__dict__.pop("quantization_config", None)
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
+    with atomic_directory(target) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target

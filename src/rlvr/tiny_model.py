@@ -7,10 +7,9 @@ model, so every serving and training path can be exercised in seconds.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from rlvr.atomic import atomic_directory
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -81,13 +80,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) 
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
