@@ -34,7 +34,9 @@ import pyspiel
 import verifiers as vf
 import vf_openspiel
 from vf_openspiel.env import RECORD_KEY, SESSION_KEY
-from vf_openspiel.scripted import ScriptedClient, random_mover
+from vf_openspiel.scripted import random_mover
+
+from rlvr.testing import ScriptedClient
 
 RESULTS = Path(__file__).resolve().parent / "results" / "openspiel_env.json"
 CASES = ("tic_tac_toe", "chess", "go(board_size=9)")

@@ -19,8 +19,6 @@ import pytest
 import vf_deepscaler
 from conftest import SHARED_DATA
 from math_verify import parse
-from verifiers.clients import Client
-from verifiers.types import Response, ResponseMessage
 from vf_deepscaler import (
     DatasetFormatError,
     VerifierPool,
@@ -31,6 +29,8 @@ from vf_deepscaler import (
 from vf_deepscaler import pool as pool_module
 from vf_deepscaler.parser import answer_region, follows_think_format
 from vf_deepscaler.verifier import is_equivalent
+
+from rlvr.testing import Policy, ScriptedClient
 
 ROWS_PATH = SHARED_DATA / "deepscaler" / "preview_first803.jsonl"
 LIMIT_S = 1.0
@@ -322,37 +322,14 @@ def test_think_reward_formula(think_env):
 # Scoring through env.generate ----------------------------------------------------------------
 
 
-class ScriptedClient(Client):
-    """A verifiers Client that answers each problem from a script instead of a server."""
+def answer_from(answers: dict[str, str]) -> Policy:
+    """A scripted model that answers each problem (the last prompt message) from `answers`."""
 
-    def __init__(self, answers: dict[str, str]) -> None:
-        super().__init__(object())
-        self.answers = answers
+    def policy(prompt: list[Any]) -> str:
+        last = prompt[-1]
+        return answers[last["content"] if isinstance(last, dict) else last.content]
 
-    def setup_client(self, config):
-        return None
-
-    async def to_native_tool(self, tool):
-        return tool
-
-    async def to_native_prompt(self, messages):
-        return messages, {}
-
-    async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
-        question = prompt[-1].content if hasattr(prompt[-1], "content") else prompt[-1]["content"]
-        message = ResponseMessage(
-            content=self.answers[question], finish_reason="stop", is_truncated=False
-        )
-        return Response(id="scripted", created=0, model=model, message=message)
-
-    async def raise_from_native_response(self, response):
-        return None
-
-    async def from_native_response(self, response):
-        return response
-
-    async def close(self):
-        return None
+    return policy
 
 
 def test_generate_scores_correct_one_and_wrong_zero(rows):
@@ -366,7 +343,9 @@ def test_generate_scores_correct_one_and_wrong_zero(rows):
         )
     try:
         results = asyncio.run(
-            environment.generate(inputs, client=ScriptedClient(answers), model="scripted")
+            environment.generate(
+                inputs, client=ScriptedClient(answer_from(answers)), model="scripted"
+            )
         )
     finally:
         find_rubric(environment).pool.close()

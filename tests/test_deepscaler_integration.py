@@ -8,33 +8,28 @@ real DeepScaleR rows with ``use_think``.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from rlvr.evaluation import run_vf_eval
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
 METRICS = {"math_reward", "correct", "has_boxed", "completion_chars"}
 
 
-def run_vf_eval(server, out_dir: Path, env_args: dict) -> list[dict]:
+def evaluate(server, out_dir: Path, env_args: dict) -> list[dict]:
     """Run vf-eval on 2 examples x 1 rollout and return the saved rollouts."""
-    cmd = [
-        str(ROOT / ".venv" / "bin" / "vf-eval"), "vf-deepscaler",
-        "-m", server.model, "-b", server.base_url, "-k", "DEEPSCALER_TEST_KEY",
-        "-n", "2", "-r", "1", "-t", "64", "-s", "-d", "-o", str(out_dir),
-        "-a", json.dumps(env_args),
-    ]  # fmt: skip
-    env = {**os.environ, "DEEPSCALER_TEST_KEY": "EMPTY"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = list(out_dir.rglob("results.jsonl"))
-    assert results, f"no results saved under {out_dir}:\n{proc.stdout[-2000:]}"
-    rows = [json.loads(line) for line in results[0].read_text().splitlines() if line.strip()]
+    rows = run_vf_eval(
+        "vf-deepscaler",
+        model=server.model,
+        base_url=server.base_url,
+        output_dir=out_dir,
+        num_examples=2,
+        max_tokens=64,
+        env_args=env_args,
+    )
     assert len(rows) == 2
     for row in rows:
         assert 0.0 <= row["reward"] <= 1.0
@@ -43,7 +38,7 @@ def run_vf_eval(server, out_dir: Path, env_args: dict) -> list[dict]:
 
 
 def test_vf_eval_on_generated_problems(tiny_server, tmp_path: Path):
-    rows = run_vf_eval(tiny_server, tmp_path / "generated", {})
+    rows = evaluate(tiny_server, tmp_path / "generated", {})
     assert all(row["info"]["source"].startswith("generated:") for row in rows)
 
 
@@ -53,5 +48,5 @@ def test_vf_eval_on_real_rows_with_think(tiny_server, shared_data: Path, tmp_pat
         "max_examples": 4,
         "use_think": True,
     }
-    rows = run_vf_eval(tiny_server, tmp_path / "real", env_args)
+    rows = evaluate(tiny_server, tmp_path / "real", env_args)
     assert all("format" in row["metrics"] for row in rows)

@@ -1,7 +1,8 @@
 """vf-musique on real MuSiQue rows, driven through the real verifiers loop by scripted agents.
 
-A scripted agent is a fake verifiers Client whose replies come from a policy function; the
-environment, its tools and its rubric run exactly as they do against a model server.
+A scripted agent is a policy function (prompt messages -> tool calls or text) answering through
+`rlvr.testing.ScriptedClient`; the environment, its tools and its rubric run exactly as they do
+against a model server.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from verifiers.clients import Client
-from verifiers.types import Response, ResponseMessage, ResponseTokens, ToolCall
+from verifiers.types import ToolCall
 from vf_musique import DEFAULT_WEIGHTS, MusiqueDataError, load_environment
 from vf_musique import dataset as musique_dataset
 from vf_musique.messages import get_field, message_text, parse_tool_call, tool_calls
@@ -29,70 +29,9 @@ from vf_musique.retrieval import (
 from vf_musique.rubric import score_components
 from vf_musique.scoring import exact_match, normalize_answer, token_f1
 
-# A policy sees the prompt messages so far and returns the assistant's tool calls (or None for a
-# plain-text reply), like a model would.
-Policy = Callable[[list[Any]], list[ToolCall] | None]
+from rlvr.testing import Policy, ScriptedClient, render
+
 DOC_ID = re.compile(r"^Document ID: (\d+)$", re.MULTILINE)
-
-
-def render(message: Any) -> str:
-    """A chat-template stand-in: every message rendered on its own, so a conversation renders
-    as the concatenation of its messages (like ChatML)."""
-    calls = "".join(f"<call>{c.name}{c.arguments}" for c in tool_calls(message))
-    return f"<|{get_field(message, 'role')}|>{message_text(message)}{calls}<|end|>"
-
-
-def char_ids(text: str) -> list[int]:
-    """A character-level tokenizer (decodable, so tests can read what got loss)."""
-    return [ord(ch) for ch in text]
-
-
-class ScriptedClient(Client):
-    """A verifiers Client that answers from a policy instead of a server; with `tokens`, it also
-    returns token ids as vf-vllm does (character ids of the rendered messages)."""
-
-    def __init__(self, policy: Policy, tokens: bool = False) -> None:
-        super().__init__(object())
-        self.policy = policy
-        self.tokens = tokens
-
-    def setup_client(self, config):
-        return None
-
-    async def to_native_tool(self, tool):
-        return tool
-
-    async def to_native_prompt(self, messages):
-        return messages, {}
-
-    async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
-        calls = self.policy(prompt)
-        message = ResponseMessage(
-            content=None if calls else "I think the answer is Paris.",
-            tool_calls=calls,
-            finish_reason="tool_calls" if calls else "stop",
-            is_truncated=False,
-        )
-        if self.tokens:
-            prompt_ids = char_ids("".join(render(m) for m in prompt))
-            completion_ids = char_ids(render(message))
-            message.tokens = ResponseTokens(
-                prompt_ids=prompt_ids,
-                prompt_mask=[0] * len(prompt_ids),
-                completion_ids=completion_ids,
-                completion_mask=[1] * len(completion_ids),
-                completion_logprobs=[-0.5] * len(completion_ids),
-            )
-        return Response(id="scripted", created=0, model=model, message=message)
-
-    async def raise_from_native_response(self, response):
-        return None
-
-    async def from_native_response(self, response):
-        return response
-
-    async def close(self):
-        return None
 
 
 def read_rows(path: Path) -> dict[str, dict[str, Any]]:
@@ -459,7 +398,7 @@ def test_bad_tool_use_gets_explained_and_the_rollout_runs_to_max_turns(fixture_p
 
 
 def test_plain_text_reply_ends_the_episode_with_zero(full_env):
-    state = rollout_state(full_env, lambda prompt: None)
+    state = rollout_state(full_env, lambda prompt: "I think the answer is Paris.")
     asyncio.run(full_env.rubric.score_rollout(state))
     assert state["stop_condition"] == "no_tools_called"
     assert state["reward"] == 0.0

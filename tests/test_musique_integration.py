@@ -5,15 +5,14 @@ run must finish without errors and save results that carry every rubric metric."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from rlvr.evaluation import run_vf_eval
+
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
 METRICS = {
     "combined_reward",
     "exact_match",
@@ -35,19 +34,15 @@ def test_vf_eval_musique_with_tiny_model(tiny_server, shared_data: Path, tmp_pat
         "dataset_config": "full",
         "max_turns": 3,
     }
-    cmd = [
-        str(ROOT / ".venv" / "bin" / "vf-eval"), "vf-musique",
-        "-m", tiny_server.model, "-b", tiny_server.base_url, "-k", "MUSIQUE_TEST_KEY",
-        "-n", "2", "-r", "1", "-t", "48", "-s", "-d", "-o", str(tmp_path),
-        "-a", json.dumps(env_args),
-    ]  # fmt: skip
-    env = {**os.environ, "MUSIQUE_TEST_KEY": "EMPTY"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-    results = list(tmp_path.rglob("results.jsonl"))
-    assert results, f"no results saved under {tmp_path}:\n{proc.stdout[-2000:]}"
-    rows = [json.loads(line) for line in results[0].read_text().splitlines() if line.strip()]
+    rows = run_vf_eval(
+        "vf-musique",
+        model=tiny_server.model,
+        base_url=tiny_server.base_url,
+        output_dir=tmp_path,
+        num_examples=2,
+        max_tokens=48,
+        env_args=env_args,
+    )
     assert len(rows) == 2
     for row in rows:
         assert row.get("error") is None, row["error"]

@@ -23,8 +23,10 @@ from verifiers.utils.save_utils import state_to_output
 from vf_openspiel.cases import DEFAULT_CASES, load_case, resolve_cases
 from vf_openspiel.opponents import MCTSOpponent, sample_world
 from vf_openspiel.parser import extract_move, match_move
-from vf_openspiel.scripted import Policy, ScriptedClient, legal_from_prompt, random_mover
+from vf_openspiel.scripted import Policy, legal_from_prompt, random_mover
 from vf_openspiel.session import GameSession
+
+from rlvr.testing import ScriptedClient
 
 
 def constant(reply: str) -> Policy:

@@ -4,16 +4,14 @@ and save results with the planner metrics and each rollout's pipeline trace."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from rlvr.evaluation import run_vf_eval
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
 METRICS = {"correct", "decomposed", "worker_tokens", "planner_tokens", "parse_failure"}
 
 
@@ -24,19 +22,17 @@ def test_vf_eval_planner_with_smollm2(smollm2_server, shared_data: Path, tmp_pat
         "max_examples": 2,
         "worker_max_tokens": 128,
     }
-    cmd = [
-        str(ROOT / ".venv" / "bin" / "vf-eval"), "vf-planner",
-        "-m", smollm2_server.model, "-b", smollm2_server.base_url, "-k", "PLANNER_TEST_KEY",
-        "-n", "2", "-r", "1", "-t", "256", "-s", "-d", "-C", "planner", "-o", str(tmp_path),
-        "-a", json.dumps(env_args),
-    ]  # fmt: skip
-    env = {**os.environ, "PLANNER_TEST_KEY": "EMPTY"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-    results = list(tmp_path.rglob("results.jsonl"))
-    assert results, f"no results saved under {tmp_path}:\n{proc.stdout[-2000:]}"
-    rows = [json.loads(line) for line in results[0].read_text().splitlines() if line.strip()]
+    rows = run_vf_eval(
+        "vf-planner",
+        model=smollm2_server.model,
+        base_url=smollm2_server.base_url,
+        output_dir=tmp_path,
+        num_examples=2,
+        max_tokens=256,
+        env_args=env_args,
+        state_columns=["planner"],
+        timeout=1500,
+    )
     assert len(rows) == 2
     for row in rows:  # shown with -s: what the tiny planner and worker actually did
         print(row["reward"], row["metrics"], row["planner"]["parse_error"])

@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,6 +21,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from rlvr.evaluation import run_vf_eval
 from rlvr.models import ensure_embedded_model
 from rlvr.server.process import VLLMServer
 from rlvr.weights import WeightSync
@@ -91,16 +90,19 @@ def weight_push_demo(server: VLLMServer) -> None:
 def eval_demo(server: VLLMServer, examples: int) -> None:
     banner(f"vf-eval vf-deepscaler on {examples} generated problems")
     with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            str(BIN / "vf-eval"), "vf-deepscaler", "-m", server.model, "-b", server.base_url,
-            "-k", "RLVR_DEMO_KEY", "-n", str(examples), "-r", "1", "-t", "256", "-s", "-d",
-            "-o", out, "-a", json.dumps({"seed": 0}),
-        ]  # fmt: skip
-        env = {**os.environ, "RLVR_DEMO_KEY": "EMPTY"}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"vf-eval failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-        rows = [json.loads(line) for f in Path(out).rglob("results.jsonl") for line in open(f)]
+        try:
+            rows = run_vf_eval(
+                "vf-deepscaler",
+                model=server.model,
+                base_url=server.base_url,
+                output_dir=Path(out),
+                num_examples=examples,
+                max_tokens=256,
+                env_args={"seed": 0},
+                timeout=None,
+            )
+        except RuntimeError as error:
+            raise SystemExit(str(error)) from error
     rewards = [row["reward"] for row in rows]
     print(f"  {len(rewards)} rollouts, mean reward {sum(rewards) / max(len(rewards), 1):.3f}")
 

@@ -1,6 +1,6 @@
-"""A scripted stand-in for a model: a verifiers `Client` whose replies come from a Python function
-of the prompt. With `random_mover` it plays a uniformly random legal move read from the prompt,
-the way a model would see it; tests and the benchmark drive real rollouts with it.
+"""Scripted players for no-server rollouts: `random_mover` plays a uniformly random legal move read
+from the prompt, the way a model would see it. Tests and the benchmark drive real rollouts with it
+as the policy of a scripted client (`rlvr.testing.ScriptedClient` in this repository).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import re
 from collections.abc import Callable
 
 import verifiers as vf
-from verifiers.clients import Client
 
 LEGAL_LINE = re.compile(r"^(\d+): (.+)$", re.M)
 LEGAL_HEADER = "legal moves (id: move):"
@@ -32,35 +31,3 @@ def random_mover(seed: int) -> Policy:
         return f"Let me think about {text} and others. <move>{rng.choice([move_id, text])}</move>"
 
     return policy
-
-
-class ScriptedClient(Client):
-    """verifiers Client that calls `policy(prompt_messages)` instead of a server."""
-
-    def __init__(self, policy: Policy):
-        super().__init__(object())
-        self.policy = policy
-        self.calls = 0
-
-    def setup_client(self, config: object) -> None:
-        return None
-
-    async def to_native_tool(self, tool: vf.Tool) -> vf.Tool:
-        return tool
-
-    async def to_native_prompt(self, messages: vf.Messages) -> tuple[vf.Messages, dict]:
-        return messages, {}
-
-    async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs) -> str:
-        self.calls += 1
-        return self.policy(prompt)
-
-    async def raise_from_native_response(self, response: str) -> None:
-        return None
-
-    async def from_native_response(self, response: str) -> vf.Response:
-        message = vf.ResponseMessage(content=response, finish_reason="stop", is_truncated=False)
-        return vf.Response(id=f"r{self.calls}", created=0, model="scripted", message=message)
-
-    async def close(self) -> None:
-        return None

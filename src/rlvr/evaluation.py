@@ -1,0 +1,75 @@
+"""Run `vf-eval` on an environment and read back the rollouts it saved.
+
+Integration tests and the demo evaluate environments the way users do, with the installed
+`vf-eval` command against a served model, rather than by calling verifiers' internals; this is the
+one place that builds that command line, runs it and parses its results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# The vf-eval installed with this interpreter (the project's venv), not whichever is on PATH.
+VF_EVAL = Path(sys.executable).parent / "vf-eval"
+# vf-eval reads the API key from a named variable; vf-vllm ignores it, so any value will do.
+API_KEY_VAR = "RLVR_EVAL_API_KEY"
+TAIL_CHARS = 3000
+
+
+def _failure(message: str, proc: subprocess.CompletedProcess[str]) -> RuntimeError:
+    """An error carrying the ends of vf-eval's output, where its own error message is."""
+    return RuntimeError(
+        f"{message}\n--- vf-eval stdout (tail) ---\n{proc.stdout[-TAIL_CHARS:]}"
+        f"\n--- vf-eval stderr (tail) ---\n{proc.stderr[-TAIL_CHARS:]}"
+    )
+
+
+def run_vf_eval(
+    env_id: str,
+    *,
+    model: str,
+    base_url: str,
+    output_dir: Path,
+    num_examples: int,
+    rollouts_per_example: int = 1,
+    max_tokens: int | None = None,
+    env_args: dict[str, Any] | None = None,
+    state_columns: list[str] | None = None,
+    timeout: float | None = 900,
+) -> list[dict[str, Any]]:
+    """Evaluate `env_id` on `model` served at `base_url`, saving results under `output_dir`
+    (`-s`, plain logging with `-d`), and return the saved rollouts (one dict per row of every
+    results.jsonl found there). `state_columns` are extra state fields saved with each rollout.
+
+    Raises RuntimeError, with the tails of vf-eval's stdout and stderr, if vf-eval exits non-zero
+    or saves no results; subprocess.TimeoutExpired after `timeout` seconds (None: no limit).
+    """
+    cmd = [
+        str(VF_EVAL), env_id, "-m", model, "-b", base_url, "-k", API_KEY_VAR,
+        "-n", str(num_examples), "-r", str(rollouts_per_example), "-s", "-d",
+        "-o", str(output_dir),
+    ]  # fmt: skip
+    if max_tokens is not None:
+        cmd += ["-t", str(max_tokens)]
+    if env_args is not None:
+        cmd += ["-a", json.dumps(env_args)]
+    if state_columns:
+        cmd += ["-C", ",".join(state_columns)]
+    env = {**os.environ, API_KEY_VAR: "EMPTY"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise _failure(f"vf-eval {env_id} failed with exit code {proc.returncode}", proc)
+    results = sorted(Path(output_dir).rglob("results.jsonl"))
+    if not results:
+        raise _failure(f"vf-eval {env_id} saved no results under {output_dir}", proc)
+    return [
+        json.loads(line)
+        for path in results
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
