@@ -29,6 +29,13 @@ SERVER_FLAGS = [
 ]  # fmt: skip
 
 
+# The tiny model's text is random: seeded sampling makes its rollouts repeatable, and a minimum
+# length keeps it from answering with nothing at all (which verifiers records as an error).
+# Tests pass `server.sampling_args` to vf-eval.
+TINY_SAMPLING = {"seed": 0, "extra_body": {"min_tokens": 8}}
+SMOLLM2_SAMPLING = {"seed": 0}
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from rlvr.tiny_model import build_tiny_model
@@ -49,6 +56,7 @@ def tiny_server(tiny_model_dir, tmp_path_factory):
     """One real vf-vllm (CPU) on the tiny model, shared by every integration test."""
     server = _serve(str(tiny_model_dir), tmp_path_factory.mktemp("tiny-server"))
     server.model_dir = tiny_model_dir
+    server.sampling_args = TINY_SAMPLING
     yield server
     server.stop()
 
@@ -60,5 +68,6 @@ def smollm2_server(tmp_path_factory):
 
     server = _serve("smollm2-135m", tmp_path_factory.mktemp("smollm2-server"))
     server.model_dir = ensure_embedded_model()
+    server.sampling_args = SMOLLM2_SAMPLING
     yield server
     server.stop()

@@ -29,6 +29,7 @@ def evaluate(server, out_dir: Path, env_args: dict) -> list[dict]:
         num_examples=2,
         max_tokens=64,
         env_args=env_args,
+        sampling_args=server.sampling_args,
     )
     assert len(rows) == 2
     for row in rows:

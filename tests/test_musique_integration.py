@@ -42,6 +42,7 @@ def test_vf_eval_musique_with_tiny_model(tiny_server, shared_data: Path, tmp_pat
         num_examples=2,
         max_tokens=48,
         env_args=env_args,
+        sampling_args=tiny_server.sampling_args,
     )
     assert len(rows) == 2
     for row in rows:

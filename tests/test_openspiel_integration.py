@@ -25,6 +25,7 @@ def test_vf_eval_openspiel_with_tiny_model(tiny_server, tmp_path: Path):
         num_examples=2,
         max_tokens=48,
         env_args=env_args,
+        sampling_args=tiny_server.sampling_args,
         state_columns=["openspiel"],
     )
     assert sorted(row["openspiel"]["case"] for row in rows) == ["kuhn_poker", "tic_tac_toe"]

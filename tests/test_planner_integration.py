@@ -30,6 +30,7 @@ def test_vf_eval_planner_with_smollm2(smollm2_server, shared_data: Path, tmp_pat
         num_examples=2,
         max_tokens=256,
         env_args=env_args,
+        sampling_args=smollm2_server.sampling_args,
         state_columns=["planner"],
         timeout=1500,
     )

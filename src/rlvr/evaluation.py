@@ -40,11 +40,13 @@ def run_vf_eval(
     max_tokens: int | None = None,
     env_args: dict[str, Any] | None = None,
     state_columns: list[str] | None = None,
+    sampling_args: dict[str, Any] | None = None,
     timeout: float | None = 900,
 ) -> list[dict[str, Any]]:
     """Evaluate `env_id` on `model` served at `base_url`, saving results under `output_dir`
     (`-s`, plain logging with `-d`), and return the saved rollouts (one dict per row of every
-    results.jsonl found there). `state_columns` are extra state fields saved with each rollout.
+    results.jsonl found there). `state_columns` are extra state fields saved with each rollout;
+    `sampling_args` go to the model as vf-eval's `-S` (e.g. a seed, or vLLM's `extra_body`).
 
     Raises RuntimeError, with the tails of vf-eval's stdout and stderr, if vf-eval exits non-zero
     or saves no results; subprocess.TimeoutExpired after `timeout` seconds (None: no limit).
@@ -60,6 +62,8 @@ def run_vf_eval(
         cmd += ["-a", json.dumps(env_args)]
     if state_columns:
         cmd += ["-C", ",".join(state_columns)]
+    if sampling_args:
+        cmd += ["-S", json.dumps(sampling_args)]
     env = {**os.environ, API_KEY_VAR: "EMPTY"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
