@@ -15,6 +15,16 @@ import httpx
 from rlvr.weights import free_port
 
 
+def _stop_when_parent_dies() -> None:
+    """Ask Linux to SIGTERM the launcher if this process dies without stopping it (a crashed
+    test run must not leave servers behind); elsewhere this is a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class VLLMServer:
     """A vf-vllm child process. Use as a context manager or call start()/stop().
 
@@ -54,7 +64,12 @@ class VLLMServer:
         env = {**os.environ, **(self.env or {})}
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_stop_when_parent_dies,
             )
         self._wait_ready()
         return self
