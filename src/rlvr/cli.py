@@ -1,0 +1,55 @@
+"""Command lines of the training scripts: a config file, shortcuts and dotted overrides.
+
+    scripts/train.py --config run.yaml --env vf-musique optim.lr=1e-5 --batch.async_level 0
+
+`--config FILE` reads a YAML file; `--env X` and `--model X` are shortcuts for `env.id=X` and
+`model.name=X`; every other `key=value`, `--key=value` or `--key value` is a dotted override.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rlvr.config import Config, ConfigError, load_config
+
+SHORTCUTS = {"env": "env.id", "model": "model.name", "output-dir": "output_dir"}
+USAGE = __doc__
+
+
+def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Split argv into the config file and the list of dotted overrides."""
+    config_path = None
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            key, eq, value = arg[2:].partition("=")
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ConfigError(f"{arg} needs a value")
+                value = argv[i + 1]
+                i += 1
+            if key == "config":
+                config_path = value
+            else:
+                overrides.append(f"{SHORTCUTS.get(key, key)}={value}")
+        elif "=" in arg:
+            overrides.append(arg)
+        else:
+            raise ConfigError(f"unexpected argument {arg!r} (expected key=value or --key value)")
+        i += 1
+    return config_path, overrides
+
+
+def config_from_argv(argv: list[str] | None = None) -> Config:
+    """Parse a script's command line into a validated config, or exit with the reason."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        raise SystemExit(0)
+    try:
+        path, overrides = parse_args(argv)
+        return load_config(path, overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        raise SystemExit(f"config error: {e}") from None

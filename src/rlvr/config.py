@@ -1,0 +1,396 @@
+"""The trainer's typed configuration: a YAML file plus dotted command-line overrides.
+
+One dataclass tree describes a run. `load_config(path, overrides)` reads the file, applies
+overrides such as `optim.lr=1e-5` or `lora.enabled=false` (values are parsed as YAML, so
+`[q_proj, v_proj]` and `null` work), checks every value against the declared type and rejects
+unknown keys with the full dotted name, so a typo fails before any model is loaded instead of
+being silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value or key is wrong; the message names the dotted field and the value."""
+
+
+@dataclass
+class EnvConfig:
+    id: str = "vf-deepscaler"
+    """Environment id, as for `verifiers.load_environment` (module `vf_x` for `vf-x`)."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the environment's `load_environment`."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"
+    """`smollm2-135m` (embedded default), a local directory, or a Hugging Face id."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """auto: bfloat16 on CUDA, float32 on CPU (CPU bf16 matmuls are slow and imprecise)."""
+    gradient_checkpointing: bool | None = None
+    """None: on for models with at least `checkpointing_min_params` parameters."""
+    checkpointing_min_params: int = 500_000_000
+    attn_implementation: str | None = None
+    """Passed to transformers (e.g. `sdpa`, `flash_attention_2`); None lets it choose."""
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = True
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+    resume_from: str | None = None
+    """An adapter directory (PEFT format) to continue training from."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables it."""
+
+
+@dataclass
+class BatchConfig:
+    rollouts_per_example: int = 8
+    """Group size: rollouts of the same prompt whose rewards are compared."""
+    batch_size: int = 64
+    """Rollouts per optimizer step (a multiple of rollouts_per_example)."""
+    micro_batch_size: int = 4
+    """Samples per forward/backward on each rank."""
+    max_seq_len: int = 2048
+    """Longest training sequence (prompt + completion tokens); longer turns are truncated."""
+    max_prompt_len: int = 1024
+    """Dataset rows whose rendered prompt is longer are skipped (and counted) before training."""
+    async_level: int = 1
+    """How many steps rollouts may run ahead of training (0 = fully synchronous)."""
+    max_concurrent: int = -1
+    """Most groups generating at once (-1: all groups of a step)."""
+    mask_truncated: bool = False
+    """True: rollouts cut by max_tokens/max_seq_len get no loss (their reward still counts in
+    the group's baseline); False: train on them like any other rollout."""
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    """Most tokens per model turn."""
+    seed_requests: bool = True
+    """Give each request a seed derived from (seed, step, rollout), so runs (and resumed runs)
+    sample the same tokens. vLLM 0.32's CPU backend crashes when a seeded request's prefill is
+    split into chunks (its CPU generators cannot rewind), so CPU servers with long prompts or
+    many concurrent requests need `false` (see configs/examples/deepscaler_smollm2_cpu.yaml)."""
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    """Extra vLLM sampling fields (e.g. top_k, min_p, repetition_penalty)."""
+
+
+@dataclass
+class LossConfig:
+    scale_rewards: bool = True
+    """Divide group-relative advantages by the group's reward std (GRPO); False = Dr. GRPO."""
+    drop_zero_variance: bool = False
+    """Drop groups whose rewards are all equal (they carry no signal); always counted."""
+    ratio_mask_low: float = 0.125
+    """Tokens whose trainer/sampler probability ratio is below this get no loss."""
+    ratio_mask_high: float = 8.0
+    """Tokens whose trainer/sampler probability ratio is above this get no loss."""
+    clip_low: float | None = None
+    """PPO-style clipping of the ratio to [1-clip_low, 1+clip_high]; None disables it."""
+    clip_high: float | None = None
+    beta: float = 0.0
+    """Weight of the KL penalty to the reference (initial) model; 0 skips the reference pass."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0
+    """Evaluate on the environment's eval set every N steps (0: never); also at the end."""
+    num_examples: int = 32
+    rollouts_per_example: int = 1
+    at_start: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 50
+    """Save every N steps (0: only at the end)."""
+    keep_last: int = 2
+    resume: str | None = None
+    """`auto` (latest checkpoint in output_dir, if any), a checkpoint directory, or None."""
+
+
+@dataclass
+class WandbConfig:
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    """auto: online when WANDB_API_KEY is set, offline otherwise."""
+    project: str = "rlvr"
+    entity: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggingConfig:
+    samples_per_step: int = 4
+    """Rows of the sample-rollout table logged per step (0: none)."""
+    table_every: int = 10
+    """Log the sample table every N steps."""
+    mismatch_kl_warn: float = 1e-2
+    """Warn when the sampler/trainer KL on sampled tokens exceeds this."""
+    progress_bar: bool = True
+
+
+@dataclass
+class ServerConfig:
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key: str | None = None
+    served_model: str | None = None
+    """The name vf-vllm serves the model under (default: model.name, as vf-vllm does)."""
+    backend: Literal["auto", "shm", "gloo", "nccl", "ipc"] = "auto"
+    """Weight transfer: nccl (server on other GPUs), ipc (server on the trainer's GPU), shm
+    (CPU server on this host), gloo (CPU server elsewhere). auto: nccl when the trainer has
+    CUDA, else shm for a local server, else gloo."""
+    timeout_s: float = 600.0
+    """Per-request timeout for generation and control calls."""
+    push_weights: bool = True
+    """Push weights after every optimizer step (the initial weights are pushed regardless).
+    Off only for debugging: rollouts then come from the initial weights."""
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    max_steps: int = 100
+    seed: int = 0
+    output_dir: str = "outputs/run"
+
+    def validate(self) -> None:
+        """Cross-field checks that types alone cannot express."""
+        b = self.batch
+        _require(b.rollouts_per_example >= 1, "batch.rollouts_per_example", b.rollouts_per_example)
+        _require(
+            b.batch_size >= 1 and b.batch_size % b.rollouts_per_example == 0,
+            "batch.batch_size",
+            b.batch_size,
+            f"must be a positive multiple of batch.rollouts_per_example ({b.rollouts_per_example})",
+        )
+        _require(b.micro_batch_size >= 1, "batch.micro_batch_size", b.micro_batch_size)
+        _require(b.async_level >= 0, "batch.async_level", b.async_level, "must be >= 0")
+        _require(b.max_prompt_len < b.max_seq_len, "batch.max_prompt_len", b.max_prompt_len,
+                 f"must be below batch.max_seq_len ({b.max_seq_len})")  # fmt: skip
+        _require(self.max_steps >= 1, "max_steps", self.max_steps)
+        _require(self.optim.lr > 0, "optim.lr", self.optim.lr)
+        _require(len(self.optim.betas) == 2, "optim.betas", self.optim.betas, "needs 2 values")
+        _require(self.sampling.temperature > 0, "sampling.temperature", self.sampling.temperature)
+        _require(self.sampling.max_tokens >= 1, "sampling.max_tokens", self.sampling.max_tokens)
+        low, high = self.loss.ratio_mask_low, self.loss.ratio_mask_high
+        _require(0 <= low < 1 < high, "loss.ratio_mask_low/high", (low, high),
+                 "need 0 <= low < 1 < high")  # fmt: skip
+        _require(self.loss.beta >= 0, "loss.beta", self.loss.beta)
+        _require(self.lora.rank >= 1, "lora.rank", self.lora.rank)
+        _require(self.checkpoint.keep_last >= 1, "checkpoint.keep_last", self.checkpoint.keep_last)
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.batch.batch_size // self.batch.rollouts_per_example
+
+    @property
+    def served_model(self) -> str:
+        return self.server.served_model or self.model.name
+
+
+def _require(ok: bool, name: str, value: Any, why: str = "must be positive") -> None:
+    if not ok:
+        raise ConfigError(f"{name}={value!r}: {why}")
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    """Check `value` against the type hint `hint`, converting only where it is lossless
+    (int -> float). Returns the checked value or raises ConfigError naming `name`."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, name)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{name}={value!r}: expected {_type_name(hint)}")
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(f"{name}={value!r}: choose one of {list(typing.get_args(hint))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{name}={value!r}: expected a list")
+        (item,) = typing.get_args(hint)
+        return [_coerce(v, item, f"{name}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}={value!r}: expected a mapping")
+        return dict(value)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, name)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is bool and not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r}: expected true or false")
+    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{name}={value!r}: expected an integer")
+    if not isinstance(value, hint):
+        raise ConfigError(f"{name}={value!r}: expected {_type_name(hint)}")
+    return value
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys by their dotted name."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(
+            f"unknown config key {where}{unknown[0]}; known keys here: {', '.join(sorted(known))}"
+        )
+    kwargs = {
+        key: _coerce(value, hints[key], f"{prefix}.{key}" if prefix else key)
+        for key, value in data.items()
+    }
+    return cls(**kwargs)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b=value` -> (["a", "b"], parsed value). Values are YAML: `1e-5`, `true`, `[a, b]`."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip().removeprefix("--").replace("-", "_")
+    if not key:
+        raise ConfigError(f"override {item!r} has an empty key")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    # YAML reads 1e-5 as a string (it wants 1.0e-5); numbers are what people mean.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value.lower() for c in ".e") else value
+        except ValueError:
+            pass
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Set each dotted override in a nested dict (a copy); `env.args.x=1` creates mappings."""
+    out = _deepcopy(data)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _deepcopy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deepcopy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deepcopy(v) for v in data]
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read an optional YAML file, apply dotted overrides, type-check and validate."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    data = apply_overrides(data, overrides or [])
+    config = from_dict(Config, data)
+    config.validate()
+    return config
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=False)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the full resolved config beside the run's outputs (atomically)."""
+    atomic_write_text(Path(path), to_yaml(config))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,189 @@
+"""GRPO's math as pure functions: group advantages, per-token log-probabilities, the loss.
+
+Nothing here knows about models, servers or processes, so every formula is unit-tested on
+hand-made tensors.
+
+Loss (per sampled token t of a rollout with advantage A):
+
+    r_t  = exp(logp_trainer(t) - logp_sampler(t))        importance ratio vs the sampler
+    pg_t = -r_t * A                                       (or PPO-clipped: -min(r A, clip(r) A))
+    kl_t = exp(ref - logp) - (ref - logp) - 1             (only when beta > 0)
+    loss = sum_t m_t (pg_t + beta kl_t) / N
+
+The ratio corrects for the off-policy lag (rollouts generated `async_level` steps earlier, or
+with weights that changed mid-rollout) and for numeric differences between vLLM and the
+trainer. Tokens whose ratio leaves [ratio_mask_low, ratio_mask_high] get m_t = 0: their
+samples are too far off-policy to trust. N is the number of loss tokens in the whole step,
+across every micro-batch on every rank, so each token weighs the same however the batch is cut
+(a per-micro-batch mean would weigh tokens of short micro-batches more).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.config import LossConfig
+
+
+def group_advantages(
+    groups: Sequence[Sequence[float]], scale_rewards: bool, eps: float = 1e-6
+) -> tuple[list[list[float]], list[bool]]:
+    """Reward minus the group's mean (optionally divided by the group's std).
+
+    Returns the advantages, shaped like `groups`, and one flag per group that is True when
+    all its rewards are equal: such a group has zero advantage everywhere and teaches nothing.
+    The std is the population std of the group; `eps` only guards the division.
+    """
+    advantages: list[list[float]] = []
+    zero_variance: list[bool] = []
+    for rewards in groups:
+        n = len(rewards)
+        mean = sum(rewards) / n if n else 0.0
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0
+        flat = n < 2 or max(rewards) - min(rewards) <= 1e-12
+        zero_variance.append(flat)
+        if flat:
+            advantages.append([0.0] * n)
+            continue
+        denom = std + eps if scale_rewards else 1.0
+        advantages.append([(r - mean) / denom for r in rewards])
+    return advantages, zero_variance
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0):
+    """Log-probability of each next token: out[:, i] = log p(input_ids[:, i+1] | ids[:, :i+1]).
+
+    `logits` is [B, T, V] for inputs [B, T]; the result is [B, T-1] in float32. Dividing by
+    the sampling temperature makes these the probabilities tokens were sampled from.
+    """
+    logits = logits[:, :-1].float() / temperature
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    picked = torch.gather(logits, -1, targets).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+@torch.no_grad()
+def masked_entropy_sum(
+    logits: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Sum of the policy's entropy over loss tokens (for logging; no gradient).
+
+    `logits` [B, T, V] and `mask` [B, T-1] aligned like `token_logprobs`. Only the masked
+    positions are expanded to full distributions, which keeps memory at tokens x vocab.
+    """
+    picked = logits[:, :-1][mask.bool()].float() / temperature
+    if picked.numel() == 0:
+        return torch.zeros((), device=logits.device)
+    logp = torch.log_softmax(picked, dim=-1)
+    return -(logp.exp() * logp).sum()
+
+
+@dataclass
+class LossTerms:
+    """`loss_sum` carries the gradient; `stats` are detached sums/extremes for logging."""
+
+    loss_sum: torch.Tensor
+    stats: dict[str, torch.Tensor]
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cfg: LossConfig,
+    ref_logprobs: torch.Tensor | None = None,
+) -> LossTerms:
+    """Token-level importance-weighted policy-gradient loss, summed (not averaged) over tokens.
+
+    All inputs are [B, T-1], aligned as `token_logprobs`. The caller divides `loss_sum` by the
+    step's global loss-token count (see `normalised_loss`).
+    """
+    mask = loss_mask.float()
+    log_ratio = logprobs - sampler_logprobs
+    ratio = torch.exp(log_ratio)
+    with torch.no_grad():
+        in_bounds = (ratio >= cfg.ratio_mask_low) & (ratio <= cfg.ratio_mask_high)
+    keep = mask * in_bounds.float()
+    surrogate = ratio * advantages
+    clipped = torch.zeros_like(mask, dtype=torch.bool)
+    if cfg.clip_low is not None or cfg.clip_high is not None:
+        low = 1.0 - (cfg.clip_low if cfg.clip_low is not None else math.inf)
+        high = 1.0 + (cfg.clip_high if cfg.clip_high is not None else math.inf)
+        clipped_surrogate = torch.clamp(ratio, low, high) * advantages
+        clipped = (clipped_surrogate < surrogate).detach()
+        surrogate = torch.minimum(surrogate, clipped_surrogate)
+    per_token = -surrogate
+    stats: dict[str, torch.Tensor] = {}
+    if cfg.beta > 0:
+        if ref_logprobs is None:
+            raise ValueError("loss.beta > 0 needs reference log-probabilities")
+        ref_diff = ref_logprobs - logprobs
+        kl_ref = torch.exp(ref_diff) - ref_diff - 1
+        per_token = per_token + cfg.beta * kl_ref
+        stats["kl_ref_sum"] = (kl_ref * mask).sum().detach()
+    loss_sum = (per_token * keep).sum()
+    with torch.no_grad():
+        ratio_on_mask = ratio[mask.bool()]
+        if ratio_on_mask.numel():
+            stats.update(ratio_min=ratio_on_mask.min(), ratio_max=ratio_on_mask.max())
+        stats.update(
+            tokens=mask.sum(),
+            ratio_sum=(ratio * mask).sum(),
+            ratio_masked_sum=(mask * (1 - in_bounds.float())).sum(),
+            clipped_sum=(mask * clipped.float()).sum(),
+            # k3 estimator of KL(sampler || trainer) on the sampler's own tokens: >= 0, and 0
+            # only when the two agree on every sampled token. In float64 with expm1: near
+            # agreement it is ~log_ratio^2 / 2, which float32's `r - 1 - log r` rounds to 0.
+            mismatch_kl_sum=((torch.expm1(log_ratio.double()) - log_ratio.double()) * mask).sum(),
+            pg_loss_sum=(-surrogate * keep).sum(),
+        )
+    return LossTerms(loss_sum=loss_sum, stats=stats)
+
+
+def normalised_loss(loss_sum: torch.Tensor, global_tokens: float, world_size: int):
+    """Scale a micro-batch's summed loss so that the gradients of all micro-batches on all
+    ranks add up to the gradient of (total summed loss / global token count).
+
+    Gradients accumulate (sum) over micro-batches and are averaged over ranks by DDP and
+    DeepSpeed, hence the factor `world_size`.
+    """
+    return loss_sum * (world_size / max(global_tokens, 1.0))
+
+
+class StatsAccumulator:
+    """Combines `LossTerms.stats` over micro-batches (and ranks): keys ending in `_min`/`_max`
+    keep the extreme, the rest add up."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def add(self, stats: dict[str, torch.Tensor | float]) -> None:
+        for key, value in stats.items():
+            v = float(value)
+            if key not in self.values:
+                self.values[key] = v
+            elif key.endswith("_min"):
+                self.values[key] = min(self.values[key], v)
+            elif key.endswith("_max"):
+                self.values[key] = max(self.values[key], v)
+            else:
+                self.values[key] += v
+
+    def keys(self) -> list[str]:
+        return sorted(self.values)
+
+    def summary(self) -> dict[str, float]:
+        """Per-token means of the sums (`x_sum` -> `x`), extremes as they are."""
+        tokens = max(self.values.get("tokens", 0.0), 1.0)
+        out: dict[str, float] = {}
+        for key, value in self.values.items():
+            if key.endswith("_sum"):
+                out[key.removesuffix("_sum")] = value / tokens
+            else:
+                out[key] = value
+        return out

@@ -1,0 +1,187 @@
+"""LoRA set-up, and the weight stream the trainer pushes into vf-vllm.
+
+Why stream merged weights instead of loading the adapter through vLLM's LoRA support: the
+merged stream (W + scale * B @ A, computed one module at a time and sent under the base model's
+Hugging Face names) needs no server flags, works with every transfer engine we have (gloo on
+CPU, nccl, ipc), serves at full base-model speed (no LoRA kernels in every forward) and never
+touches the disk. vLLM's LoRA path instead writes an adapter directory each step and asks the
+server to load it, and its CPU backend's LoRA kernels are slow. The server's copy is a merged
+model; the trainer's is base + adapter, and the two agree to float rounding (the mismatch-KL
+metric checks this every step).
+
+Memory: no rank ever holds more than one module's merged weight beyond the model itself. Under
+ZeRO-3 each module's parameters are gathered (on all ranks, in lockstep, as vLLM's
+`WeightSource` contract requires), merged, sent by rank 0, and released before the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+from rlvr.config import LoraConfig
+
+
+def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
+    """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel, get_peft_model
+
+    if cfg.resume_from:
+        return PeftModel.from_pretrained(model, cfg.resume_from, is_trainable=True)
+    peft_config = PeftLoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, peft_config)
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model inside a PeftModel (LoRA layers injected), or `model` itself."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def zero3_gather(params: list[torch.nn.Parameter]):
+    """Gather ZeRO-3 partitioned parameters for reading (a no-op for ordinary tensors)."""
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+def full_shape(param: torch.Tensor) -> tuple[int, ...]:
+    """A parameter's full shape, also when ZeRO-3 has partitioned it to an empty tensor."""
+    return tuple(getattr(param, "ds_shape", param.shape))
+
+
+def hf_name(peft_name: str) -> str | None:
+    """The base model's parameter name for a parameter of a LoRA-injected model, or None for
+    parameters that do not exist in the base checkpoint (adapter weights, saved originals)."""
+    if ".lora_" in peft_name or ".original_module." in peft_name:
+        return None
+    parts = peft_name.split(".")
+    if "modules_to_save" in parts:
+        i = parts.index("modules_to_save")
+        parts = parts[:i] + parts[i + 2 :]
+    return ".".join(p for p in parts if p != "base_layer")
+
+
+@dataclass
+class _Entry:
+    name: str
+    param: torch.nn.Parameter
+    lora_layer: torch.nn.Module | None
+    """Set for a LoRA-wrapped module's base weight: its value is merged on the fly."""
+
+
+class MergedWeightSource(WeightSource):
+    """The model's weights as vLLM expects them: base names, LoRA deltas merged in.
+
+    Works for plain models too (then it is `ModuleSource` with ZeRO-3 gathering), so the
+    trainer uses one source for full fine-tuning and LoRA alike.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        gather: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager]
+        | None = None,
+    ):
+        self.gather = gather or zero3_gather
+        self.entries = self._plan(base_model(model))
+
+    @staticmethod
+    def _plan(model: torch.nn.Module) -> list[_Entry]:
+        from peft.tuners.lora import LoraLayer
+
+        modules = dict(model.named_modules())
+        entries = []
+        for name, param in model.named_parameters():
+            target = hf_name(name)
+            if target is None:
+                continue
+            owner_name = name.rsplit(".", 1)[0]
+            owner = modules.get(owner_name.removesuffix(".base_layer"))
+            lora = owner if isinstance(owner, LoraLayer) and name.endswith("weight") else None
+            if lora is not None and any(lora.use_dora.get(a) for a in lora.active_adapters):
+                raise NotImplementedError("streaming merged weights does not support DoRA")
+            entries.append(_Entry(target, param, lora))
+        return entries
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(e.name, e.param.dtype, full_shape(e.param)) for e in self.entries]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for entry in self.entries:
+            layer = entry.lora_layer
+            if layer is None:
+                with self.gather([entry.param]):
+                    tensor = entry.param.detach()
+                    # A gathered ZeRO-3 tensor is freed when the context exits, possibly
+                    # before the engine has consumed it: hand out a copy.
+                    yield entry.name, tensor.clone() if hasattr(entry.param, "ds_id") else tensor
+                continue
+            adapters = [a for a in layer.active_adapters if a in layer.lora_A]
+            params = [entry.param]
+            for a in adapters:
+                params += [layer.lora_A[a].weight, layer.lora_B[a].weight]
+            with self.gather(params), torch.no_grad():
+                merged = entry.param.detach().clone()
+                for a in adapters:
+                    merged += layer.get_delta_weight(a).to(merged.dtype)
+                yield entry.name, merged
+
+
+def merge_adapter(
+    adapter_dir: str | Path, out_dir: str | Path, base: str | None = None, dtype: str = "auto"
+) -> Path:
+    """Write base model + adapter as one plain Hugging Face model (safetensors + tokenizer).
+
+    `base` defaults to the adapter's recorded base model (short names, local directories and
+    hub ids all resolve). Written to a temporary directory and renamed, so `out_dir` is either
+    complete or absent.
+    """
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.models import resolve_model
+
+    adapter_dir = Path(adapter_dir)
+    config_file = adapter_dir / "adapter_config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{adapter_dir} is not a PEFT adapter (no adapter_config.json)")
+    base = base or json.loads(config_file.read_text())["base_model_name_or_path"]
+    base_path = resolve_model(base)
+    torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir if has_tokenizer else base_path)
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

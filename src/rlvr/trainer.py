@@ -1,0 +1,533 @@
+"""The GRPO training loop: accelerate (single process, DDP or DeepSpeed ZeRO-3), rollouts from
+vf-vllm, a weight push after every optimizer step, checkpoints, evaluation and logging.
+
+One step:
+  1. take the step's batch from the rollout worker (generated ahead by at most async_level
+     steps), compute group advantages, turn rollouts into samples (main process), broadcast;
+  2. each rank trains on its shard in micro-batches; the loss is normalised by the step's
+     global loss-token count, and every rank runs the same number of micro-batches;
+  3. one optimizer step (clipped), one scheduler step;
+  4. push the new weights into vf-vllm (generation paused, prefix cache reset) and tell the
+     worker the server now holds version step+1;
+  5. log, evaluate and checkpoint on their cadences.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.batch import MicroBatch, Sample, collate, padding_micro_batch, shard, split_micro_batches
+from rlvr.checkpoint import (
+    keep_trainable_only,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+)
+from rlvr.config import Config, ConfigError, save_config, to_yaml
+from rlvr.grpo import (
+    StatsAccumulator,
+    group_advantages,
+    masked_entropy_sum,
+    normalised_loss,
+    policy_loss,
+    token_logprobs,
+)
+from rlvr.lora import MergedWeightSource, apply_lora, zero3_gather
+from rlvr.metrics import RunLogger, distribution, mean, metric_means
+from rlvr.rollouts import RolloutWorker, StepBatch, make_client, prompt_length_filter
+
+log = logging.getLogger(__name__)
+
+
+def micro_batch_loss(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    cfg: Config,
+    global_tokens: float,
+    world_size: int,
+    reference: Any = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward one micro-batch; return its normalised loss (ready for backward) and stats.
+
+    `reference(mb)` returns the reference model's token log-probabilities (needed when
+    loss.beta > 0)."""
+    temperature = cfg.sampling.temperature
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+    logprobs = token_logprobs(logits, mb.input_ids, temperature)
+    ref = reference(mb) if cfg.loss.beta > 0 else None
+    terms = policy_loss(logprobs, mb.sampler_logprobs, mb.advantages, mb.loss_mask, cfg.loss, ref)
+    terms.stats["entropy_sum"] = masked_entropy_sum(logits, mb.loss_mask, temperature)
+    terms.stats["loss_sum"] = terms.loss_sum.detach()
+    return normalised_loss(terms.loss_sum, global_tokens, world_size), terms.stats
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, name)
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+def build_samples(batch: StepBatch, cfg: Config) -> tuple[list[Sample], dict[str, float], list]:
+    """Advantages per group -> samples; the batch's rollout metrics; sample-table rows."""
+    groups = [g for g in batch.groups if g.rollouts]
+    advantages, flat = group_advantages(
+        [[r.reward for r in g.rollouts] for g in groups], cfg.loss.scale_rewards
+    )
+    samples: list[Sample] = []
+    scored: list[tuple[Any, float]] = []
+    dropped = 0
+    for group, group_adv, is_flat in zip(groups, advantages, flat, strict=True):
+        if is_flat and cfg.loss.drop_zero_variance:
+            dropped += 1
+            continue
+        for rollout, adv in zip(group.rollouts, group_adv, strict=True):
+            scored.append((rollout, adv))
+            for sample in rollout.samples:
+                sample.advantage = adv
+                samples.append(sample)
+    rollouts = batch.rollouts
+    gen_tokens = batch.completion_tokens
+    metrics: dict[str, float] = {
+        **distribution("reward", [r.reward for r in rollouts]),
+        **metric_means([r.metrics for r in rollouts], "env"),
+        "rollouts/count": len(rollouts),
+        "rollouts/errored": batch.errored,
+        "rollouts/truncated": sum(r.truncated for r in rollouts),
+        "rollouts/zero_variance_groups": sum(flat),
+        "rollouts/dropped_groups": dropped,
+        "rollouts/skipped_long_prompts": batch.skipped_prompts,
+        "rollouts/samples": len(samples),
+        "rollouts/completion_tokens": gen_tokens,
+        "rollouts/completion_len": gen_tokens / max(len(rollouts), 1),
+        "rollouts/turns": mean([r.num_turns for r in rollouts]),
+        "rollouts/policy_lag": batch.step - batch.min_policy_version,
+        "time/generate": batch.generate_s,
+        "throughput/gen_tokens_per_s": gen_tokens / max(batch.generate_s, 1e-9),
+    }
+    rows = [
+        {
+            "example_id": r.example_id,
+            "prompt": r.prompt_text,
+            "completion": r.completion_text,
+            "answer": r.answer,
+            "reward": r.reward,
+            "advantage": adv,
+        }
+        for r, adv in scored[: cfg.logging.samples_per_step]
+    ]
+    return samples, metrics, rows
+
+
+class Trainer:
+    """Build with a config (and optionally an environment object instead of `env.id`), then
+    `run()`. `run(stop_after=k)` stops after k steps with a checkpoint, as an interrupted run
+    would (used by the resume test)."""
+
+    def __init__(self, config: Config, env: Any = None):
+        config.validate()
+        self.cfg = config
+        self.env = env
+        self.history: list[dict[str, float]] = []
+        self.worker: RolloutWorker | None = None
+        self.sync = None
+        self.logger: RunLogger | None = None
+
+    # ---- set-up ---------------------------------------------------------------------
+
+    def setup(self) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedType, set_seed
+
+        cfg = self.cfg
+        self.accelerator = acc = Accelerator()
+        self.ds = acc.distributed_type == DistributedType.DEEPSPEED
+        self.rank, self.world = acc.process_index, acc.num_processes
+        set_seed(cfg.seed)
+        self.out = Path(cfg.output_dir)
+        if acc.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.out / "config.yaml")
+            print(f"# rlvr GRPO config (saved to {self.out / 'config.yaml'})\n{to_yaml(cfg)}")
+        self._load_policy()
+        self._build_optimizer()
+        resume = resolve_resume(cfg.checkpoint.resume, cfg.output_dir)
+        state = load_checkpoint(acc, resume, self.model, self.ds) if resume else {}
+        self.start_step = int(state.get("step", 0))
+        self.data_position = int(state.get("data_position", 0))
+        self.version = self.start_step
+        self.logger = RunLogger(
+            cfg, acc.is_main_process, self.start_step, state.get("wandb_run_id")
+        )
+        if resume:
+            self.logger.print(f"resumed from {resume} at step {self.start_step}")
+        self._connect_server()
+        self.push_weights(self.start_step, initial=True)  # the server may hold other weights
+        if acc.is_main_process:
+            self._start_worker()
+
+    def _load_policy(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from rlvr.models import resolve_model
+
+        cfg, acc = self.cfg, self.accelerator
+        with acc.main_process_first():  # the embedded model is converted once, by one process
+            path = resolve_model(cfg.model.name)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
+        kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.model.dtype)}
+        if cfg.model.attn_implementation:
+            kwargs["attn_implementation"] = cfg.model.attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model.config.use_cache = False
+        checkpointing = cfg.model.gradient_checkpointing
+        if checkpointing is None:
+            checkpointing = num_parameters(model) >= cfg.model.checkpointing_min_params
+        if checkpointing:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        self.ref_model = None
+        if cfg.lora.enabled:
+            model = apply_lora(model, cfg.lora)
+        elif cfg.loss.beta > 0:
+            if self.ds:
+                raise ConfigError(
+                    "loss.beta > 0 with full fine-tuning under DeepSpeed is not supported; "
+                    "use LoRA (its reference is the base model, adapter disabled)"
+                )
+            self.ref_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            self.ref_model.requires_grad_(False).eval().to(acc.device)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if acc.is_main_process:
+            print(
+                f"model {path}: {num_parameters(model) / 1e6:.1f}M parameters, "
+                f"{trainable / 1e6:.2f}M trainable ({'LoRA' if cfg.lora.enabled else 'full'}), "
+                f"dtype {kwargs['dtype']}, gradient checkpointing {checkpointing}"
+            )
+        self.model = model
+
+    def _build_optimizer(self) -> None:
+        from transformers import get_scheduler
+
+        cfg, acc = self.cfg, self.accelerator
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params,
+            lr=cfg.optim.lr,
+            betas=tuple(cfg.optim.betas),
+            eps=cfg.optim.eps,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        name = cfg.optim.scheduler
+        if name == "constant" and cfg.optim.warmup_steps:
+            name = "constant_with_warmup"
+        # The scheduler stays outside accelerate.prepare: its wrapper steps it once per process
+        # per call (meant for data-parallel dataloaders), which would run it world_size times
+        # faster. It is registered so checkpoints still carry it.
+        self.scheduler = get_scheduler(
+            name, optimizer, num_warmup_steps=cfg.optim.warmup_steps,
+            num_training_steps=cfg.max_steps,
+        )  # fmt: skip
+        if self.ds:
+            ds_config = acc.state.deepspeed_plugin.deepspeed_config
+            # DeepSpeed's batch bookkeeping only has to be consistent: the trainer itself
+            # accumulates a variable number of micro-batches per optimizer step.
+            ds_config["train_micro_batch_size_per_gpu"] = cfg.batch.micro_batch_size
+            ds_config["train_batch_size"] = cfg.batch.micro_batch_size * self.world
+            ds_config["gradient_accumulation_steps"] = 1
+            ds_config["gradient_clipping"] = cfg.optim.max_grad_norm
+        self.model, self.optimizer = acc.prepare(self.model, optimizer)
+        acc.register_for_checkpointing(self.scheduler)
+        keep_trainable_only(acc)
+        self.params = params
+
+    def _connect_server(self) -> None:
+        from rlvr.weights import WeightSync
+
+        cfg = self.cfg
+        self.sync = WeightSync(
+            cfg.server.base_url,
+            backend=cfg.server.backend,
+            api_key=cfg.server.api_key,
+            timeout_s=cfg.server.timeout_s,
+            rank=self.rank,
+        )
+        self.sync.connect(MergedWeightSource(self.accelerator.unwrap_model(self.model)))
+
+    def _start_worker(self) -> None:
+        import verifiers as vf
+
+        cfg = self.cfg
+        if self.env is None:
+            self.env = vf.load_environment(cfg.env.id, **cfg.env.args)
+        self.env.set_max_seq_len(cfg.batch.max_seq_len)
+        fits = prompt_length_filter(
+            self.tokenizer, cfg.batch.max_prompt_len, getattr(self.env, "tool_defs", None)
+        )
+        self.worker = RolloutWorker(
+            self.env,
+            self.env.get_dataset(),
+            cfg,
+            client_factory=lambda: make_client(
+                cfg.server.base_url,
+                cfg.server.api_key,
+                cfg.server.timeout_s,
+                max_connections=max(cfg.batch.batch_size * 2, 64),
+            ),  # fmt: skip
+            start_step=self.start_step,
+            version=self.version,
+            data_position=self.data_position,
+            prompt_fits=fits,
+        ).start()
+
+    # ---- the loop -------------------------------------------------------------------
+
+    def run(self, stop_after: int | None = None) -> list[dict[str, float]]:
+        """Train to max_steps (or `stop_after` steps); returns each step's metrics."""
+        self.setup()
+        cfg = self.cfg
+        try:
+            if cfg.eval.at_start and self.start_step == 0:
+                self.evaluate(0)
+            for step in range(self.start_step, cfg.max_steps):
+                self.history.append(self.train_step(step))
+                done = step + 1
+                if stop_after is not None and done >= stop_after:
+                    self.save(done)
+                    return self.history
+                if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.max_steps:
+                    self.evaluate(done)
+                if cfg.checkpoint.every and done % cfg.checkpoint.every == 0:
+                    self.save(done)
+            if cfg.eval.every:
+                self.evaluate(cfg.max_steps)
+            if not (cfg.checkpoint.every and cfg.max_steps % cfg.checkpoint.every == 0):
+                self.save(cfg.max_steps)
+            self.save_final()
+            return self.history
+        finally:
+            self.close()
+
+    def _next_batch(self, step: int) -> tuple[list[Sample], dict[str, float], list, int]:
+        """The main process takes the worker's batch and builds samples; all ranks get them."""
+        payload = None
+        if self.accelerator.is_main_process:
+            batch = self.worker.get(step)
+            payload = (*build_samples(batch, self.cfg), batch.data_position)
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            payload = broadcast_object_list([payload])[0]
+        return payload
+
+    def train_step(self, step: int) -> dict[str, float]:
+        began = time.perf_counter()
+        samples, metrics, rows, data_position = self._next_batch(step)
+        waited = time.perf_counter() - began
+        global_tokens = sum(s.num_loss_tokens for s in samples)
+        t0 = time.perf_counter()
+        stats = self.forward_backward(samples, global_tokens)
+        t1 = time.perf_counter()
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = self.optimizer_step(global_tokens > 0)
+        t2 = time.perf_counter()
+        push_s = self.push_weights(step + 1)
+        t3 = time.perf_counter()
+        self.data_position = data_position
+        step_s = t3 - began
+        train_tokens = sum(len(s) for s in samples)
+        metrics.update(
+            {
+                "loss/total": stats.get("loss", 0.0),
+                "loss/pg": stats.get("pg_loss", 0.0),
+                "loss/kl_ref": stats.get("kl_ref", 0.0),
+                "entropy": stats.get("entropy", 0.0),
+                "ratio/mean": stats.get("ratio", 1.0),
+                "ratio/min": stats.get("ratio_min", 1.0),
+                "ratio/max": stats.get("ratio_max", 1.0),
+                "ratio/masked_frac": stats.get("ratio_masked", 0.0),
+                "ratio/clipped_frac": stats.get("clipped", 0.0),
+                "mismatch_kl": stats.get("mismatch_kl", 0.0),
+                "loss_tokens": global_tokens,
+                "grad_norm": grad_norm,
+                "lr": lr,
+                "time/wait_rollouts": waited,
+                "time/forward_backward": t1 - t0,
+                "time/optimizer": t2 - t1,
+                "time/weight_push": push_s,
+                "time/step": step_s,
+                "throughput/train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
+                "throughput/tokens_per_s": metrics["rollouts/completion_tokens"] / step_s,
+            }
+        )
+        self._report(step + 1, metrics, rows)
+        return metrics
+
+    def forward_backward(self, samples: list[Sample], global_tokens: int) -> dict[str, float]:
+        """Accumulate gradients of this rank's shard; return stats reduced over all ranks."""
+        cfg = self.cfg
+        shards = [
+            split_micro_batches(shard(samples, r, self.world), cfg.batch.micro_batch_size)
+            for r in range(self.world)
+        ]
+        count = max(len(s) for s in shards)
+        mine = shards[self.rank] + [padding_micro_batch(self.pad_id)] * (
+            count - len(shards[self.rank])
+        )
+        acc = StatsAccumulator()
+        if global_tokens == 0:
+            return acc.summary()
+        self.model.train()
+        for i, chunk in enumerate(mine):
+            last = i == len(mine) - 1
+            mb = collate(chunk, self.pad_id).to(self.accelerator.device)
+            with self._no_sync(last):
+                loss, stats = micro_batch_loss(
+                    self.model, mb, cfg, global_tokens, self.world, self._reference_logprobs
+                )
+                self._backward(loss, last)
+            acc.add(stats)
+        if self.world > 1:
+            from accelerate.utils import gather_object
+
+            merged = StatsAccumulator()
+            for values in gather_object([acc.values]):
+                merged.add(values)
+            acc = merged
+        return acc.summary()
+
+    def _no_sync(self, last: bool):
+        if last or self.ds or self.world == 1:
+            return contextlib.nullcontext()
+        return self.accelerator.no_sync(self.model)
+
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        if self.ds:
+            # Drive the engine directly: accelerate would step it after every backward.
+            self.model.set_gradient_accumulation_boundary(last)
+            self.model.backward(loss)
+        else:
+            self.accelerator.backward(loss)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        if self.ref_model is not None:
+            logits = self.ref_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        else:
+            with self.accelerator.unwrap_model(self.model).disable_adapter():
+                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        return token_logprobs(logits, mb.input_ids, self.cfg.sampling.temperature)
+
+    def optimizer_step(self, has_gradient: bool) -> float:
+        """One clipped optimizer step (skipped when no token had loss: Adam would still move
+        the weights on momentum alone); the LR schedule advances either way."""
+        grad_norm = 0.0
+        if has_gradient:
+            if self.ds:
+                self.model.step()
+                grad_norm = float(self.model.get_global_grad_norm() or 0.0)
+            else:
+                max_norm = self.cfg.optim.max_grad_norm or float("inf")
+                grad_norm = float(self.accelerator.clip_grad_norm_(self.params, max_norm))
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return grad_norm
+
+    def push_weights(self, version: int, initial: bool = False) -> float:
+        """Send the current weights to vf-vllm (all ranks take part) and record the version."""
+        seconds = 0.0
+        if initial or self.cfg.server.push_weights:
+            seconds = self.sync.push()
+        self.version = version
+        if self.worker is not None:
+            self.worker.set_version(version)
+        return seconds
+
+    def _report(self, step: int, metrics: dict[str, float], rows: list) -> None:
+        logger = self.logger
+        kl = metrics["mismatch_kl"]
+        if kl > self.cfg.logging.mismatch_kl_warn:
+            logger.warn(
+                f"step {step}: mismatch-KL {kl:.3g} between vf-vllm's sampling logprobs and "
+                f"the trainer's exceeds {self.cfg.logging.mismatch_kl_warn:g}: weights may not "
+                f"have arrived (policy lag {metrics['rollouts/policy_lag']:.0f} steps)"
+            )
+        logger.log(step, metrics)
+        if rows and (step % self.cfg.logging.table_every == 0 or step == 1):
+            logger.log_samples(step, rows)
+
+    # ---- evaluation, checkpoints, final model -----------------------------------------
+
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        if not self.accelerator.is_main_process:
+            return None
+        cfg = self.cfg.eval
+        began = time.perf_counter()
+        result = self.worker.evaluate(cfg.num_examples, cfg.rollouts_per_example)
+        metrics = {
+            "eval/reward": result.reward,
+            **{f"eval/{k}": v for k, v in result.metrics.items()},
+            "eval/rollouts": result.num_rollouts,
+            "eval/errored": result.errored,
+            "eval/truncated": result.truncated,
+            "eval/time": time.perf_counter() - began,
+        }
+        self.logger.log(step, metrics)
+        self.logger.print(f"eval at step {step}: reward {result.reward:.4f}")
+        return metrics
+
+    def save(self, step: int) -> Path:
+        state = {
+            "step": step,
+            "data_position": self.data_position,
+            "weight_version": self.version,
+            "wandb_run_id": self.logger.run_id if self.logger else None,
+        }
+        path = save_checkpoint(
+            self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last
+        )
+        self.logger.print(f"checkpoint saved: {path}")
+        return path
+
+    def save_final(self) -> Path:
+        """The trained adapter (LoRA) or full model in Hugging Face format, with the tokenizer,
+        in output_dir/final. ZeRO-3 gathers only the adapter for LoRA."""
+        acc = self.accelerator
+        model = acc.unwrap_model(self.model)
+        if self.cfg.lora.enabled:
+            trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+            with zero3_gather(list(trainable.values())):
+                state = {n: p.detach().cpu().clone() for n, p in trainable.items()}
+        else:
+            state = acc.get_state_dict(self.model)
+        final = self.out / "final"
+        if acc.is_main_process:
+            tmp = self.out / ".tmp-final"
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            self.logger.print(f"final {'adapter' if self.cfg.lora.enabled else 'model'}: {final}")
+        acc.wait_for_everyone()
+        return final
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+        if self.sync is not None:
+            self.sync.close()
+        if self.logger is not None:
+            self.logger.close()

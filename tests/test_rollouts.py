@@ -1,0 +1,286 @@
+"""Rollouts -> samples: loss masks of a multi-turn tool trajectory, merging and splitting of
+turns, sampling args, data order, and the background worker's bound on running ahead.
+
+The multi-turn test runs a real `vf.ToolEnv` through verifiers' own rollout loop and response
+parser; only the network is replaced, by a scripted client that renders prompts with the tiny
+model's real chat template and answers like vLLM does (prompt_token_ids, token_ids, logprobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import verifiers as vf
+from datasets import Dataset
+from openai.types.chat import ChatCompletion
+from transformers import AutoTokenizer
+from verifiers.clients import OpenAIChatCompletionsClient
+
+from rlvr.config import load_config
+from rlvr.rollouts import (
+    MissingTokensError,
+    PromptOrder,
+    RolloutWorker,
+    build_sampling_args,
+    request_seed,
+    run_group,
+    trajectory_samples,
+)
+
+TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
+FINAL = "The value is \\boxed{42}."
+TOOL_RESULT = "value of a is 42"
+
+
+class ScriptedClient(OpenAIChatCompletionsClient):
+    """Answers like vLLM with return_token_ids: turn k of a rollout replies `replies[k]`.
+
+    Records every (prompt_ids, completion_ids, logprobs) it returned, so tests can compare the
+    training samples with exactly what the 'sampler' produced.
+    """
+
+    def __init__(self, tokenizer, replies: list[str]):
+        super().__init__(object())
+        self.tok = tokenizer
+        self.replies = replies
+        self.returned: list[tuple[list[int], list[int], list[float]]] = []
+        self.sampling_args: list[dict] = []
+
+    async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
+        self.sampling_args.append(sampling_args)
+        text = self.tok.apply_chat_template(
+            prompt, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        prompt_ids = self.tok.encode(text, add_special_tokens=False)
+        turn = sum(1 for m in prompt if m["role"] == "assistant")
+        reply = self.replies[min(turn, len(self.replies) - 1)]
+        completion_ids = self.tok.encode(reply, add_special_tokens=False)
+        completion_ids.append(self.tok.convert_tokens_to_ids("<|im_end|>"))
+        logprobs = [-0.01 * (i + 1) - turn for i in range(len(completion_ids))]
+        self.returned.append((prompt_ids, completion_ids, logprobs))
+        message: dict = {"role": "assistant", "content": reply}
+        finish = "stop"
+        if reply.startswith("<tool_call>"):
+            call = json.loads(reply.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{turn}",
+                        "type": "function",
+                        "function": {
+                            "name": call["name"],
+                            "arguments": json.dumps(call["arguments"]),
+                        },
+                    }
+                ],
+            }
+            finish = "tool_calls"
+        return ChatCompletion.model_validate(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "prompt_token_ids": prompt_ids,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": finish,
+                        "message": message,
+                        "token_ids": completion_ids,
+                        "logprobs": {
+                            "content": [
+                                {"token": str(t), "logprob": lp, "bytes": [], "top_logprobs": []}
+                                for t, lp in zip(completion_ids, logprobs, strict=True)
+                            ]
+                        },
+                    }
+                ],
+            }
+        )
+
+    async def close(self) -> None:
+        return None
+
+
+def lookup(key: str) -> str:
+    """Look up the value stored under a key.
+
+    Args:
+        key: The key to look up.
+    """
+    return f"value of {key} is 42"
+
+
+def correct(completion, answer) -> float:
+    return float(answer in (completion[-1].content or ""))
+
+
+def tool_env() -> vf.ToolEnv:
+    dataset = Dataset.from_list([{"question": "What is the value of a?", "answer": "42"}])
+    return vf.ToolEnv(
+        tools=[lookup], dataset=dataset, rubric=vf.Rubric(funcs=[correct]), max_turns=4
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def run_tool_group(tokenizer, replies, max_seq_len=4096, group=2):
+    env = tool_env()
+    env.set_max_seq_len(max_seq_len)
+    client = ScriptedClient(tokenizer, replies)
+    row = env.get_dataset()[0]
+    args = [build_sampling_args(load_config().sampling, env.sampling_args, s) for s in range(group)]
+    result = asyncio.run(run_group(env, client, "m", row, args, max_seq_len, True))
+    return result, client
+
+
+def tokens_where(samples, field: str, mask_value: int) -> list:
+    """The values of `field` at positions whose loss mask equals `mask_value`, in order."""
+    return [
+        value
+        for s in samples
+        for value, m in zip(getattr(s, field), s.loss_mask, strict=True)
+        if m == mask_value
+    ]
+
+
+def test_multi_turn_tool_trajectory_masks_exactly_the_sampled_tokens(tokenizer):
+    result, client = run_tool_group(tokenizer, [TOOL_CALL, FINAL])
+    assert result.errored == 0 and len(result.rollouts) == 2
+    # every request asked vLLM for token ids and logprobs
+    for args in client.sampling_args:
+        assert args["logprobs"] is True and args["extra_body"]["return_token_ids"] is True
+    per_rollout = len(client.returned) // 2
+    for n, rollout in enumerate(result.rollouts):
+        assert rollout.reward == 1.0 and rollout.num_turns == 2 and not rollout.truncated
+        turns = client.returned[n * per_rollout : (n + 1) * per_rollout]
+        sampled = [t for _, completion, _ in turns for t in completion]
+        sampled_lp = [lp for _, _, lps in turns for lp in lps]
+        masked = tokens_where(rollout.samples, "input_ids", 1)
+        assert masked == sampled, "loss mask must cover exactly the sampled tokens"
+        masked_lp = tokens_where(rollout.samples, "sampler_logprobs", 1)
+        assert masked_lp == pytest.approx(sampled_lp)
+        unmasked = tokenizer.decode(tokens_where(rollout.samples, "input_ids", 0))
+        assert TOOL_RESULT in unmasked and "What is the value of a?" in unmasked
+        assert "lookup" in unmasked  # the tool schema in the system prompt
+        # the second turn's prompt extends the first turn exactly -> one sample per rollout
+        first_prompt, first_completion, _ = turns[0]
+        second_prompt = turns[1][0]
+        if second_prompt[: len(first_prompt) + len(first_completion)] == (
+            first_prompt + first_completion
+        ):
+            assert len(rollout.samples) == 1
+            assert rollout.samples[0].input_ids == second_prompt + turns[1][1]
+        else:
+            assert len(rollout.samples) == 2
+
+
+def _step(prompt, completion, logprobs=None, mask=None):
+    return {
+        "tokens": {
+            "prompt_ids": prompt,
+            "completion_ids": completion,
+            "completion_logprobs": logprobs or [-0.5] * len(completion),
+            "completion_mask": mask or [1] * len(completion),
+        },
+        "is_truncated": False,
+    }
+
+
+def test_turns_merge_when_the_prefix_holds():
+    steps = [_step([1, 2, 3], [4, 5]), _step([1, 2, 3, 4, 5, 9, 9], [6])]
+    (sample,) = trajectory_samples(steps, max_seq_len=100)
+    assert sample.input_ids == [1, 2, 3, 4, 5, 9, 9, 6]
+    assert sample.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert sample.sampler_logprobs == [0, 0, 0, -0.5, -0.5, 0, 0, -0.5]
+
+
+def test_turns_split_when_retokenization_breaks_the_prefix():
+    steps = [_step([1, 2, 3], [4, 5]), _step([1, 2, 3, 7, 9], [6])]
+    first, second = trajectory_samples(steps, max_seq_len=100)
+    assert first.input_ids == [1, 2, 3, 4, 5] and first.loss_mask == [0, 0, 0, 1, 1]
+    assert second.input_ids == [1, 2, 3, 7, 9, 6] and second.loss_mask == [0, 0, 0, 0, 0, 1]
+
+
+def test_turns_split_at_max_seq_len_and_respect_env_masks():
+    steps = [_step([1, 2], [3], mask=[0]), _step([1, 2, 3, 8], [4, 5])]
+    first, second = trajectory_samples(steps, max_seq_len=5)
+    assert first.loss_mask == [0, 0, 0]
+    assert second.input_ids == [1, 2, 3, 8, 4, 5] and second.loss_mask == [0, 0, 0, 0, 1, 1]
+
+
+def test_missing_tokens_is_a_clear_error():
+    with pytest.raises(MissingTokensError, match="return_token_ids"):
+        trajectory_samples([{"tokens": None}], max_seq_len=10)
+
+
+def test_truncated_rollouts_are_counted_and_masked(tokenizer):
+    result, _ = run_tool_group(tokenizer, [TOOL_CALL, FINAL], max_seq_len=40)
+    assert all(r.truncated for r in result.rollouts)
+    assert all(r.samples == [] for r in result.rollouts)
+
+
+def test_sampling_args_force_token_fields():
+    cfg = load_config(
+        overrides=["sampling.extra_body={top_k: 5, return_token_ids: false}"]
+    ).sampling
+    env_defaults = {"n": 1, "stop": ["</answer>"], "extra_body": {"min_p": 0.1}}
+    args = build_sampling_args(cfg, env_defaults, seed=3)
+    assert args["logprobs"] is True and args["seed"] == 3 and "n" not in args
+    assert args["stop"] == ["</answer>"] and args["max_tokens"] == cfg.max_tokens
+    assert args["extra_body"] == {"min_p": 0.1, "top_k": 5, "return_token_ids": True}
+
+
+def test_request_seeds_differ_within_a_group_and_repeat_across_runs():
+    seeds = {request_seed(0, 5, 2, r) for r in range(8)}
+    assert len(seeds) == 8
+    assert request_seed(0, 5, 2, 1) == request_seed(0, 5, 2, 1) != request_seed(1, 5, 2, 1)
+
+
+def test_prompt_order_is_a_resumable_permutation():
+    order = PromptOrder(10, seed=1)
+    first_epoch = order.rows(0, 10)
+    assert sorted(first_epoch) == list(range(10))
+    assert PromptOrder(10, seed=1).rows(7, 6) == first_epoch[7:] + order.rows(10, 3)
+    assert order.rows(10, 10) != first_epoch  # a new shuffle each epoch
+
+
+def test_worker_runs_at_most_async_level_steps_ahead(tokenizer):
+    env = vf.SingleTurnEnv(
+        dataset=Dataset.from_list([{"question": f"q{i}", "answer": "42"} for i in range(4)]),
+        rubric=vf.Rubric(funcs=[correct]),
+    )
+    for async_level in (0, 1):
+        cfg = load_config(
+            overrides=[
+                "batch.batch_size=4",
+                "batch.rollouts_per_example=2",
+                f"batch.async_level={async_level}",
+                "max_steps=4",
+            ]
+        )
+        worker = RolloutWorker(
+            env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL])
+        ).start()
+        try:
+            batch = worker.get(0)
+            assert len(batch.groups) == 2 and all(len(g.rollouts) == 2 for g in batch.groups)
+            assert batch.rollouts[0].reward == 1.0
+            # without a new weight version, only async_level more batches may appear
+            time.sleep(0.5)
+            assert worker._queue.qsize() == async_level
+            worker.set_version(1)
+            assert worker.get(1).step == 1
+            if async_level == 1:
+                assert worker.get(2).min_policy_version >= 1
+        finally:
+            worker.close()

@@ -1,0 +1,34 @@
+"""A toy environment a tiny random model can learn: reward = share of one target token among
+the completion's sampled tokens (read from the token ids vLLM returned, so it is exact).
+
+Used by the trainer's integration tests and benchmarks; not an installable environment.
+"""
+
+from __future__ import annotations
+
+import verifiers as vf
+from datasets import Dataset
+
+
+def completion_ids(state) -> list[int]:
+    return [
+        t
+        for step in state["trajectory"]
+        for t in (step.get("tokens") or {}).get("completion_ids", [])
+    ]
+
+
+def target_share_env(target_id: int, num_prompts: int = 16) -> vf.SingleTurnEnv:
+    """Prompts are varied short instructions; the reward is in [0, 1]."""
+
+    def target_share(state) -> float:
+        ids = completion_ids(state)
+        return sum(t == target_id for t in ids) / len(ids) if ids else 0.0
+
+    def completion_length(state) -> float:
+        return float(len(completion_ids(state)))
+
+    rubric = vf.Rubric(funcs=[target_share, completion_length], weights=[1.0, 0.0])
+    rows = [{"question": f"Write a line about item {i}.", "answer": ""} for i in range(num_prompts)]
+    dataset = Dataset.from_list(rows)
+    return vf.SingleTurnEnv(dataset=dataset, eval_dataset=dataset, rubric=rubric)
