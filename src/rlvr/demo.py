@@ -114,6 +114,7 @@ def train_demo(server: VLLMServer, steps: int, output_dir: Path) -> None:
         str(BIN / "python"), str(root / "scripts" / "train.py"),
         "--config", str(root / "configs" / "examples" / "deepscaler_smollm2_cpu.yaml"),
         f"server.base_url={server.base_url}", f"max_steps={steps}",
+        "env.args={seed: 0}",  # generated problems: no dataset download, no local file needed
         f"output_dir={output_dir}", "wandb.mode=disabled",
     ]  # fmt: skip
     subprocess.run(cmd, check=True)

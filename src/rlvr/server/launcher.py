@@ -126,6 +126,10 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
     ]
     if args.api_key:
         cmd += ["--api-key", args.api_key]
+    if not has_flag(passthrough, "--logprobs-mode"):
+        # Sampling logprobs after temperature: the distribution the tokens were drawn from,
+        # which the trainer's importance ratio compares against (vLLM's default is raw).
+        cmd += ["--logprobs-mode", "processed_logprobs"]
     if not cuda and not has_flag(passthrough, "--gpu-memory-utilization"):
         cmd += ["--gpu-memory-utilization", CPU_MEMORY_FRACTION]
     return cmd + passthrough
