@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlvr.config import atomic_write_text
+from rlvr.atomic import atomic_write_text
 
 STATE_FILE = "trainer_state.json"
 PREFIX = "step_"

@@ -10,8 +10,6 @@ being silently ignored.
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from rlvr.atomic import atomic_write_text
 
 
 class ConfigError(ValueError):
@@ -381,16 +381,3 @@ def to_yaml(config: Config) -> str:
 def save_config(config: Config, path: str | Path) -> None:
     """Write the full resolved config beside the run's outputs (atomically)."""
     atomic_write_text(Path(path), to_yaml(config))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -152,13 +152,11 @@ def merge_adapter(
     complete or absent.
     """
     import json
-    import os
-    import shutil
-    import tempfile
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlvr.atomic import atomic_directory
     from rlvr.models import resolve_model
 
     adapter_dir = Path(adapter_dir)
@@ -173,15 +171,7 @@ def merge_adapter(
     has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir if has_tokenizer else base_path)
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    try:
+    with atomic_directory(out, replace=True) as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
