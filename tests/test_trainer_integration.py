@@ -115,7 +115,7 @@ def test_without_pushes_the_server_goes_stale_and_the_trainer_warns(tiny_server,
     kls = [h["mismatch_kl"] for h in history]
     assert kls[0] < 1e-3 < kls[-1], kls
     # full fine-tuning with beta > 0 keeps a frozen reference copy: KL to it grows from 0
-    assert history[0]["loss/kl_ref"] == pytest.approx(0.0, abs=1e-9) < history[-1]["loss/kl_ref"]
+    assert history[0]["loss/kl_ref"] < 1e-9 < history[-1]["loss/kl_ref"]
     assert any("mismatch-KL" in r.getMessage() for r in caplog.records)
 
 
