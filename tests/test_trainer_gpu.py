@@ -105,20 +105,20 @@ def test_merged_stream_under_zero3_matches_the_unpartitioned_merge(tmp_path):
             config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128,
                                  num_hidden_layers=2, num_attention_heads=2,
                                  num_key_value_heads=2, head_dim=32)
-            torch.manual_seed(0)
-            model = apply_lora(Qwen2ForCausalLM(config), LoraConfig(rank=4))
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    if "lora_B" in n:
-                        p.normal_(std=0.1)
+
+            def seeded_lora_model():
+                # the same weights every call; lora_B non-zero so merging changes the base
+                torch.manual_seed(0)
+                model = apply_lora(Qwen2ForCausalLM(config), LoraConfig(rank=4))
+                with torch.no_grad():
+                    for n, p in model.named_parameters():
+                        if "lora_B" in n:
+                            p.normal_(std=0.1)
+                return model
+
             reference = {n: p.detach().float().cpu().clone()
-                         for n, p in model.merge_and_unload().named_parameters()}
-            torch.manual_seed(0)
-            model = apply_lora(Qwen2ForCausalLM(config), LoraConfig(rank=4))
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    if "lora_B" in n:
-                        p.normal_(std=0.1)
+                         for n, p in seeded_lora_model().merge_and_unload().named_parameters()}
+            model = seeded_lora_model()
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
             engine, opt = acc.prepare(model, opt)
             source = MergedWeightSource(acc.unwrap_model(engine))
