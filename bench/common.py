@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -36,7 +37,7 @@ def save(name: str, payload: dict) -> Path:
     payload = {
         "benchmark": name,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu_count": __import__("os").cpu_count(), "platform": platform.platform()},
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
         **payload,
     }
     path.write_text(json.dumps(payload, indent=2))
