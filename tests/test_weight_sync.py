@@ -170,3 +170,50 @@ def test_ipc_push_into_vllm_sharing_the_trainers_gpu(tiny_model_dir, tmp_path):
     expected = trainer_logprobs(model.cpu(), ids)
     assert (after - expected).abs().mean() < 1e-2
     assert (after - before).abs().mean() > 0.1
+
+
+def test_idle_spin_cap_shortens_the_readers_busy_loop(monkeypatch):
+    import zmq
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+    from vllm.utils.network_utils import get_open_zmq_ipc_path
+
+    from rlvr.server.plugin import cap_idle_spin
+
+    monkeypatch.setattr(SpinCondition, "wait", SpinCondition.wait)  # restored after the test
+    cap_idle_spin(0.01)
+    cap_idle_spin(0.02)  # loading the plugin again re-wraps vLLM's method, not our wrapper
+    assert SpinCondition.wait.rlvr_original is not SpinCondition.wait
+    assert not hasattr(SpinCondition.wait.rlvr_original, "rlvr_original")
+
+    context = zmq.Context()
+    reader = SpinCondition(is_reader=True, context=context, notify_address=get_open_zmq_ipc_path())
+    try:
+        assert reader.busy_loop_s == 1  # vLLM's default: a second of sched_yield per message
+        reader.wait(timeout_ms=0)
+        assert reader.busy_loop_s == 0.02
+    finally:
+        for sock in (
+            reader.local_notify_socket,
+            reader.read_cancel_socket,
+            reader.write_cancel_socket,
+        ):
+            sock.close(linger=0)
+        context.term()
+
+
+def test_cpu_worker_goes_idle_right_after_a_request(tiny_server):
+    """The plugin's cap is live in the real worker: unpatched, it burns a core for a second
+    after every message."""
+    import time
+
+    import psutil
+
+    launcher = psutil.Process(tiny_server.proc.pid)
+    workers = [p for p in launcher.children(recursive=True) if "Worker" in p.name()]
+    assert workers, [p.name() for p in launcher.children(recursive=True)]
+    server_logprobs(tiny_server, [1, 2, 3])
+    time.sleep(0.05)
+    before = sum(sum(w.cpu_times()[:2]) for w in workers)
+    time.sleep(0.5)
+    busy = sum(sum(w.cpu_times()[:2]) for w in workers) - before
+    assert busy < 0.2, f"the worker used {busy:.2f} CPU-seconds in 0.5 s while idle"
