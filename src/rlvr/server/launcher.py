@@ -26,6 +26,7 @@ from rlvr.models import resolve_model
 LOG_TAIL_LINES = 60
 CPU_KVCACHE_GIB = "2"
 CPU_MEMORY_FRACTION = "0.5"
+CHUNKED_PREFILL_FLAGS = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
 
 
 class LaunchError(RuntimeError):
@@ -132,6 +133,12 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
         cmd += ["--logprobs-mode", "processed_logprobs"]
     if not cuda and not has_flag(passthrough, "--gpu-memory-utilization"):
         cmd += ["--gpu-memory-utilization", CPU_MEMORY_FRACTION]
+    if not cuda and not any(has_flag(passthrough, f) for f in CHUNKED_PREFILL_FLAGS):
+        # vLLM continues a seeded request whose prefill was split across steps by rewinding
+        # its generator's offset, which CPU generators do not have: the engine dies
+        # ("CPU Generator does not use offset"). Whole-prompt prefills never rewind, and the
+        # trainer seeds every request.
+        cmd += ["--no-enable-chunked-prefill"]
     return cmd + passthrough
 
 
