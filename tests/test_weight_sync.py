@@ -127,6 +127,23 @@ def test_server_survives_a_trainer_dying_mid_update(tiny_server, trainer_model):
     assert (server_logprobs(tiny_server, ids) - reference).abs().max() < 1e-5
 
 
+def test_a_new_trainer_takes_over_an_update_a_dead_one_left_open(tiny_server, trainer_model):
+    from rlvr.weights import WeightSync
+
+    model, ids = trainer_model
+    with WeightSync(tiny_server.base_url) as sync:
+        sync.connect(model)
+        sync.control.start_weight_update()  # ... and the trainer dies before sending
+    with WeightSync(tiny_server.base_url) as sync:
+        sync.connect(model)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(2)
+        sync.push()
+        assert (
+            server_logprobs(tiny_server, ids) - trainer_logprobs(model, ids)
+        ).abs().mean() < 1e-2
+
+
 def test_control_errors_carry_the_servers_message(tiny_server):
     from rlvr.weights import ServerControl, ServerError
 

@@ -193,12 +193,27 @@ class WeightSync:
             source = ModuleSource(source)
         if self.rank == 0:
             self.control.resume()
+            if self.backend in ("shm", "gloo"):
+                self._end_abandoned_update()
         info = _trainer_init_info(
             self.backend, self.master_address, self.chunk_bytes, self.transfer_timeout_s, self.rank
         )
         self.engine = WeightTransferTrainerFactory.trainer_init(
             info, client=self.control, source=source
         )
+
+    def _end_abandoned_update(self) -> None:
+        """Close an update session a dead trainer opened but never finished: vLLM refuses to
+        start a new one while the old is open. Safe with our cpu engine only, which touches
+        the model in `update_weights` alone (vLLM's engines may have begun a layerwise reload
+        at start, and finishing that would serve half-loaded weights)."""
+        try:
+            self.control.finish_weight_update()
+        except ServerError as e:
+            if "without a matching start_weight_update" not in str(e):
+                raise
+        else:
+            log.warning("closed a weight update that an earlier trainer left open")
 
     def push(self) -> float:
         """Send the current weights; returns the seconds the server was paused."""
