@@ -1,45 +1,76 @@
-"""Shared bits of the benchmarks: percentiles and saving results as JSON beside the printout."""
+"""Shared bits of the benchmarks: percentiles, summary statistics and saving results as JSON
+beside the printout (every benchmark writes the same envelope: benchmark, date, machine)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from rlvr.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), interpolating linearly between the closest ranks (numpy's
+    default; q=50 is the median). NaN when there are no values."""
     ordered = sorted(values)
     if not ordered:
         return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+    position = min(max(q, 0.0), 100.0) / 100 * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def summary(values: list[float]) -> dict[str, float]:
+def summary(values: Sequence[float], *, ms: bool = False) -> dict[str, float]:
+    """n, mean, p50, p99, min and max of `values` (NaN when there are none). With `ms`, the
+    values are seconds and the statistics come out in milliseconds, keys ending in `_ms`."""
+    scaled = [v * 1e3 for v in values] if ms else list(values)
+    nan = float("nan")
+    stats = {
+        "mean": statistics.fmean(scaled) if scaled else nan,
+        "p50": percentile(scaled, 50),
+        "p99": percentile(scaled, 99),
+        "min": min(scaled, default=nan),
+        "max": max(scaled, default=nan),
+    }
+    suffix = "_ms" if ms else ""
+    return {"n": len(scaled), **{key + suffix: value for key, value in stats.items()}}
+
+
+def result_path(name: str) -> Path:
+    """Where `save(name, ...)` writes by default: bench/results/<name>.json."""
+    return RESULTS / f"{name}.json"
+
+
+def machine() -> dict:
     return {
-        "n": len(values),
-        "mean": statistics.fmean(values),
-        "p50": percentile(values, 50),
-        "p99": percentile(values, 99),
-        "min": min(values),
+        "cpu_count": os.cpu_count(),
+        "load_average_1m": os.getloadavg()[0],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
     }
 
 
-def save(name: str, payload: dict) -> Path:
-    """Write bench/results/<name>.json with the machine it ran on."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    payload = {
+def save(name: str, payload: dict, path: str | Path | None = None) -> Path:
+    """Write `payload` with the benchmark's name, the date and the machine it ran on to `path`
+    (default bench/results/<name>.json), atomically: a reader never sees half a file."""
+    path = Path(path) if path is not None else result_path(name)
+    envelope = {
         "benchmark": name,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
-        **payload,
+        "machine": machine(),
     }
-    path.write_text(json.dumps(payload, indent=2))
+    clash = envelope.keys() & payload.keys()
+    if clash:
+        raise ValueError(f"payload keys {sorted(clash)} would overwrite the envelope's")
+    atomic_write_text(path, json.dumps({**envelope, **payload}, indent=2) + "\n")
     print(f"saved {path}")
     return path

@@ -18,15 +18,17 @@ Against MCTS, env-opp also holds the hop to the worker thread that runs the sear
 idle, a few ms on a loaded machine).
 
 Run: .venv/bin/python bench/openspiel_env.py   (about 1 minute on 2 cores)
+
+Prints one table row per game and opponent and saves them as JSON to
+bench/results/openspiel_env.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -38,7 +40,9 @@ from vf_openspiel.scripted import random_mover
 
 from rlvr.testing import ScriptedClient
 
-RESULTS = Path(__file__).resolve().parent / "results" / "openspiel_env.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save  # noqa: E402
+
 CASES = ("tic_tac_toe", "chess", "go(board_size=9)")
 HEADER = (
     f"{'case':17s} {'opponent':9s} {'turns':>5s} {'raw':>6s} {'raw+leg':>7s} {'env':>9s} "
@@ -187,10 +191,7 @@ def main() -> None:
     args = parser.parse_args()
     print(HEADER)
     rows = asyncio.run(run_all(args))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"python": platform.python_version(), "machine": platform.machine(), "args": vars(args)}
-    RESULTS.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(f"saved {RESULTS}")
+    save("openspiel_env", {"args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

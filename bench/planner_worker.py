@@ -10,6 +10,9 @@ direct-solve baseline is cached per problem and the planner call is the same in 
 neither is part of the timed phase.
 
     .venv/bin/python bench/planner_worker.py [--repeats 3] [--data ../shared/data/gsm8k/test.jsonl]
+
+Prints the median wall time of each mode for 2, 3 and 4 subproblems (with the latency model's
+expected ratio) and saves them as JSON to bench/results/planner_worker.json.
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
-import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -27,8 +29,10 @@ from vf_planner.prompts import WORKER_COMBINE_SYSTEM
 from vf_planner.scripted_server import ScriptedOpenAIServer, ScriptedReply
 from vf_planner.worker import Worker, WorkerReply, WorkerSettings
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import percentile, save  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "planner_worker.json"
 TTFT_S = 0.05  # time to first token
 DECODE_TOKENS_PER_S = 100.0  # single-stream decode of a ~8B model on one GPU
 SUBPROBLEM_TOKENS, COMBINE_TOKENS = 60, 40
@@ -76,7 +80,7 @@ async def run(base_url: str, questions: list[str]) -> list[dict]:
     for k in (2, 3, 4):
         sequential = await time_mode(sequential_phase, worker, questions, k)
         concurrent = await time_mode(concurrent_phase, worker, questions, k)
-        seq, con = statistics.median(sequential), statistics.median(concurrent)
+        seq, con = percentile(sequential, 50), percentile(concurrent, 50)
         rows.append(
             {
                 "subproblems": k,
@@ -122,9 +126,7 @@ def main() -> None:
             f"{r['subproblems']:>2} {r['sequential_s']:>13.3f} {r['concurrent_s']:>13.3f}"
             f" {r['speedup']:>7.2f}x {model_ratio:>6.2f}x"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "benchmark": "planner_worker",
         "what": "wall time of a decomposed rollout's worker phase (subproblems + combine)",
         "baseline": "sequential subproblem calls (seed FrozenWorker loop)",
         "latency_model": {
@@ -135,11 +137,9 @@ def main() -> None:
             "note": "scripted server; concurrent calls do not slow each other (idle server)",
         },
         "repeats": args.repeats,
-        "machine": platform.platform(),
         "results": rows,
     }
-    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"saved {RESULTS.relative_to(ROOT)}")
+    save("planner_worker", payload)
 
 
 if __name__ == "__main__":

@@ -11,19 +11,20 @@ paragraph is in that query's top k) and (b) with the question alone (share of th
 supporting paragraphs in its top k).
 
     .venv/bin/python bench/retrieval.py [--data PATH] [--rows 200] [--semantic-calls 200]
+                                        [--out PATH]
 
-Prints two tables and writes bench/results/retrieval.json.
+Prints two tables and saves them as JSON to --out (default bench/results/retrieval.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,11 @@ from vf_musique.retrieval import (
     tokenize,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import result_path, save, summary  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "musique" / "dev_sample.jsonl"
-RESULTS = ROOT / "bench" / "results" / "retrieval.json"
 TOP_N = 3  # the tool's default
 KS = (2, 5)
 ToolCall = Callable[[dict[str, Any], str], str]  # (row info, query) -> tool output
@@ -65,16 +68,6 @@ def sub_questions(row: dict[str, Any]) -> list[str]:
             query = query.replace(f"#{k}", steps[k - 1]["answer"])
         queries.append(query)
     return queries
-
-
-def percentiles_ms(seconds: Sequence[float]) -> dict[str, float]:
-    ms = np.asarray(seconds) * 1e3
-    return {
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "mean_ms": float(ms.mean()),
-        "calls": len(ms),
-    }
 
 
 def time_calls(fn: ToolCall, calls: list[tuple[dict, str]]) -> list[float]:
@@ -139,9 +132,9 @@ def build_costs(infos: list[dict[str, Any]], cache: IndexCache) -> dict[str, dic
         index.embeddings()
         embeds.append(time.perf_counter() - start)
     return {
-        "bm25s_index_build": percentiles_ms(bm25s_builds),
-        "rank_bm25_index_build": percentiles_ms(rank_builds),
-        "minilm_paragraph_embeddings": percentiles_ms(embeds[1:]),  # first includes model load
+        "bm25s_index_build": summary(bm25s_builds, ms=True),
+        "rank_bm25_index_build": summary(rank_builds, ms=True),
+        "minilm_paragraph_embeddings": summary(embeds[1:], ms=True),  # first includes model load
         "minilm_model_load_and_first_question_ms": embeds[0] * 1e3,
     }
 
@@ -187,12 +180,12 @@ def recall_table(rows, infos, cache: IndexCache) -> dict[str, dict[str, float]]:
 def latency_table(infos, queries, cache: IndexCache, semantic_calls: int) -> dict[str, Any]:
     """Per-call latency of every retriever and of the seed-style baseline, same queries."""
     table = {
-        "seed_rank_bm25_rebuilt_per_call": percentiles_ms(time_calls(seed_style_call, queries)),
-        "rank_bm25_cached_index": percentiles_ms(time_calls(rank_bm25_cached(infos), queries)),
+        "seed_rank_bm25_rebuilt_per_call": summary(time_calls(seed_style_call, queries), ms=True),
+        "rank_bm25_cached_index": summary(time_calls(rank_bm25_cached(infos), queries), ms=True),
     }
     for retriever in RETRIEVERS:
         subset = queries[:semantic_calls] if retriever in {"semantic", "hybrid"} else queries
-        table[retriever] = percentiles_ms(time_calls(our_call(cache, retriever), subset))
+        table[retriever] = summary(time_calls(our_call(cache, retriever), subset), ms=True)
     baseline = table["seed_rank_bm25_rebuilt_per_call"]
     for stats in table.values():
         stats["p50_speedup_vs_seed"] = baseline["p50_ms"] / stats["p50_ms"]
@@ -205,7 +198,7 @@ def print_tables(results: dict[str, Any]) -> None:
     print(f"{'retriever':34} {'calls':>6} {'p50 ms':>9} {'p99 ms':>9} {'p50 x':>8} {'p99 x':>8}")
     for name, s in results["latency"].items():
         print(
-            f"{name:34} {s['calls']:6d} {s['p50_ms']:9.3f} {s['p99_ms']:9.3f} "
+            f"{name:34} {s['n']:6d} {s['p50_ms']:9.3f} {s['p99_ms']:9.3f} "
             f"{s['p50_speedup_vs_seed']:8.1f} {s['p99_speedup_vs_seed']:8.1f}"
         )
     print("(x = seed per-call rebuild time / this time)\nOne-off per-question costs:")
@@ -228,7 +221,7 @@ def main() -> None:
     parser.add_argument(
         "--semantic-calls", type=int, default=200, help="timed calls for semantic and hybrid"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=result_path("retrieval"))
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -242,16 +235,15 @@ def main() -> None:
     results: dict[str, Any] = {
         "rows": len(rows),
         "data": str(args.data),
-        "machine": {"cpu_threads": torch.get_num_threads(), "python": platform.python_version()},
+        "torch_threads": torch.get_num_threads(),
         "build_costs": build_costs(infos, cache),
     }
     results["latency"] = latency_table(infos, queries, cache, args.semantic_calls)
     results["quality"] = recall_table(rows, infos, cache)
     results["seconds"] = time.perf_counter() - started
     print_tables(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {args.out} in {results['seconds']:.0f} s")
+    print(f"\nran in {results['seconds']:.0f} s")
+    save("retrieval", results, args.out)
 
 
 if __name__ == "__main__":

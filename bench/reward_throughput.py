@@ -11,6 +11,10 @@ stall (a ticker every 10 ms), and accuracy against the expected scores. Ratios a
 protected / inline, measured in the same run.
 
     .venv/bin/python bench/reward_throughput.py            # ~1-2 minutes on 2 cores
+    .venv/bin/python bench/reward_throughput.py [--rows PATH] [--workers N]
+        [--verify-timeout-s 5] [--concurrency N] [--out PATH]
+
+Prints the table and saves it as JSON to --out (default bench/results/reward_throughput.json).
 """
 
 from __future__ import annotations
@@ -19,9 +23,7 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +33,9 @@ from vf_deepscaler import load_environment
 from vf_deepscaler.parser import BoxedAnswerParser
 from vf_deepscaler.rubric import DeepScaleRRubric
 from vf_deepscaler.verifier import is_equivalent
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import result_path, save, summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ROWS = ROOT.parent / "shared" / "data" / "deepscaler" / "preview_first803.jsonl"
@@ -85,14 +90,14 @@ async def score_all(rollouts: list[Rollout], score: Scorer, concurrency: int) ->
     done.set()
     await tick_task
     ticks.append(time.perf_counter())
-    latencies.sort()
+    latency = summary(latencies, ms=True)
     return {
         "rollouts": len(rollouts),
         "wall_s": wall,
         "rollouts_per_s": len(rollouts) / wall,
-        "p50_ms": 1e3 * statistics.median(latencies),
-        "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-        "max_ms": 1e3 * latencies[-1],
+        "p50_ms": latency["p50_ms"],
+        "p99_ms": latency["p99_ms"],
+        "max_ms": latency["max_ms"],
         "max_loop_stall_ms": 1e3 * max(b - a for a, b in zip(ticks, ticks[1:], strict=False)),
         "accuracy": sum(r == e for r, (_, _, e) in zip(rewards, rollouts, strict=True))
         / len(rollouts),
@@ -161,11 +166,6 @@ async def run(args: argparse.Namespace) -> dict:
     }
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_average_1m": os.getloadavg()[0],
-            "python": platform.python_version(),
-        },
         "settings": {
             "rows": str(args.rows),
             "workers": args.workers,
@@ -208,18 +208,12 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, help="rollouts scored at once (default: workers)"
     )
-    parser.add_argument(
-        "--out", type=Path, default=ROOT / "bench" / "results" / "reward_throughput.json"
-    )
+    parser.add_argument("--out", type=Path, default=result_path("reward_throughput"))
     args = parser.parse_args()
     args.concurrency = args.concurrency or args.workers
     report = asyncio.run(run(args))
     print_table(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    tmp.replace(args.out)
-    print(f"saved {args.out}")
+    save("reward_throughput", report, args.out)
 
 
 if __name__ == "__main__":
