@@ -2,7 +2,8 @@
 
 Integration tests and the demo evaluate environments the way users do, with the installed
 `vf-eval` command against a served model, rather than by calling verifiers' internals; this is the
-one place that builds that command line, runs it and parses its results.
+one place that builds that command line, runs it and parses its results (which evaluation
+reports read too).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,36 @@ VF_EVAL = Path(sys.executable).parent / "vf-eval"
 # vf-eval reads the API key from a named variable; vf-vllm ignores it, so any value will do.
 API_KEY_VAR = "RLVR_EVAL_API_KEY"
 TAIL_CHARS = 3000
+
+
+class ResultsError(ValueError):
+    """Saved vf-eval results that are missing, malformed or cannot be compared."""
+
+
+def find_results(output_dir: Path) -> list[Path]:
+    """Every results.jsonl below `output_dir`, sorted. vf-eval nests them as
+    `evals/<env>--<model>/<run id>/results.jsonl` under its `-o` directory."""
+    return sorted(Path(output_dir).rglob("results.jsonl"))
+
+
+def iter_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, rollout) for every non-blank line of a results.jsonl.
+
+    A line that is not a JSON object raises ResultsError naming the file and line, a cut-off last
+    line included: verifiers skips that one silently, but a report over an interrupted run must
+    say so rather than quietly count fewer rollouts.
+    """
+    with Path(path).open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ResultsError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ResultsError(f"{path}:{number}: a rollout must be a JSON object")
+            yield number, row
 
 
 def _failure(message: str, proc: subprocess.CompletedProcess[str]) -> RuntimeError:
@@ -49,7 +81,8 @@ def run_vf_eval(
     `sampling_args` go to the model as vf-eval's `-S` (e.g. a seed, or vLLM's `extra_body`).
 
     Raises RuntimeError, with the tails of vf-eval's stdout and stderr, if vf-eval exits non-zero
-    or saves no results; subprocess.TimeoutExpired after `timeout` seconds (None: no limit).
+    or saves no results; ResultsError if a saved line is malformed; subprocess.TimeoutExpired
+    after `timeout` seconds (None: no limit).
     """
     cmd = [
         str(VF_EVAL), env_id, "-m", model, "-b", base_url, "-k", API_KEY_VAR,
@@ -68,12 +101,7 @@ def run_vf_eval(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise _failure(f"vf-eval {env_id} failed with exit code {proc.returncode}", proc)
-    results = sorted(Path(output_dir).rglob("results.jsonl"))
+    results = find_results(output_dir)
     if not results:
         raise _failure(f"vf-eval {env_id} saved no results under {output_dir}", proc)
-    return [
-        json.loads(line)
-        for path in results
-        for line in path.read_text().splitlines()
-        if line.strip()
-    ]
+    return [row for path in results for _, row in iter_results(path)]
