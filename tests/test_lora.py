@@ -11,7 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlvr.config import LoraConfig
-from rlvr.lora import MergedWeightSource, apply_lora, hf_name
+from rlvr.lora import MergedWeightSource, hf_name
+from rlvr.policy import apply_lora
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -97,7 +97,8 @@ def test_merged_stream_under_zero3_matches_the_unpartitioned_merge(tmp_path):
             from accelerate import Accelerator
             from transformers import Qwen2Config, Qwen2ForCausalLM
             from rlvr.config import LoraConfig
-            from rlvr.lora import MergedWeightSource, apply_lora
+            from rlvr.lora import MergedWeightSource
+            from rlvr.policy import apply_lora
 
             acc = Accelerator()
             ds = acc.state.deepspeed_plugin.deepspeed_config

@@ -2,7 +2,8 @@
 
 A `Sample` is one token sequence exactly as vLLM saw it (the trainer never re-tokenizes text,
 so the ids, the loss mask and the sampler's logprobs cannot drift apart), with a mask that is 1
-only on tokens the policy sampled.
+only on tokens the policy sampled. SFT reuses samples and their packing: its mask marks the
+assistant's tokens (see `rlvr.sft_data`) and the sampler fields stay zero.
 """
 
 from __future__ import annotations
@@ -92,3 +93,17 @@ def padding_micro_batch(pad_id: int) -> list[Sample]:
     every rank makes the same number of forward/backward passes: ZeRO-3 gathers parameters
     with collectives inside them, and mismatched counts would deadlock."""
     return [Sample([pad_id, pad_id], [0, 0], [0.0, 0.0], 0.0)]
+
+
+def rank_micro_batches(
+    samples: list[Sample], rank: int, world_size: int, micro_batch_size: int, pad_id: int
+) -> list[list[Sample]]:
+    """This rank's micro-batches of the step's samples, topped up with padding micro-batches
+    to the count of the busiest rank (see `padding_micro_batch`)."""
+    shards = [
+        split_micro_batches(shard(samples, r, world_size), micro_batch_size)
+        for r in range(world_size)
+    ]
+    count = max(len(s) for s in shards)
+    mine = shards[rank]
+    return mine + [padding_micro_batch(pad_id)] * (count - len(mine))

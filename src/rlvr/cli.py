@@ -1,16 +1,18 @@
 """Command lines of the training scripts: a config file, shortcuts and dotted overrides.
 
     scripts/train.py --config run.yaml --env vf-musique optim.lr=1e-5 --batch.async_level 0
+    scripts/sft.py --config sft.yaml --model smollm2-135m train.max_steps=20
 
-`--config FILE` reads a YAML file; `--env X` and `--model X` are shortcuts for `env.id=X` and
-`model.name=X`; every other `key=value`, `--key=value` or `--key value` is a dotted override.
+`--config FILE` reads a YAML file; `--env X`, `--model X` and `--output-dir X` are shortcuts
+for `env.id=X` (GRPO only), `model.name=X` and `output_dir=X`; every other `key=value`,
+`--key=value` or `--key value` is a dotted override.
 """
 
 from __future__ import annotations
 
 import sys
 
-from rlvr.config import Config, ConfigError, load_config
+from rlvr.config import AnyConfig, Config, ConfigError, load_config
 
 SHORTCUTS = {"env": "env.id", "model": "model.name", "output-dir": "output_dir"}
 USAGE = __doc__
@@ -42,14 +44,16 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
     return config_path, overrides
 
 
-def config_from_argv(argv: list[str] | None = None) -> Config:
-    """Parse a script's command line into a validated config, or exit with the reason."""
+def config_from_argv(
+    argv: list[str] | None = None, cls: type[AnyConfig] = Config, usage: str = USAGE
+) -> AnyConfig:
+    """Parse a script's command line into a validated `cls`, or exit with the reason."""
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
-        print(USAGE)
+        print(usage)
         raise SystemExit(0)
     try:
         path, overrides = parse_args(argv)
-        return load_config(path, overrides)
+        return load_config(path, overrides, cls)
     except (ConfigError, FileNotFoundError) as e:
         raise SystemExit(f"config error: {e}") from None

@@ -1,6 +1,8 @@
-"""The trainer's typed configuration: a YAML file plus dotted command-line overrides.
+"""The trainers' typed configurations: a YAML file plus dotted command-line overrides.
 
-One dataclass tree describes a run. `load_config(path, overrides)` reads the file, applies
+One dataclass tree describes a run: `Config` for GRPO, `SFTConfig` for supervised fine-tuning
+(which shares the model, LoRA, optimizer, checkpoint and W&B sections, and their checks).
+`load_config(path, overrides)` reads the file, applies
 overrides such as `optim.lr=1e-5` or `lora.enabled=false` (values are parsed as YAML, so
 `[q_proj, v_proj]` and `null` work), checks every value against the declared type and rejects
 unknown keys with the full dotted name, so a typo fails before any model is loaded instead of
@@ -14,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -66,6 +68,9 @@ class LoraConfig:
     resume_from: str | None = None
     """An adapter directory (PEFT format) to continue training from."""
 
+    def validate(self) -> None:
+        _require(self.rank >= 1, "lora.rank", self.rank)
+
 
 @dataclass
 class OptimConfig:
@@ -77,6 +82,11 @@ class OptimConfig:
     eps: float = 1e-8
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 disables it."""
+
+    def validate(self) -> None:
+        _require(self.lr > 0, "optim.lr", self.lr)
+        _require(len(self.betas) == 2, "optim.betas", self.betas, "needs 2 values")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
 
 
 @dataclass
@@ -148,6 +158,10 @@ class CheckpointConfig:
     keep_last: int = 2
     resume: str | None = None
     """`auto` (latest checkpoint in output_dir, if any), a checkpoint directory, or None."""
+
+    def validate(self) -> None:
+        _require(self.every >= 0, "checkpoint.every", self.every, "must be >= 0")
+        _require(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last)
 
 
 @dataclass
@@ -221,16 +235,15 @@ class Config:
         _require(b.max_prompt_len < b.max_seq_len, "batch.max_prompt_len", b.max_prompt_len,
                  f"must be below batch.max_seq_len ({b.max_seq_len})")  # fmt: skip
         _require(self.max_steps >= 1, "max_steps", self.max_steps)
-        _require(self.optim.lr > 0, "optim.lr", self.optim.lr)
-        _require(len(self.optim.betas) == 2, "optim.betas", self.optim.betas, "needs 2 values")
+        self.optim.validate()
         _require(self.sampling.temperature > 0, "sampling.temperature", self.sampling.temperature)
         _require(self.sampling.max_tokens >= 1, "sampling.max_tokens", self.sampling.max_tokens)
         low, high = self.loss.ratio_mask_low, self.loss.ratio_mask_high
         _require(0 <= low < 1 < high, "loss.ratio_mask_low/high", (low, high),
                  "need 0 <= low < 1 < high")  # fmt: skip
         _require(self.loss.beta >= 0, "loss.beta", self.loss.beta)
-        _require(self.lora.rank >= 1, "lora.rank", self.lora.rank)
-        _require(self.checkpoint.keep_last >= 1, "checkpoint.keep_last", self.checkpoint.keep_last)
+        self.lora.validate()
+        self.checkpoint.validate()
 
     @property
     def examples_per_step(self) -> int:
@@ -239,6 +252,89 @@ class Config:
     @property
     def served_model(self) -> str:
         return self.server.served_model or self.model.name
+
+
+@dataclass
+class SFTDataConfig:
+    train_files: list[str] = field(default_factory=list)
+    """Training data: .jsonl, .json or .parquet files, read with `datasets` (required)."""
+    validation_file: str | None = None
+    """Held-out rows in the same format, for val/loss."""
+    validation_holdout: int = 0
+    """Without validation_file: hold out the last N training rows for val/loss instead."""
+    format: Literal["messages", "prompt_completion"] = "messages"
+    """messages: one column holds the conversation, a list of {role, content} (loss on every
+    assistant turn). prompt_completion: a prompt column (a string, which becomes a user message,
+    or a message list) and a completion column (a string, which becomes the assistant's reply,
+    or a message list, e.g. a saved multi-turn rollout)."""
+    messages_column: str = "messages"
+    prompt_column: str = "prompt"
+    completion_column: str = "completion"
+    system_prompt: str | None = None
+    """Put first as a system message in conversations that have none."""
+    max_seq_len: int = 2048
+    """Longest training sequence in tokens, chat template included."""
+    truncation: Literal["truncate", "drop"] = "truncate"
+    """Longer examples: `truncate` keeps their first max_seq_len tokens (an example with no
+    assistant token left is dropped); `drop` skips them. Both are counted and logged."""
+    max_examples: int | None = None
+    """Train on the first N rows only (before shuffling; for quick runs)."""
+    shuffle_seed: int = 0
+    """Each epoch visits the rows in a fresh order drawn from (shuffle_seed, epoch)."""
+
+
+@dataclass
+class SFTTrainConfig:
+    epochs: int = 1
+    """Passes over the training rows (unless max_steps is set)."""
+    max_steps: int | None = None
+    """Optimizer steps to run, taking as many passes as needed; None: `epochs` passes."""
+    batch_size: int = 32
+    """Sequences per optimizer step, over all ranks."""
+    micro_batch_size: int = 4
+    """Sequences per forward/backward on each rank (memory; does not change the loss)."""
+    eval_every: int = 0
+    """val/loss every N steps (0: only before the first and after the last step)."""
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning (scripts/sft.py): loss on assistant tokens only."""
+
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-4, scheduler="cosine", warmup_steps=10)
+    )
+    train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    wandb: WandbConfig = field(default_factory=lambda: WandbConfig(project="rlvr-sft"))
+    seed: int = 0
+    output_dir: str = "outputs/sft"
+
+    def validate(self) -> None:
+        d, t = self.data, self.train
+        _require(bool(d.train_files), "data.train_files", d.train_files, "name at least one file")
+        _require(d.max_seq_len >= 2, "data.max_seq_len", d.max_seq_len, "must be at least 2")
+        _require(d.validation_holdout >= 0, "data.validation_holdout", d.validation_holdout,
+                 "must be >= 0")  # fmt: skip
+        _require(not (d.validation_file and d.validation_holdout), "data.validation_holdout",
+                 d.validation_holdout, "cannot be combined with data.validation_file")  # fmt: skip
+        if d.max_examples is not None:
+            _require(d.max_examples >= 1, "data.max_examples", d.max_examples)
+        _require(t.epochs >= 1, "train.epochs", t.epochs)
+        if t.max_steps is not None:
+            _require(t.max_steps >= 1, "train.max_steps", t.max_steps)
+        _require(t.batch_size >= 1, "train.batch_size", t.batch_size)
+        _require(t.micro_batch_size >= 1, "train.micro_batch_size", t.micro_batch_size)
+        _require(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
+        self.optim.validate()
+        self.lora.validate()
+        self.checkpoint.validate()
+
+
+AnyConfig = TypeVar("AnyConfig", Config, SFTConfig)
 
 
 def _require(ok: bool, name: str, value: Any, why: str = "must be positive") -> None:
@@ -295,21 +391,27 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
 
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build dataclass `cls` from a mapping, rejecting unknown keys by their dotted name."""
+    """Build dataclass `cls` from a mapping, rejecting unknown keys by their dotted name.
+
+    A section given only in part keeps its other fields at the defaults of the config that
+    holds it (SFTConfig's `optim` defaults differ from OptimConfig's own)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"{prefix}." if prefix else ""
         raise ConfigError(
-            f"unknown config key {where}{unknown[0]}; known keys here: {', '.join(sorted(known))}"
+            f"unknown config key {where}{unknown[0]}; known keys here: {', '.join(sorted(fields))}"
         )
-    kwargs = {
-        key: _coerce(value, hints[key], f"{prefix}.{key}" if prefix else key)
-        for key, value in data.items()
-    }
+    kwargs = {}
+    for key, value in data.items():
+        default = fields[key].default_factory
+        section = dataclasses.is_dataclass(hints[key]) and default is not dataclasses.MISSING
+        if section and isinstance(value, dict):
+            value = {**dataclasses.asdict(default()), **value}
+        kwargs[key] = _coerce(value, hints[key], f"{prefix}.{key}" if prefix else key)
     return cls(**kwargs)
 
 
@@ -354,8 +456,12 @@ def _deepcopy(data: Any) -> Any:
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read an optional YAML file, apply dotted overrides, type-check and validate."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    cls: type[AnyConfig] = Config,
+) -> AnyConfig:
+    """Read an optional YAML file, apply dotted overrides, type-check and validate a `cls`."""
     data: dict = {}
     if path is not None:
         path = Path(path)
@@ -365,19 +471,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
     data = apply_overrides(data, overrides or [])
-    config = from_dict(Config, data)
+    config = from_dict(cls, data)
     config.validate()
     return config
 
 
-def to_dict(config: Config) -> dict:
+def to_dict(config: Config | SFTConfig) -> dict:
     return dataclasses.asdict(config)
 
 
-def to_yaml(config: Config) -> str:
+def to_yaml(config: Config | SFTConfig) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=False)
 
 
-def save_config(config: Config, path: str | Path) -> None:
+def save_config(config: Config | SFTConfig, path: str | Path) -> None:
     """Write the full resolved config beside the run's outputs (atomically)."""
     atomic_write_text(Path(path), to_yaml(config))

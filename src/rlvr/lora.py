@@ -1,4 +1,5 @@
-"""LoRA set-up, and the weight stream the trainer pushes into vf-vllm.
+"""The weight stream the GRPO trainer pushes into vf-vllm (LoRA merged in), and adapter merging.
+(The LoRA set-up itself is in `rlvr.policy`, which SFT uses without vLLM.)
 
 Why stream merged weights instead of loading the adapter through vLLM's LoRA support: the
 merged stream (W + scale * B @ A, computed one module at a time and sent under the base model's
@@ -24,39 +25,13 @@ from pathlib import Path
 import torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-from rlvr.config import LoraConfig
-
-
-def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
-    """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s."""
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import PeftModel, get_peft_model
-
-    if cfg.resume_from:
-        return PeftModel.from_pretrained(model, cfg.resume_from, is_trainable=True)
-    peft_config = PeftLoraConfig(
-        r=cfg.rank,
-        lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
-        target_modules=list(cfg.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, peft_config)
+from rlvr.policy import zero3_gather
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The Hugging Face model inside a PeftModel (LoRA layers injected), or `model` itself."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
-
-
-def zero3_gather(params: list[torch.nn.Parameter]):
-    """Gather ZeRO-3 partitioned parameters for reading (a no-op for ordinary tensors)."""
-    if any(hasattr(p, "ds_id") for p in params):
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-    return contextlib.nullcontext()
 
 
 def full_shape(param: torch.Tensor) -> tuple[int, ...]:

@@ -1,8 +1,10 @@
 """Run logging: a progress bar, W&B (offline unless a key is set, or disabled), and local
 `metrics.jsonl` / `samples.jsonl` files that hold the same numbers whatever W&B does.
 
-Only the main process logs. Metric names are grouped by prefix (`reward/`, `env/<metric>`,
-`loss/`, `ratio/`, `time/`, `throughput/`, `rollouts/`, `eval/`) so W&B's panels sort them.
+Only the main process logs. Metric names are grouped by prefix (GRPO: `reward/`,
+`env/<metric>`, `loss/`, `ratio/`, `time/`, `throughput/`, `rollouts/`, `eval/`; SFT: `train/`,
+`val/`, `data/`) so W&B's panels sort them. Any trainer's config works: the logger reads its
+`output_dir` and `wandb` sections and records the whole config with the W&B run.
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rlvr.config import Config, WandbConfig, to_dict
+from rlvr.config import Config, SFTConfig, WandbConfig, to_dict
 
 log = logging.getLogger(__name__)
 
-PROGRESS_KEYS = {"reward/mean": "reward", "time/step": "step_s", "mismatch_kl": "kl"}
+PROGRESS_KEYS = {
+    "reward/mean": "reward",
+    "train/loss": "loss",
+    "time/step": "step_s",
+    "mismatch_kl": "kl",
+}
 
 
 def wandb_mode(cfg: WandbConfig) -> str:
@@ -54,12 +61,16 @@ def metric_means(metric_dicts: list[dict[str, float]], prefix: str) -> dict[str,
 
 
 class RunLogger:
+    """`bar=(description, total steps)` shows a progress bar that advances on every metrics
+    record with `time/step`; None shows none."""
+
     def __init__(
         self,
-        config: Config,
+        config: Config | SFTConfig,
         enabled: bool,
         start_step: int,
         run_id: str | None = None,
+        bar: tuple[str, int] | None = None,
     ):
         self.cfg = config
         self.enabled = enabled
@@ -71,12 +82,11 @@ class RunLogger:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         self._init_wandb(run_id)
-        if config.logging.progress_bar:
+        if bar is not None:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(
-                total=config.max_steps, initial=start_step, desc="GRPO", unit="step", leave=True
-            )
+            desc, total = bar
+            self.bar = tqdm(total=total, initial=start_step, desc=desc, unit="step", leave=True)
 
     def _init_wandb(self, run_id: str | None) -> None:
         mode = wandb_mode(self.cfg.wandb)

@@ -14,22 +14,15 @@ One step:
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlvr.batch import MicroBatch, Sample, collate, padding_micro_batch, shard, split_micro_batches
-from rlvr.checkpoint import (
-    keep_trainable_only,
-    load_checkpoint,
-    resolve_resume,
-    save_checkpoint,
-)
+from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches
+from rlvr.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.config import Config, ConfigError, save_config, to_yaml
 from rlvr.grpo import (
     StatsAccumulator,
@@ -39,8 +32,10 @@ from rlvr.grpo import (
     policy_loss,
     token_logprobs,
 )
-from rlvr.lora import MergedWeightSource, apply_lora, zero3_gather
+from rlvr.lora import MergedWeightSource
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
+from rlvr.optimization import Optimization
+from rlvr.policy import load_model, load_policy, save_final
 from rlvr.rollouts import RolloutWorker, StepBatch, make_client, prompt_length_filter
 
 log = logging.getLogger(__name__)
@@ -66,16 +61,6 @@ def micro_batch_loss(
     terms.stats["entropy_sum"] = masked_entropy_sum(logits, mb.loss_mask, temperature)
     terms.stats["loss_sum"] = terms.loss_sum.detach()
     return normalised_loss(terms.loss_sum, global_tokens, world_size), terms.stats
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return getattr(torch, name)
-
-
-def num_parameters(model: torch.nn.Module) -> int:
-    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
 def build_samples(batch: StepBatch, cfg: Config) -> tuple[list[Sample], dict[str, float], list]:
@@ -160,14 +145,21 @@ class Trainer:
             save_config(cfg, self.out / "config.yaml")
             print(f"# rlvr GRPO config (saved to {self.out / 'config.yaml'})\n{to_yaml(cfg)}")
         self._load_policy()
-        self._build_optimizer()
+        self.opt = Optimization(
+            acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size
+        )
+        self.model = self.opt.model
         resume = resolve_resume(cfg.checkpoint.resume, cfg.output_dir)
         state = load_checkpoint(acc, resume, self.model, self.ds) if resume else {}
         self.start_step = int(state.get("step", 0))
         self.data_position = int(state.get("data_position", 0))
         self.version = self.start_step
         self.logger = RunLogger(
-            cfg, acc.is_main_process, self.start_step, state.get("wandb_run_id")
+            cfg,
+            acc.is_main_process,
+            self.start_step,
+            state.get("wandb_run_id"),
+            bar=("GRPO", cfg.max_steps) if cfg.logging.progress_bar else None,
         )
         if resume:
             self.logger.print(f"resumed from {resume} at step {self.start_step}")
@@ -177,80 +169,18 @@ class Trainer:
             self._start_worker()
 
     def _load_policy(self) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from rlvr.models import resolve_model
-
         cfg, acc = self.cfg, self.accelerator
-        with acc.main_process_first():  # the embedded model is converted once, by one process
-            path = resolve_model(cfg.model.name)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
-        kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.model.dtype)}
-        if cfg.model.attn_implementation:
-            kwargs["attn_implementation"] = cfg.model.attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        model.config.use_cache = False
-        checkpointing = cfg.model.gradient_checkpointing
-        if checkpointing is None:
-            checkpointing = num_parameters(model) >= cfg.model.checkpointing_min_params
-        if checkpointing:
-            model.gradient_checkpointing_enable({"use_reentrant": False})
+        policy = load_policy(cfg.model, cfg.lora, acc)
+        self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.ref_model = None
-        if cfg.lora.enabled:
-            model = apply_lora(model, cfg.lora)
-        elif cfg.loss.beta > 0:
+        if cfg.loss.beta > 0 and not cfg.lora.enabled:
             if self.ds:
                 raise ConfigError(
                     "loss.beta > 0 with full fine-tuning under DeepSpeed is not supported; "
                     "use LoRA (its reference is the base model, adapter disabled)"
                 )
-            self.ref_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            self.ref_model = load_model(policy.path, cfg.model)
             self.ref_model.requires_grad_(False).eval().to(acc.device)
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        if acc.is_main_process:
-            print(
-                f"model {path}: {num_parameters(model) / 1e6:.1f}M parameters, "
-                f"{trainable / 1e6:.2f}M trainable ({'LoRA' if cfg.lora.enabled else 'full'}), "
-                f"dtype {kwargs['dtype']}, gradient checkpointing {checkpointing}"
-            )
-        self.model = model
-
-    def _build_optimizer(self) -> None:
-        from transformers import get_scheduler
-
-        cfg, acc = self.cfg, self.accelerator
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            params,
-            lr=cfg.optim.lr,
-            betas=tuple(cfg.optim.betas),
-            eps=cfg.optim.eps,
-            weight_decay=cfg.optim.weight_decay,
-        )
-        name = cfg.optim.scheduler
-        if name == "constant" and cfg.optim.warmup_steps:
-            name = "constant_with_warmup"
-        # The scheduler stays outside accelerate.prepare: its wrapper steps it once per process
-        # per call (meant for data-parallel dataloaders), which would run it world_size times
-        # faster. It is registered so checkpoints still carry it.
-        self.scheduler = get_scheduler(
-            name, optimizer, num_warmup_steps=cfg.optim.warmup_steps,
-            num_training_steps=cfg.max_steps,
-        )  # fmt: skip
-        if self.ds:
-            ds_config = acc.state.deepspeed_plugin.deepspeed_config
-            # DeepSpeed's batch bookkeeping only has to be consistent: the trainer itself
-            # accumulates a variable number of micro-batches per optimizer step.
-            ds_config["train_micro_batch_size_per_gpu"] = cfg.batch.micro_batch_size
-            ds_config["train_batch_size"] = cfg.batch.micro_batch_size * self.world
-            ds_config["gradient_accumulation_steps"] = 1
-            ds_config["gradient_clipping"] = cfg.optim.max_grad_norm
-        self.model, self.optimizer = acc.prepare(self.model, optimizer)
-        acc.register_for_checkpointing(self.scheduler)
-        keep_trainable_only(acc)
-        self.params = params
 
     def _connect_server(self) -> None:
         from rlvr.weights import WeightSync
@@ -339,8 +269,8 @@ class Trainer:
         t0 = time.perf_counter()
         stats = self.forward_backward(samples, global_tokens)
         t1 = time.perf_counter()
-        lr = self.scheduler.get_last_lr()[0]
-        grad_norm = self.optimizer_step(global_tokens > 0)
+        lr = self.opt.lr
+        grad_norm = self.opt.step(global_tokens > 0)
         t2 = time.perf_counter()
         push_s = self.push_weights(step + 1)
         t3 = time.perf_counter()
@@ -377,13 +307,8 @@ class Trainer:
     def forward_backward(self, samples: list[Sample], global_tokens: int) -> dict[str, float]:
         """Accumulate gradients of this rank's shard; return stats reduced over all ranks."""
         cfg = self.cfg
-        shards = [
-            split_micro_batches(shard(samples, r, self.world), cfg.batch.micro_batch_size)
-            for r in range(self.world)
-        ]
-        count = max(len(s) for s in shards)
-        mine = shards[self.rank] + [padding_micro_batch(self.pad_id)] * (
-            count - len(shards[self.rank])
+        mine = rank_micro_batches(
+            samples, self.rank, self.world, cfg.batch.micro_batch_size, self.pad_id
         )
         acc = StatsAccumulator()
         if global_tokens == 0:
@@ -392,11 +317,11 @@ class Trainer:
         for i, chunk in enumerate(mine):
             last = i == len(mine) - 1
             mb = collate(chunk, self.pad_id).to(self.accelerator.device)
-            with self._no_sync(last):
+            with self.opt.accumulating(last):
                 loss, stats = micro_batch_loss(
                     self.model, mb, cfg, global_tokens, self.world, self._reference_logprobs
                 )
-                self._backward(loss, last)
+                self.opt.backward(loss, last)
             acc.add(stats)
         if self.world > 1:
             from accelerate.utils import gather_object
@@ -407,19 +332,6 @@ class Trainer:
             acc = merged
         return acc.summary()
 
-    def _no_sync(self, last: bool):
-        if last or self.ds or self.world == 1:
-            return contextlib.nullcontext()
-        return self.accelerator.no_sync(self.model)
-
-    def _backward(self, loss: torch.Tensor, last: bool) -> None:
-        if self.ds:
-            # Drive the engine directly: accelerate would step it after every backward.
-            self.model.set_gradient_accumulation_boundary(last)
-            self.model.backward(loss)
-        else:
-            self.accelerator.backward(loss)
-
     @torch.no_grad()
     def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         if self.ref_model is not None:
@@ -428,22 +340,6 @@ class Trainer:
             with self.accelerator.unwrap_model(self.model).disable_adapter():
                 logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         return token_logprobs(logits, mb.input_ids, self.cfg.sampling.temperature)
-
-    def optimizer_step(self, has_gradient: bool) -> float:
-        """One clipped optimizer step (skipped when no token had loss: Adam would still move
-        the weights on momentum alone); the LR schedule advances either way."""
-        grad_norm = 0.0
-        if has_gradient:
-            if self.ds:
-                self.model.step()
-                grad_norm = float(self.model.get_global_grad_norm() or 0.0)
-            else:
-                max_norm = self.cfg.optim.max_grad_norm or float("inf")
-                grad_norm = float(self.accelerator.clip_grad_norm_(self.params, max_norm))
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return grad_norm
 
     def push_weights(self, version: int, initial: bool = False) -> float:
         """Send the current weights to vf-vllm (all ranks take part) and record the version."""
@@ -502,26 +398,10 @@ class Trainer:
         return path
 
     def save_final(self) -> Path:
-        """The trained adapter (LoRA) or full model in Hugging Face format, with the tokenizer,
-        in output_dir/final. ZeRO-3 gathers only the adapter for LoRA."""
-        acc = self.accelerator
-        model = acc.unwrap_model(self.model)
-        if self.cfg.lora.enabled:
-            trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-            with zero3_gather(list(trainable.values())):
-                state = {n: p.detach().cpu().clone() for n, p in trainable.items()}
-        else:
-            state = acc.get_state_dict(self.model)
-        final = self.out / "final"
-        if acc.is_main_process:
-            tmp = self.out / ".tmp-final"
-            shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            self.logger.print(f"final {'adapter' if self.cfg.lora.enabled else 'model'}: {final}")
-        acc.wait_for_everyone()
+        final = save_final(
+            self.accelerator, self.model, self.tokenizer, self.out, self.cfg.lora.enabled
+        )
+        self.logger.print(f"final {'adapter' if self.cfg.lora.enabled else 'model'}: {final}")
         return final
 
     def close(self) -> None:

@@ -1,0 +1,131 @@
+"""The trainable policy, for every trainer (GRPO and SFT): loading and the final save.
+
+Loading resolves the model name (embedded short name, directory or hub id), reads the tokenizer
+and its pad id, loads the weights in the configured dtype, switches gradient checkpointing on
+for large models and wraps the model in a LoRA adapter (new, or one to continue from). The
+final save writes the adapter or the full model in Hugging Face format.
+
+Nothing here imports vLLM (the merged-weight stream for vf-vllm lives in `rlvr.lora`), so SFT
+runs on machines that have no vLLM, such as training-only GPU hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.atomic import atomic_directory
+from rlvr.config import LoraConfig, ModelConfig
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module
+    """The model to train: a PeftModel when LoRA is on, else the Hugging Face model."""
+    tokenizer: Any
+    pad_id: int
+    """The tokenizer's pad token, or its EOS where it has none (padding is masked anyway)."""
+    path: str
+    """Where the weights came from (a local directory or a hub id)."""
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, name)
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    """Parameter count, also when ZeRO-3 has partitioned the parameters to empty tensors."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+def load_model(path: str, cfg: ModelConfig) -> torch.nn.Module:
+    """The plain Hugging Face model at `path` in `cfg`'s dtype and attention implementation
+    (also used for the frozen reference of a full fine-tune)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype)}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
+    """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel, get_peft_model
+
+    if cfg.resume_from:
+        return PeftModel.from_pretrained(model, cfg.resume_from, is_trainable=True)
+    peft_config = PeftLoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, peft_config)
+
+
+def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig, accelerator: Any) -> Policy:
+    """Everything a trainer needs to start training the model `model_cfg.name`."""
+    from transformers import AutoTokenizer
+
+    from rlvr.models import resolve_model
+
+    with accelerator.main_process_first():  # the embedded model is converted once, by one process
+        path = resolve_model(model_cfg.name)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    pad = tokenizer.pad_token_id
+    model = load_model(path, model_cfg)
+    model.config.use_cache = False
+    checkpointing = model_cfg.gradient_checkpointing
+    if checkpointing is None:
+        checkpointing = num_parameters(model) >= model_cfg.checkpointing_min_params
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    if lora_cfg.enabled:
+        model = apply_lora(model, lora_cfg)
+    if accelerator.is_main_process:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        kind = "LoRA" if lora_cfg.enabled else "full"
+        print(
+            f"model {path}: {num_parameters(model) / 1e6:.1f}M parameters, "
+            f"{trainable / 1e6:.2f}M trainable ({kind}), dtype {model.dtype}, "
+            f"gradient checkpointing {checkpointing}"
+        )
+    return Policy(model, tokenizer, pad if pad is not None else tokenizer.eos_token_id, path)
+
+
+def zero3_gather(params: list[torch.nn.Parameter]):
+    """Gather ZeRO-3 partitioned parameters for reading (a no-op for ordinary tensors)."""
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+def save_final(accelerator: Any, model: Any, tokenizer: Any, out_dir: Path, lora: bool) -> Path:
+    """The trained adapter (LoRA) or full model in Hugging Face format, with the tokenizer, in
+    `out_dir/final` (written atomically). ZeRO-3 gathers only the adapter for LoRA. Every
+    process must call this; the main one writes."""
+    unwrapped = accelerator.unwrap_model(model)
+    if lora:
+        trainable = {n: p for n, p in unwrapped.named_parameters() if p.requires_grad}
+        with zero3_gather(list(trainable.values())):
+            state = {n: p.detach().cpu().clone() for n, p in trainable.items()}
+    else:
+        state = accelerator.get_state_dict(model)
+    final = Path(out_dir) / "final"
+    if accelerator.is_main_process:
+        with atomic_directory(final, replace=True) as tmp:
+            unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+    accelerator.wait_for_everyone()
+    return final
