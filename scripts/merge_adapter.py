@@ -7,7 +7,7 @@ The result loads anywhere a model does (`vf-vllm --model merged/`, transformers,
 
 import argparse
 
-from rlvr.lora import merge_adapter
+from rlvr.policy import merge_adapter
 
 
 def main() -> None:

@@ -109,3 +109,14 @@ def test_merge_adapter_script(tmp_path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bad.returncode != 0 and "not a PEFT adapter" in bad.stderr
+
+
+def test_policy_and_merging_need_no_vllm():
+    """SFT and adapter merging run on hosts without vLLM (training-only GPU boxes)."""
+    code = (
+        "import sys, rlvr.policy, rlvr.sft\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'vllm')\n"
+        "assert not loaded, loaded\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1,5 +1,5 @@
-"""The weight stream the GRPO trainer pushes into vf-vllm (LoRA merged in), and adapter merging.
-(The LoRA set-up itself is in `rlvr.policy`, which SFT uses without vLLM.)
+"""The weight stream the GRPO trainer pushes into vf-vllm (LoRA merged in). The LoRA set-up
+and merging an adapter into a saved model are in `rlvr.policy`, which needs no vLLM.
 
 Why stream merged weights instead of loading the adapter through vLLM's LoRA support: the
 merged stream (W + scale * B @ A, computed one module at a time and sent under the base model's
@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
@@ -115,38 +114,3 @@ class MergedWeightSource(WeightSource):
                 for a in adapters:
                     merged += layer.get_delta_weight(a).to(merged.dtype)
                 yield entry.name, merged
-
-
-def merge_adapter(
-    adapter_dir: str | Path, out_dir: str | Path, base: str | None = None, dtype: str = "auto"
-) -> Path:
-    """Write base model + adapter as one plain Hugging Face model (safetensors + tokenizer).
-
-    `base` defaults to the adapter's recorded base model (short names, local directories and
-    hub ids all resolve). Written to a temporary directory and renamed, so `out_dir` is either
-    complete or absent.
-    """
-    import json
-
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlvr.atomic import atomic_directory
-    from rlvr.models import resolve_model
-
-    adapter_dir = Path(adapter_dir)
-    config_file = adapter_dir / "adapter_config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{adapter_dir} is not a PEFT adapter (no adapter_config.json)")
-    base = base or json.loads(config_file.read_text())["base_model_name_or_path"]
-    base_path = resolve_model(base)
-    torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
-    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
-    has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
-    tokenizer = AutoTokenizer.from_pretrained(adapter_dir if has_tokenizer else base_path)
-    out = Path(out_dir)
-    with atomic_directory(out, replace=True) as tmp:
-        merged.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-    return out

@@ -3,7 +3,8 @@
 Loading resolves the model name (embedded short name, directory or hub id), reads the tokenizer
 and its pad id, loads the weights in the configured dtype, switches gradient checkpointing on
 for large models and wraps the model in a LoRA adapter (new, or one to continue from). The
-final save writes the adapter or the full model in Hugging Face format.
+final save writes the adapter or the full model in Hugging Face format, and `merge_adapter`
+turns a saved adapter into a plain model for serving.
 
 Nothing here imports vLLM (the merged-weight stream for vf-vllm lives in `rlvr.lora`), so SFT
 runs on machines that have no vLLM, such as training-only GPU hosts.
@@ -12,6 +13,7 @@ runs on machines that have no vLLM, such as training-only GPU hosts.
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,3 +131,35 @@ def save_final(accelerator: Any, model: Any, tokenizer: Any, out_dir: Path, lora
             tokenizer.save_pretrained(tmp)
     accelerator.wait_for_everyone()
     return final
+
+
+def merge_adapter(
+    adapter_dir: str | Path, out_dir: str | Path, base: str | None = None, dtype: str = "auto"
+) -> Path:
+    """Write base model + adapter as one plain Hugging Face model (safetensors + tokenizer).
+
+    `base` defaults to the adapter's recorded base model (short names, local directories and
+    hub ids all resolve). Written to a temporary directory and renamed, so `out_dir` is either
+    complete or absent.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.models import resolve_model
+
+    adapter_dir = Path(adapter_dir)
+    config_file = adapter_dir / "adapter_config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{adapter_dir} is not a PEFT adapter (no adapter_config.json)")
+    base = base or json.loads(config_file.read_text())["base_model_name_or_path"]
+    base_path = resolve_model(base)
+    torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir if has_tokenizer else base_path)
+    out = Path(out_dir)
+    with atomic_directory(out, replace=True) as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return out
