@@ -26,7 +26,14 @@ from rlvr.checkpoint import list_checkpoints
 from rlvr.config import ConfigError, SFTConfig, SFTDataConfig, load_config
 from rlvr.grpo import normalised_loss
 from rlvr.sft import SFTTrainer, nll_sum
-from rlvr.sft_data import DataError, assistant_mask, to_messages, tokenize
+from rlvr.sft_data import (
+    DataError,
+    assistant_mask,
+    read_conversations,
+    to_messages,
+    to_tools,
+    tokenize,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LORA_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
@@ -102,6 +109,32 @@ def test_mask_is_exactly_the_assistant_turns_and_their_end_token(tiny_model_dir)
     unmasked = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
     for text in ("You are terse.", "What is 2+3?", "And times 4?", "<tool_response>\n20"):
         assert text in unmasked
+
+
+def test_tool_definitions_are_rendered_as_at_inference_and_get_no_loss(tiny_model_dir, tmp_path):
+    """Exported rollouts carry verifiers' tool definitions; the template shows them to the
+    model (in the system block, which gets no loss), exactly as an OpenAI-form definition."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    schema = {"name": "calc", "description": "Evaluate.", "parameters": {"type": "object"}}
+    messages = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}]
+    saved = to_tools([json.dumps(schema)], "row 1")
+    assert saved == to_tools([{"type": "function", "function": schema}], "row 1")
+    ids, mask = assistant_mask(tokenizer, messages, "row 1", saved)
+    assert [tokenizer.decode(run) for run in masked_runs(ids, mask)] == ["5<|im_end|>"]
+    unmasked = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+    assert "<tools>" in unmasked and '"name": "calc"' in unmasked
+    plain_ids, _ = assistant_mask(tokenizer, messages, "row 1")
+    assert len(plain_ids) < len(ids)
+    assert to_tools(None, "row 1") is None and to_tools([], "row 1") is None
+    for bad in ("calc", ["{not json"], [{"description": "no name"}]):
+        with pytest.raises(DataError, match="row 7"):
+            to_tools(bad, "row 7")
+
+    data = tmp_path / "exported.jsonl"  # what `eval_report.py --export-sft` writes
+    rows = [{"messages": messages, "tools": [schema]}, {"messages": messages}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    read = read_conversations([str(data)], SFTDataConfig())
+    assert [c.tools for c in read] == [saved, None]
 
 
 def test_prompt_completion_rows_and_the_system_prompt(tiny_model_dir):

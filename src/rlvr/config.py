@@ -272,6 +272,10 @@ class SFTDataConfig:
     completion_column: str = "completion"
     system_prompt: str | None = None
     """Put first as a system message in conversations that have none."""
+    tools_column: str = "tools"
+    """Optional column of tool definitions per row (OpenAI function schemas, or verifiers'
+    `{name, description, parameters}` as `eval_report.py --export-sft` writes them); the chat
+    template renders them as at inference. Rows without it have no tools."""
     max_seq_len: int = 2048
     """Longest training sequence in tokens, chat template included."""
     truncation: Literal["truncate", "drop"] = "truncate"

@@ -42,6 +42,9 @@ class Conversation:
     messages: list[dict[str, Any]]
     where: str
     """`row N of FILE`, for error messages."""
+    tools: list[dict[str, Any]] | None = None
+    """Tool definitions offered in this conversation (OpenAI function form), rendered by the
+    chat template as at inference."""
 
 
 @dataclass
@@ -118,7 +121,8 @@ def read_conversations(files: list[str], cfg: SFTDataConfig) -> list[Conversatio
                 )
         for number, row in enumerate(rows, start=1):
             where = f"row {number} of {file}"
-            out.append(Conversation(to_messages(row, cfg, where), where))
+            tools = to_tools(row.get(cfg.tools_column), where)
+            out.append(Conversation(to_messages(row, cfg, where), where, tools))
     return out
 
 
@@ -141,6 +145,30 @@ def to_messages(row: dict[str, Any], cfg: SFTDataConfig, where: str) -> list[dic
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where}: the conversation has no assistant turn (nothing to learn)")
     return messages
+
+
+def to_tools(value: Any, where: str) -> list[dict[str, Any]] | None:
+    """The row's tool definitions in OpenAI's `{"type": "function", "function": ...}` form,
+    which is what a chat template sees at inference. Accepts that form, verifiers' saved
+    `{name, description, parameters}` (vf-eval's `tool_defs`, kept by `eval_report.py
+    --export-sft`) and either as JSON strings. A model trained without the tool block it is
+    later prompted with learns the wrong context."""
+    if value is None or (isinstance(value, list) and not value):
+        return None
+    if not isinstance(value, list):
+        raise DataError(f"{where}: tools must be a list of tool definitions, got {value!r:.200}")
+    tools = []
+    for i, tool in enumerate(value, start=1):
+        try:
+            tool = json.loads(tool) if isinstance(tool, str) else tool
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}, tool {i}: not valid JSON ({e})") from None
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise DataError(f"{where}, tool {i}: expected a function definition with a name")
+        clean = {k: v for k, v in function.items() if v is not None}
+        tools.append({"type": "function", "function": clean})
+    return tools
 
 
 def _column(row: dict[str, Any], name: str, where: str) -> Any:
@@ -180,18 +208,21 @@ def _message(message: Any, where: str) -> dict[str, Any]:
 
 
 def assistant_mask(
-    tokenizer: Any, messages: list[dict[str, Any]], where: str
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    where: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of the whole conversation; see the module docstring."""
     if not getattr(tokenizer, "is_fast", False):
         raise DataError("SFT needs a fast tokenizer (token offsets locate assistant turns)")
-    full = _render(tokenizer, messages, False, where)
+    full = _render(tokenizer, messages, False, where, tools)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], True, where)
-        through = _render(tokenizer, messages[: i + 1], False, where)
+        before = _render(tokenizer, messages[:i], True, where, tools)
+        through = _render(tokenizer, messages[: i + 1], False, where, tools)
         if not (through.startswith(before) and full.startswith(through)):
             raise DataError(
                 f"{where}: the chat template does not render this conversation incrementally "
@@ -210,9 +241,17 @@ def assistant_mask(
     return ids, mask
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], prompt: bool, where: str) -> str:
+def _render(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    prompt: bool,
+    where: str,
+    tools: list[dict[str, Any]] | None,
+) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=prompt
+        )
     except Exception as e:  # jinja raises its own errors for conversations it rejects
         raise DataError(f"{where}: the chat template rejects this conversation: {e}") from e
 
@@ -224,7 +263,9 @@ def tokenize(
     stats = DataStats(rows=len(conversations))
     examples = []
     for conversation in conversations:
-        ids, mask = assistant_mask(tokenizer, conversation.messages, conversation.where)
+        ids, mask = assistant_mask(
+            tokenizer, conversation.messages, conversation.where, conversation.tools
+        )
         truncated = len(ids) > cfg.max_seq_len
         if truncated and cfg.truncation == "truncate":
             ids, mask = ids[: cfg.max_seq_len], mask[: cfg.max_seq_len]
