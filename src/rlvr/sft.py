@@ -31,6 +31,7 @@ from rlvr.grpo import normalised_loss, token_logprobs
 from rlvr.metrics import RunLogger
 from rlvr.optimization import Optimization
 from rlvr.policy import load_policy, save_final
+from rlvr.schedule import Schedule, run_steps
 from rlvr.sft_data import (
     Conversation,
     DataError,
@@ -154,24 +155,17 @@ class SFTTrainer:
     def run(self, stop_after: int | None = None) -> list[dict[str, float]]:
         """Train to the last step (or `stop_after` steps); returns each step's metrics."""
         self.setup()
+        schedule = Schedule(
+            total_steps=self.total_steps,
+            eval_every=self.cfg.train.eval_every,
+            save_every=self.cfg.checkpoint.every,
+            eval_at_start=True,  # (without a validation set, evaluate does nothing)
+            eval_at_end=True,
+        )
         try:
-            total, every = self.total_steps, self.cfg.checkpoint.every
-            if self.start_step == 0:
-                self.evaluate(0)
-            for step in range(self.start_step, total):
-                self.history.append(self.train_step(step))
-                done = step + 1
-                if stop_after is not None and done >= stop_after:
-                    self.save(done)
-                    return self.history
-                eval_every = self.cfg.train.eval_every
-                if eval_every and done % eval_every == 0 and done < total:
-                    self.evaluate(done)
-                if every and done % every == 0:
-                    self.save(done)
-            self.evaluate(total)
-            if not (every and total % every == 0):
-                self.save(total)
+            steps = (self.train_step, self.evaluate, self.save)
+            if not run_steps(schedule, self.start_step, stop_after, self.history, *steps):
+                return self.history
             final = save_final(
                 self.accelerator, self.model, self.tokenizer, self.out, self.cfg.lora.enabled
             )

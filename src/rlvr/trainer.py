@@ -37,6 +37,7 @@ from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization
 from rlvr.policy import load_model, load_policy, save_final
 from rlvr.rollouts import RolloutWorker, StepBatch, make_client, prompt_length_filter
+from rlvr.schedule import Schedule, run_steps
 
 log = logging.getLogger(__name__)
 
@@ -227,24 +228,17 @@ class Trainer:
         """Train to max_steps (or `stop_after` steps); returns each step's metrics."""
         self.setup()
         cfg = self.cfg
+        schedule = Schedule(
+            total_steps=cfg.max_steps,
+            eval_every=cfg.eval.every,
+            save_every=cfg.checkpoint.every,
+            eval_at_start=cfg.eval.at_start,
+            eval_at_end=bool(cfg.eval.every),
+        )
         try:
-            if cfg.eval.at_start and self.start_step == 0:
-                self.evaluate(0)
-            for step in range(self.start_step, cfg.max_steps):
-                self.history.append(self.train_step(step))
-                done = step + 1
-                if stop_after is not None and done >= stop_after:
-                    self.save(done)
-                    return self.history
-                if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.max_steps:
-                    self.evaluate(done)
-                if cfg.checkpoint.every and done % cfg.checkpoint.every == 0:
-                    self.save(done)
-            if cfg.eval.every:
-                self.evaluate(cfg.max_steps)
-            if not (cfg.checkpoint.every and cfg.max_steps % cfg.checkpoint.every == 0):
-                self.save(cfg.max_steps)
-            self.save_final()
+            steps = (self.train_step, self.evaluate, self.save)
+            if run_steps(schedule, self.start_step, stop_after, self.history, *steps):
+                self.save_final()
             return self.history
         finally:
             self.close()
