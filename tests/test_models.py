@@ -74,7 +74,7 @@ def test_template_without_tools_is_plain_chatml(tiny_model_dir: Path):
 
 
 def test_previous_turn_is_a_token_prefix_of_the_next_prompt(tiny_model_dir: Path):
-    """The trainer stitches turns into one sample when this holds (see rlvr.rollouts)."""
+    """The trainer stitches turns into one sample when this holds (see rlvr.samples)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

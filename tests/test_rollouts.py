@@ -19,16 +19,10 @@ from openai.types.chat import ChatCompletion
 from transformers import AutoTokenizer
 from verifiers.clients import OpenAIChatCompletionsClient
 
+from rlvr.client import build_sampling_args, request_seed
 from rlvr.config import load_config
-from rlvr.rollouts import (
-    MissingTokensError,
-    PromptOrder,
-    RolloutWorker,
-    build_sampling_args,
-    request_seed,
-    run_group,
-    trajectory_samples,
-)
+from rlvr.rollouts import PromptOrder, RolloutWorker, run_group
+from rlvr.samples import MissingTokensError, trajectory_samples
 
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
 FINAL = "The value is \\boxed{42}."

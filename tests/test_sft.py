@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlvr.batch import collate, rank_micro_batches
 from rlvr.checkpoint import list_checkpoints
 from rlvr.config import ConfigError, SFTConfig, SFTDataConfig, load_config
-from rlvr.grpo import normalised_loss
+from rlvr.loss import normalised_loss
 from rlvr.sft import SFTTrainer, nll_sum
 from rlvr.sft_data import (
     DataError,

@@ -1,21 +1,8 @@
 """Rollouts for training: the environment's own rollout code against vf-vllm, run ahead of the
-trainer in a background thread, and turned into token samples with loss masks.
+trainer in a background thread (`RolloutWorker`), at most `batch.async_level` steps ahead.
 
-Client. vLLM 0.32 has no `/v1/chat/completions/tokens` route, so verifiers'
-`OpenAIChatCompletionsTokenClient` fails from the second turn on. We use the plain
-`OpenAIChatCompletionsClient` (messages in, so every environment works unchanged) and ask vLLM
-for `logprobs` and `return_token_ids`: it then returns `prompt_token_ids` and each choice's
-`token_ids`, which verifiers' own response parser stores in `trajectory[i]["tokens"]`.
-
-Samples: per trajectory when possible, per turn where needed. A multi-turn rollout becomes one
-sample when each turn's prompt ids start with the previous turn's prompt + completion ids (the
-usual case with ChatML templates): the environment's tokens between turns (tool results, user
-or opponent messages) are then part of the sequence with loss mask 0, and one forward pass
-trains every turn with the exact context the sampler saw. Where re-rendering the conversation
-changes earlier tokens (a template that drops reasoning, a tool call re-serialised differently
-from how it was sampled, BPE merging across the turn boundary), a new sample starts at that
-turn: merging would train on a context the sampler never saw. Either way the ids are exactly
-those vLLM reported, never re-tokenized text.
+The client and per-request sampling arguments are in `rlvr.client`; how a finished rollout
+becomes token samples with loss masks is in `rlvr.samples`.
 """
 
 from __future__ import annotations
@@ -29,93 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.batch import Sample
-from rlvr.config import Config, SamplingConfig
+from rlvr.client import build_sampling_args, request_seed
+from rlvr.config import Config
+from rlvr.samples import MissingTokensError, RolloutResult, message_field, rollout_result
 
 log = logging.getLogger(__name__)
-
-# Sampling fields that make vLLM return what training needs: token ids of prompt and
-# completion, and the sampler's log-probability of every generated token.
-TOKEN_SAMPLING_ARGS: dict[str, Any] = {"logprobs": True, "extra_body": {"return_token_ids": True}}
-
-
-class MissingTokensError(RuntimeError):
-    """The server did not return token ids / logprobs, so nothing can be trained."""
-
-
-def make_client(base_url: str, api_key: str | None, timeout_s: float, max_connections: int):
-    """A verifiers chat client on vf-vllm.
-
-    Idle connections are dropped before uvicorn's 5 s keep-alive timeout (reusing one the
-    server is closing fails with a read error), and connection errors are retried; a request
-    that still fails makes an errored rollout, which is counted."""
-    import httpx
-    from openai import AsyncOpenAI
-    from verifiers.clients import OpenAIChatCompletionsClient
-
-    http = httpx.AsyncClient(
-        limits=httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=64, keepalive_expiry=3.0
-        ),
-        timeout=httpx.Timeout(timeout_s, connect=10.0),
-    )
-    oai = AsyncOpenAI(
-        base_url=base_url, api_key=api_key or "EMPTY", max_retries=2, http_client=http
-    )
-    return OpenAIChatCompletionsClient(oai)
-
-
-def build_sampling_args(
-    cfg: SamplingConfig, env_defaults: dict[str, Any] | None = None, seed: int | None = None
-) -> dict[str, Any]:
-    """The environment's own sampling defaults, then ours, then the token-return fields (those
-    must win: training cannot run without them). `extra_body` is merged key by key."""
-    args: dict[str, Any] = {k: v for k, v in (env_defaults or {}).items() if k != "extra_body"}
-    args.update(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens)
-    args.pop("n", None)
-    if seed is not None:
-        args["seed"] = seed
-    args["logprobs"] = True
-    args["extra_body"] = {
-        **(env_defaults or {}).get("extra_body", {}),
-        **cfg.extra_body,
-        **TOKEN_SAMPLING_ARGS["extra_body"],
-    }
-    return args
-
-
-def request_seed(seed: int, step: int, position: int, rollout: int) -> int:
-    """A per-rollout sampling seed: distinct across rollouts of a group (else they would be
-    identical), identical across reruns of the same step (so a resumed run samples the same)."""
-    value = seed
-    for part in (step, position, rollout):
-        value = (value * 1_000_003 + part + 1) % 2_147_483_647
-    return value
-
-
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    """Messages are pydantic objects at run time and dicts in saved results: read both."""
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def message_text(message: Any) -> str:
-    content = _get(message, "content")
-    if isinstance(content, list):
-        content = " ".join(str(_get(part, "text", "")) for part in content)
-    text = content or ""
-    for call in _get(message, "tool_calls") or []:
-        text += f"\n[tool_call {_get(call, 'name')}({_get(call, 'arguments')})]"
-    return text
-
-
-def render_messages(messages: Any, limit: int = 2000) -> str:
-    """Readable text for the sample table: `role: text` per message, cut to `limit` chars."""
-    if isinstance(messages, str):
-        return messages[:limit]
-    lines = [f"{_get(m, 'role')}: {message_text(m)}" for m in messages or []]
-    return "\n".join(lines)[:limit]
 
 
 def prompt_length_filter(
@@ -127,9 +32,9 @@ def prompt_length_filter(
         {
             "type": "function",
             "function": {
-                "name": _get(t, "name"),
-                "description": _get(t, "description"),
-                "parameters": _get(t, "parameters"),
+                "name": message_field(t, "name"),
+                "description": message_field(t, "description"),
+                "parameters": message_field(t, "parameters"),
             },
         }
         for t in tool_defs or []
@@ -139,94 +44,16 @@ def prompt_length_filter(
         prompt = row["prompt"]
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
-        messages = [{"role": _get(m, "role"), "content": _get(m, "content")} for m in prompt]
+        messages = [
+            {"role": message_field(m, "role"), "content": message_field(m, "content")}
+            for m in prompt
+        ]
         text = tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=False
         )
         return len(tokenizer.encode(text, add_special_tokens=False)) <= max_len
 
     return fits
-
-
-def trajectory_samples(trajectory: list[dict], max_seq_len: int) -> list[Sample]:
-    """Turn a rollout's trajectory into samples (see the module docstring for when turns are
-    merged). Loss mask 1 only on completion tokens the sampler produced (and that the
-    environment's completion mask keeps); everything else, including every prompt, system,
-    user and tool token, gets 0."""
-    samples: list[Sample] = []
-    ids: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
-    for turn, step in enumerate(trajectory):
-        tokens = step.get("tokens")
-        if tokens is None:
-            raise MissingTokensError(
-                f"turn {turn} of a rollout has no token data: the server must return "
-                "prompt_token_ids/token_ids and logprobs (vLLM with return_token_ids)"
-            )
-        prompt = list(tokens["prompt_ids"])
-        completion = list(tokens["completion_ids"])
-        completion_mask = list(tokens.get("completion_mask") or [1] * len(completion))
-        completion_logprobs = [float(x) for x in tokens["completion_logprobs"]]
-        if len(completion_logprobs) != len(completion):
-            raise MissingTokensError(
-                f"turn {turn}: {len(completion)} completion ids but "
-                f"{len(completion_logprobs)} logprobs"
-            )
-        extends = (
-            bool(ids) and prompt[: len(ids)] == ids and len(prompt) + len(completion) <= max_seq_len
-        )
-        if not extends and ids:
-            samples.append(Sample(ids, mask, logprobs))
-            ids, mask, logprobs = [], [], []
-        new_prompt = prompt[len(ids) :]
-        ids = ids + new_prompt + completion
-        mask = mask + [0] * len(new_prompt) + [int(bool(m)) for m in completion_mask]
-        logprobs = logprobs + [0.0] * len(new_prompt) + completion_logprobs
-    if ids:
-        samples.append(Sample(ids, mask, logprobs))
-    return samples
-
-
-@dataclass
-class RolloutResult:
-    """One finished rollout, reduced to what training and logging need."""
-
-    example_id: int
-    reward: float
-    metrics: dict[str, float]
-    samples: list[Sample]
-    truncated: bool
-    num_turns: int
-    completion_tokens: int
-    prompt_text: str
-    completion_text: str
-    answer: str = ""
-
-
-def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> RolloutResult:
-    trajectory = state.get("trajectory") or []
-    truncated = bool(state.get("is_truncated")) or any(
-        step.get("is_truncated") for step in trajectory
-    )
-    samples = trajectory_samples(trajectory, max_seq_len)
-    if truncated and mask_truncated:
-        samples = []
-    completion_tokens = sum(
-        len((s.get("tokens") or {}).get("completion_ids", [])) for s in trajectory
-    )
-    return RolloutResult(
-        example_id=int(state.get("example_id", 0)),
-        reward=float(state.get("reward") or 0.0),
-        metrics={k: float(v) for k, v in (state.get("metrics") or {}).items()},
-        samples=samples,
-        truncated=truncated,
-        num_turns=len(trajectory),
-        completion_tokens=completion_tokens,
-        prompt_text=render_messages(state.get("prompt")),
-        completion_text=render_messages(state.get("completion")),
-        answer=str(state.get("answer", "") or ""),
-    )
 
 
 @dataclass

@@ -27,7 +27,8 @@ import torch
 from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches
 from rlvr.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.config import SFTConfig, save_config, to_yaml
-from rlvr.grpo import normalised_loss, token_logprobs
+from rlvr.logprobs import token_logprobs
+from rlvr.loss import normalised_loss
 from rlvr.metrics import RunLogger
 from rlvr.optimization import Optimization
 from rlvr.policy import load_policy, save_final

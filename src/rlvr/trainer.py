@@ -21,22 +21,18 @@ from typing import Any
 
 import torch
 
+from rlvr.advantages import group_advantages
 from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches
 from rlvr.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from rlvr.client import make_client
 from rlvr.config import Config, ConfigError, save_config, to_yaml
-from rlvr.grpo import (
-    StatsAccumulator,
-    group_advantages,
-    masked_entropy_sum,
-    normalised_loss,
-    policy_loss,
-    token_logprobs,
-)
+from rlvr.logprobs import masked_entropy_sum, token_logprobs
 from rlvr.lora import MergedWeightSource
+from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization
 from rlvr.policy import load_model, load_policy, save_final
-from rlvr.rollouts import RolloutWorker, StepBatch, make_client, prompt_length_filter
+from rlvr.rollouts import RolloutWorker, StepBatch, prompt_length_filter
 from rlvr.schedule import Schedule, run_steps
 
 log = logging.getLogger(__name__)

@@ -9,16 +9,11 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlvr.advantages import group_advantages
 from rlvr.batch import Sample, collate, padding_micro_batch, shard, split_micro_batches
 from rlvr.config import LossConfig, load_config
-from rlvr.grpo import (
-    StatsAccumulator,
-    group_advantages,
-    masked_entropy_sum,
-    normalised_loss,
-    policy_loss,
-    token_logprobs,
-)
+from rlvr.logprobs import masked_entropy_sum, token_logprobs
+from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.trainer import micro_batch_loss
 
 # ---- advantages ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""GRPO's math as pure functions: group advantages, per-token log-probabilities, the loss.
+"""The GRPO policy-gradient loss, as pure tensor functions.
 
 Nothing here knows about models, servers or processes, so every formula is unit-tested on
 hand-made tensors.
@@ -21,65 +21,11 @@ across every micro-batch on every rank, so each token weighs the same however th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from rlvr.config import LossConfig
-
-
-def group_advantages(
-    groups: Sequence[Sequence[float]], scale_rewards: bool, eps: float = 1e-6
-) -> tuple[list[list[float]], list[bool]]:
-    """Reward minus the group's mean (optionally divided by the group's std).
-
-    Returns the advantages, shaped like `groups`, and one flag per group that is True when
-    all its rewards are equal: such a group has zero advantage everywhere and teaches nothing.
-    The std is the population std of the group; `eps` only guards the division.
-    """
-    advantages: list[list[float]] = []
-    zero_variance: list[bool] = []
-    for rewards in groups:
-        n = len(rewards)
-        mean = sum(rewards) / n if n else 0.0
-        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0
-        flat = n < 2 or max(rewards) - min(rewards) <= 1e-12
-        zero_variance.append(flat)
-        if flat:
-            advantages.append([0.0] * n)
-            continue
-        denom = std + eps if scale_rewards else 1.0
-        advantages.append([(r - mean) / denom for r in rewards])
-    return advantages, zero_variance
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0):
-    """Log-probability of each next token: out[:, i] = log p(input_ids[:, i+1] | ids[:, :i+1]).
-
-    `logits` is [B, T, V] for inputs [B, T]; the result is [B, T-1] in float32. Dividing by
-    the sampling temperature makes these the probabilities tokens were sampled from.
-    """
-    logits = logits[:, :-1].float() / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    picked = torch.gather(logits, -1, targets).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
-@torch.no_grad()
-def masked_entropy_sum(
-    logits: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0
-) -> torch.Tensor:
-    """Sum of the policy's entropy over loss tokens (for logging; no gradient).
-
-    `logits` [B, T, V] and `mask` [B, T-1] aligned like `token_logprobs`. Only the masked
-    positions are expanded to full distributions, which keeps memory at tokens x vocab.
-    """
-    picked = logits[:, :-1][mask.bool()].float() / temperature
-    if picked.numel() == 0:
-        return torch.zeros((), device=logits.device)
-    logp = torch.log_softmax(picked, dim=-1)
-    return -(logp.exp() * logp).sum()
 
 
 @dataclass

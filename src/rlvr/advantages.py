@@ -1,0 +1,31 @@
+"""Group-relative advantages: each rollout's reward against the other rollouts of its prompt."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def group_advantages(
+    groups: Sequence[Sequence[float]], scale_rewards: bool, eps: float = 1e-6
+) -> tuple[list[list[float]], list[bool]]:
+    """Reward minus the group's mean (optionally divided by the group's std).
+
+    Returns the advantages, shaped like `groups`, and one flag per group that is True when
+    all its rewards are equal: such a group has zero advantage everywhere and teaches nothing.
+    The std is the population std of the group; `eps` only guards the division.
+    """
+    advantages: list[list[float]] = []
+    zero_variance: list[bool] = []
+    for rewards in groups:
+        n = len(rewards)
+        mean = sum(rewards) / n if n else 0.0
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0
+        flat = n < 2 or max(rewards) - min(rewards) <= 1e-12
+        zero_variance.append(flat)
+        if flat:
+            advantages.append([0.0] * n)
+            continue
+        denom = std + eps if scale_rewards else 1.0
+        advantages.append([(r - mean) / denom for r in rewards])
+    return advantages, zero_variance
