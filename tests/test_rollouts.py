@@ -19,10 +19,12 @@ from openai.types.chat import ChatCompletion
 from transformers import AutoTokenizer
 from verifiers.clients import OpenAIChatCompletionsClient
 
-from rlvr.client import build_sampling_args, request_seed
-from rlvr.config import load_config
-from rlvr.rollouts import PromptOrder, RolloutWorker, run_group
-from rlvr.samples import MissingTokensError, trajectory_samples
+from rlvr.batch import Sample
+from rlvr.config import ConfigError, load_config
+from rlvr.rollouts import GroupResult, PromptOrder, RolloutWorker, StepBatch, run_group
+from rlvr.samples import MissingTokensError, RolloutResult, trajectory_samples
+from rlvr.sampling import SamplingFilterError, build_sampling_args, request_seed
+from rlvr.trainer import build_samples
 
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
 FINAL = "The value is \\boxed{42}."
@@ -223,15 +225,48 @@ def test_truncated_rollouts_are_counted_and_masked(tokenizer):
     assert all(r.samples == [] for r in result.rollouts)
 
 
-def test_sampling_args_force_token_fields():
+def test_sampling_args_force_token_fields_and_neutral_filters():
+    """Every request states the neutral filters: vLLM would otherwise fill unset fields from
+    the model's generation_config.json, which the trainer cannot see."""
     cfg = load_config(
-        overrides=["sampling.extra_body={top_k: 5, return_token_ids: false}"]
+        overrides=["sampling.extra_body={skip_special_tokens: false, return_token_ids: false}"]
     ).sampling
-    env_defaults = {"n": 1, "stop": ["</answer>"], "extra_body": {"min_p": 0.1}}
+    env_defaults = {"n": 1, "stop": ["</answer>"], "extra_body": {"include_stop_str_in_output": 1}}
     args = build_sampling_args(cfg, env_defaults, seed=3)
     assert args["logprobs"] is True and args["seed"] == 3 and "n" not in args
     assert args["stop"] == ["</answer>"] and args["max_tokens"] == cfg.max_tokens
-    assert args["extra_body"] == {"min_p": 0.1, "top_k": 5, "return_token_ids": True}
+    assert args["top_p"] == 1.0 and args["presence_penalty"] == args["frequency_penalty"] == 0.0
+    assert args["extra_body"] == {
+        "include_stop_str_in_output": 1,
+        "skip_special_tokens": False,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "return_token_ids": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "sampling.top_p=0.9",
+        "sampling.extra_body={top_k: 20}",
+        "sampling.extra_body={min_p: 0.05}",
+        "sampling.extra_body={repetition_penalty: 1.1}",
+        "sampling.extra_body={presence_penalty: 0.5}",
+        "sampling.extra_body={min_tokens: 4}",
+        "sampling.extra_body={logit_bias: {'7': 5}}",
+    ],
+)
+def test_sampling_parity_refuses_filters_the_trainer_cannot_reproduce(override):
+    with pytest.raises(ConfigError, match="bias every importance ratio"):
+        load_config(overrides=[override])
+
+
+def test_sampling_parity_accepts_neutral_values_and_refuses_env_defaults():
+    cfg = load_config(overrides=["sampling.extra_body={top_k: -1, repetition_penalty: 1.0}"])
+    with pytest.raises(SamplingFilterError, match="environment's sampling_args asks for top_k"):
+        build_sampling_args(cfg.sampling, {"extra_body": {"top_k": 50}})
 
 
 def test_request_seeds_differ_within_a_group_and_repeat_across_runs():
@@ -278,3 +313,25 @@ def test_worker_runs_at_most_async_level_steps_ahead(tokenizer):
                 assert worker.get(2).min_policy_version >= 1
         finally:
             worker.close()
+
+
+def _rollout(reward: float) -> RolloutResult:
+    sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0])
+    return RolloutResult(0, reward, {}, [sample], False, 1, 2, "p", "c")
+
+
+def test_groups_with_too_many_errored_rollouts_get_no_loss():
+    """Errors correlate with behaviour (long generations, broken tool calls): the baseline of a
+    group's survivors is biased, so past batch.max_errored_frac the group is dropped."""
+    cfg = load_config(overrides=["batch.max_errored_frac=0.25"])
+    kept = GroupResult([_rollout(r) for r in (1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0)], errored=1)
+    biased = GroupResult([_rollout(1.0), _rollout(0.0)], errored=2)
+    batch = StepBatch(0, [kept, biased], data_position=2, skipped_prompts=0, generate_s=1.0,
+                      min_policy_version=0)  # fmt: skip
+    samples, metrics, _ = build_samples(batch, cfg)
+    assert len(samples) == 7  # only the group with 1 error in 8 trains
+    assert metrics["rollouts/dropped_errored_groups"] == 1
+    assert metrics["rollouts/errored"] == 3
+    strict = load_config(overrides=["batch.max_errored_frac=0.0"])
+    samples, metrics, _ = build_samples(batch, strict)
+    assert samples == [] and metrics["rollouts/dropped_errored_groups"] == 2

@@ -63,7 +63,7 @@ def test_engine_failure_shows_log_tail_and_leaves_nothing_running(tiny_model_dir
     broken = tmp_path / "broken"
     shutil.copytree(tiny_model_dir, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    from rlvr.weights import free_port
+    from rlvr.rendezvous import free_port
 
     marker = f"broken-{uuid.uuid4().hex[:8]}"
     port = str(free_port())
@@ -80,7 +80,7 @@ def test_engine_failure_shows_log_tail_and_leaves_nothing_running(tiny_model_dir
 @pytest.mark.integration
 @pytest.mark.slow
 def test_sigint_stops_the_whole_engine_tree(tiny_model_dir, tmp_path):
-    from rlvr.weights import free_port
+    from rlvr.rendezvous import free_port
 
     marker = f"sigint-{uuid.uuid4().hex[:8]}"
     port = free_port()

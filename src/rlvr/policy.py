@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from rlvr.atomic import atomic_directory
-from rlvr.config import LoraConfig, ModelConfig
+from rlvr.config import ConfigError, LoraConfig, ModelConfig
 
 
 @dataclass
@@ -57,13 +57,43 @@ def load_model(path: str, cfg: ModelConfig) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
-def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
-    """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s."""
+# The frozen copy of a resumed adapter that serves as the KL reference (see `reference_mode`).
+REFERENCE_ADAPTER = "reference"
+TIED_MODULES = ("lm_head", "embed_tokens")
+
+
+def check_lora_targets(model: torch.nn.Module, targets: list[str]) -> None:
+    """Refuse LoRA on a tied output head or input embedding: PEFT adds the delta to one use
+    of the shared matrix only, but the merged weight pushed into vLLM (which ties them too)
+    would change both, so the server would sample from a model the trainer is not training."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    hit = sorted(set(targets) & set(TIED_MODULES))
+    if tied and hit:
+        raise ConfigError(
+            f"lora.target_modules includes {hit}, but this model ties its input embedding and "
+            "output head: the adapter's delta would reach only one of the two in training and "
+            "both on the server. Remove them from lora.target_modules (or use a model with "
+            "untied embeddings)."
+        )
+
+
+def apply_lora(
+    model: torch.nn.Module, cfg: LoraConfig, keep_reference: bool = False
+) -> torch.nn.Module:
+    """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s.
+
+    `keep_reference` (for a KL penalty) also loads a resumed adapter a second time, frozen,
+    as the reference: the initial policy is base + that adapter, not the bare base."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
+    check_lora_targets(model, list(cfg.target_modules))
     if cfg.resume_from:
-        return PeftModel.from_pretrained(model, cfg.resume_from, is_trainable=True)
+        model = PeftModel.from_pretrained(model, cfg.resume_from, is_trainable=True)
+        if keep_reference:
+            model.load_adapter(cfg.resume_from, adapter_name=REFERENCE_ADAPTER)
+            model.set_adapter("default")
+        return model
     peft_config = PeftLoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
@@ -74,8 +104,36 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     return get_peft_model(model, peft_config)
 
 
-def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig, accelerator: Any) -> Policy:
-    """Everything a trainer needs to start training the model `model_cfg.name`."""
+@contextlib.contextmanager
+def reference_mode(model: torch.nn.Module):
+    """Run a LoRA policy as its KL reference, the initial policy: the frozen copy of a resumed
+    adapter where there is one (`apply_lora(keep_reference=True)`), else the base with the
+    adapter off (a new adapter starts at zero, so the base is the initial policy). Switches
+    the active adapter of each LoRA layer directly: PEFT's `set_adapter` would also change
+    which parameters are trainable."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    unwrapped = getattr(model, "module", model)
+    if REFERENCE_ADAPTER not in getattr(unwrapped, "peft_config", {}):
+        with unwrapped.disable_adapter():
+            yield
+        return
+    layers = [m for m in unwrapped.modules() if isinstance(m, BaseTunerLayer)]
+    saved = [m._active_adapter for m in layers]
+    for layer in layers:
+        layer._active_adapter = [REFERENCE_ADAPTER]
+    try:
+        yield
+    finally:
+        for layer, active in zip(layers, saved, strict=True):
+            layer._active_adapter = active
+
+
+def load_policy(
+    model_cfg: ModelConfig, lora_cfg: LoraConfig, accelerator: Any, keep_reference: bool = False
+) -> Policy:
+    """Everything a trainer needs to start training the model `model_cfg.name`
+    (`keep_reference`: see `apply_lora`)."""
     from transformers import AutoTokenizer
 
     from rlvr.models import resolve_model
@@ -92,7 +150,7 @@ def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig, accelerator: Any) 
     if checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
     if lora_cfg.enabled:
-        model = apply_lora(model, lora_cfg)
+        model = apply_lora(model, lora_cfg, keep_reference)
     if accelerator.is_main_process:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         kind = "LoRA" if lora_cfg.enabled else "full"
@@ -127,7 +185,8 @@ def save_final(accelerator: Any, model: Any, tokenizer: Any, out_dir: Path, lora
     final = Path(out_dir) / "final"
     if accelerator.is_main_process:
         with atomic_directory(final, replace=True) as tmp:
-            unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            kwargs = {"selected_adapters": ["default"]} if lora else {}  # not the reference
+            unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True, **kwargs)
             tokenizer.save_pretrained(tmp)
     accelerator.wait_for_everyone()
     return final

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.client import build_sampling_args, request_seed
 from rlvr.config import Config
 from rlvr.samples import MissingTokensError, RolloutResult, message_field, rollout_result
+from rlvr.sampling import build_sampling_args, request_seed
 
 log = logging.getLogger(__name__)
 
@@ -222,21 +222,39 @@ class RolloutWorker:
         if self._version_event is not None:
             self._loop.call_soon_threadsafe(self._version_event.set)
 
-    def get(self, step: int) -> StepBatch:
-        """Block until the batch of `step` is ready (re-raises a worker failure)."""
-        item = self._queue.get()
+    def get(self, step: int, timeout_s: float | None = None) -> StepBatch:
+        """Block until the batch of `step` is ready (re-raises a worker failure); after
+        `timeout_s`, raise TimeoutError instead of waiting on a stuck server forever."""
+        try:
+            item = self._queue.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(
+                f"no rollouts for step {step} after {timeout_s:.0f}s: the server is stuck or "
+                "generation is slower than distributed.timeout_s allows (raise it, or lower "
+                "batch.batch_size / sampling.max_tokens)"
+            ) from None
         if isinstance(item, BaseException):
             raise RuntimeError("the rollout worker failed") from item
         if item.step != step:
             raise RuntimeError(f"rollout worker produced step {item.step}, expected {step}")
         return item
 
-    def evaluate(self, num_examples: int, rollouts_per_example: int) -> EvalResult:
-        """Run the environment's eval set on the worker's loop (beside training rollouts)."""
+    def evaluate(
+        self, num_examples: int, rollouts_per_example: int, timeout_s: float | None = None
+    ) -> EvalResult:
+        """Run the environment's eval set on the worker's loop (beside training rollouts);
+        cancelled with TimeoutError after `timeout_s`."""
         future = asyncio.run_coroutine_threadsafe(
             self._evaluate(num_examples, rollouts_per_example), self._loop
         )
-        return future.result()
+        try:
+            return future.result(timeout=timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(
+                f"evaluation did not finish within {timeout_s:.0f}s (distributed.timeout_s "
+                "bounds it: the other ranks wait for it); lower eval.num_examples"
+            ) from None
 
     def close(self) -> None:
         if self._thread.is_alive():

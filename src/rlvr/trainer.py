@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,9 @@ from rlvr.lora import MergedWeightSource
 from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization
-from rlvr.policy import load_model, load_policy, save_final
-from rlvr.rollouts import RolloutWorker, StepBatch, prompt_length_filter
+from rlvr.policy import load_model, load_policy, reference_mode, save_final
+from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
+from rlvr.sampling import SamplingFilterError, build_sampling_args
 from rlvr.schedule import Schedule, run_steps
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,12 @@ def micro_batch_loss(
 
 def build_samples(batch: StepBatch, cfg: Config) -> tuple[list[Sample], dict[str, float], list]:
     """Advantages per group -> samples; the batch's rollout metrics; sample-table rows."""
-    groups = [g for g in batch.groups if g.rollouts]
+    limit = cfg.batch.max_errored_frac
+
+    def too_errored(group: GroupResult) -> bool:
+        return group.errored > limit * (len(group.rollouts) + group.errored)
+
+    groups = [g for g in batch.groups if g.rollouts and not too_errored(g)]
     advantages, flat = group_advantages(
         [[r.reward for r in g.rollouts] for g in groups], cfg.loss.scale_rewards
     )
@@ -88,6 +95,7 @@ def build_samples(batch: StepBatch, cfg: Config) -> tuple[list[Sample], dict[str
         "rollouts/truncated": sum(r.truncated for r in rollouts),
         "rollouts/zero_variance_groups": sum(flat),
         "rollouts/dropped_groups": dropped,
+        "rollouts/dropped_errored_groups": sum(map(too_errored, batch.groups)),
         "rollouts/skipped_long_prompts": batch.skipped_prompts,
         "rollouts/samples": len(samples),
         "rollouts/completion_tokens": gen_tokens,
@@ -129,10 +137,11 @@ class Trainer:
 
     def setup(self) -> None:
         from accelerate import Accelerator
-        from accelerate.utils import DistributedType, set_seed
+        from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
 
         cfg = self.cfg
-        self.accelerator = acc = Accelerator()
+        timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.distributed.timeout_s))
+        self.accelerator = acc = Accelerator(kwargs_handlers=[timeout])
         self.ds = acc.distributed_type == DistributedType.DEEPSPEED
         self.rank, self.world = acc.process_index, acc.num_processes
         set_seed(cfg.seed)
@@ -141,6 +150,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
             print(f"# rlvr GRPO config (saved to {self.out / 'config.yaml'})\n{to_yaml(cfg)}")
+        if acc.is_main_process:  # a bad environment or sampling setting fails before loading
+            self._load_env()
         self._load_policy()
         self.opt = Optimization(
             acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size
@@ -167,7 +178,7 @@ class Trainer:
 
     def _load_policy(self) -> None:
         cfg, acc = self.cfg, self.accelerator
-        policy = load_policy(cfg.model, cfg.lora, acc)
+        policy = load_policy(cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0)
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.ref_model = None
         if cfg.loss.beta > 0 and not cfg.lora.enabled:
@@ -180,24 +191,43 @@ class Trainer:
             self.ref_model.requires_grad_(False).eval().to(acc.device)
 
     def _connect_server(self) -> None:
+        """Rank 0 picks the transfer (asking the server where it runs) and tells the others;
+        all ranks then connect together (the others only join the trainer-side gathers)."""
         from rlvr.weights import WeightSync
 
-        cfg = self.cfg
+        server = self.cfg.server
         self.sync = WeightSync(
-            cfg.server.base_url,
-            backend=cfg.server.backend,
-            api_key=cfg.server.api_key,
-            timeout_s=cfg.server.timeout_s,
+            server.base_url,
+            backend=server.backend,
+            api_key=server.api_key,
+            timeout_s=server.timeout_s,
+            transfer_timeout_s=server.transfer_timeout_s,
+            transfer_host=server.transfer_host,
+            transfer_port=server.transfer_port,
             rank=self.rank,
         )
-        self.sync.connect(MergedWeightSource(self.accelerator.unwrap_model(self.model)))
+        backend = self.sync.resolve() if self.accelerator.is_main_process else None
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
 
-    def _start_worker(self) -> None:
+            backend = broadcast_object_list([backend])[0]
+        self.sync.connect(MergedWeightSource(self.accelerator.unwrap_model(self.model)), backend)
+
+    def _load_env(self) -> None:
+        """The environment (rank 0 only), with its sampling defaults checked against what the
+        trainer can reproduce."""
         import verifiers as vf
 
         cfg = self.cfg
         if self.env is None:
             self.env = vf.load_environment(cfg.env.id, **cfg.env.args)
+        try:
+            build_sampling_args(cfg.sampling, self.env.sampling_args)
+        except SamplingFilterError as e:
+            raise ConfigError(f"environment {cfg.env.id}: {e}") from None
+
+    def _start_worker(self) -> None:
+        cfg = self.cfg
         self.env.set_max_seq_len(cfg.batch.max_seq_len)
         fits = prompt_length_filter(
             self.tokenizer, cfg.batch.max_prompt_len, getattr(self.env, "tool_defs", None)
@@ -243,13 +273,19 @@ class Trainer:
         """The main process takes the worker's batch and builds samples; all ranks get them."""
         payload = None
         if self.accelerator.is_main_process:
-            batch = self.worker.get(step)
+            batch = self.worker.get(step, timeout_s=self._rank0_deadline_s)
             payload = (*build_samples(batch, self.cfg), batch.data_position)
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
             payload = broadcast_object_list([payload])[0]
         return payload
+
+    @property
+    def _rank0_deadline_s(self) -> float:
+        """How long rank 0 waits for work the other ranks wait on in a collective: shorter
+        than their timeout, so the error a user sees is rank 0's, which says what is slow."""
+        return 0.9 * self.cfg.distributed.timeout_s
 
     def train_step(self, step: int) -> dict[str, float]:
         began = time.perf_counter()
@@ -327,7 +363,7 @@ class Trainer:
         if self.ref_model is not None:
             logits = self.ref_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         else:
-            with self.accelerator.unwrap_model(self.model).disable_adapter():
+            with reference_mode(self.accelerator.unwrap_model(self.model)):
                 logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         return token_logprobs(logits, mb.input_ids, self.cfg.sampling.temperature)
 
@@ -361,7 +397,9 @@ class Trainer:
             return None
         cfg = self.cfg.eval
         began = time.perf_counter()
-        result = self.worker.evaluate(cfg.num_examples, cfg.rollouts_per_example)
+        result = self.worker.evaluate(
+            cfg.num_examples, cfg.rollouts_per_example, timeout_s=self._rank0_deadline_s
+        )
         metrics = {
             "eval/reward": result.reward,
             **{f"eval/{k}": v for k, v in result.metrics.items()},

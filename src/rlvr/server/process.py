@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from rlvr.weights import free_port
+from rlvr.rendezvous import free_port
 
 
 def _stop_when_parent_dies() -> None:
