@@ -12,50 +12,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from support import config, launch, target_id
 from toy_env import target_share_env
-from transformers import AutoTokenizer
 
 from rlvr.checkpoint import list_checkpoints
-from rlvr.config import load_config, save_config
+from rlvr.config import load_config
 from rlvr.trainer import Trainer
 
 pytestmark = pytest.mark.integration
-
-LORA_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
-
-
-def target_id(model_dir) -> int:
-    return AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("42")
-
-
-def config(server, out, *extra):
-    return load_config(
-        overrides=[
-            f"model.name={server.model_dir}",
-            f"server.base_url={server.base_url}",
-            f"server.served_model={server.model}",
-            "batch.batch_size=32",
-            "batch.rollouts_per_example=8",
-            "batch.micro_batch_size=8",
-            "batch.async_level=0",
-            "sampling.max_tokens=16",
-            "optim.lr=2e-2",
-            f"lora.target_modules={LORA_TARGETS}",
-            "seed=0",
-            "wandb.mode=disabled",
-            "logging.progress_bar=false",
-            "checkpoint.every=0",
-            f"output_dir={out}",
-            *extra,
-        ]
-    )
 
 
 def mean(values):
@@ -141,54 +109,6 @@ def test_resume_continues_exactly(tiny_server, tmp_path):
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
 
 
-RANK_SCRIPT = """
-import json, sys
-sys.path.insert(0, {tests!r})
-from toy_env import target_share_env
-from rlvr.config import load_config
-from rlvr.trainer import Trainer
-
-trainer = Trainer(load_config({config!r}), env=target_share_env({target}))
-history = trainer.run()
-info = {{"rank": trainer.rank, "world": trainer.world,
-         "type": str(trainer.accelerator.distributed_type), "history": history}}
-with open(f"{{sys.argv[1]}}.{{trainer.rank}}.json", "w") as f:
-    json.dump(info, f)
-"""
-
-CPU_ZERO3 = """compute_environment: LOCAL_MACHINE
-distributed_type: DEEPSPEED
-deepspeed_config:
-  zero_stage: 3
-  gradient_accumulation_steps: 1
-mixed_precision: "no"
-num_machines: 1
-num_processes: 1
-use_cpu: false
-"""
-
-
-def launch(server, tmp_path, command, extra, env=None) -> list[dict]:
-    """Run the trainer in fresh processes (`command` + script); return each rank's report."""
-    save_config(config(server, tmp_path / "run", *extra), tmp_path / "run.yaml")
-    script = tmp_path / "rank.py"
-    tests = str(Path(__file__).resolve().parent)
-    target = target_id(server.model_dir)
-    script.write_text(
-        RANK_SCRIPT.format(tests=tests, config=str(tmp_path / "run.yaml"), target=target)
-    )
-    report = tmp_path / "report"
-    result = subprocess.run(
-        [*command, str(script), str(report)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, **(env or {})},
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("report.*.json"))]
-
-
 @pytest.mark.slow
 def test_two_ranks_compute_the_same_step_as_one(tiny_server, tmp_path):
     """DDP on 2 CPU processes: samples broadcast from rank 0, sharded, micro-batch counts
@@ -206,24 +126,6 @@ def test_two_ranks_compute_the_same_step_as_one(tiny_server, tmp_path):
         expected = pytest.approx(alone[0][key], rel=1e-4, abs=1e-6)  # on-policy loss ~ 0
         assert first[0][key] == first[1][key] == expected, key
     assert all(h["mismatch_kl"] < 1e-3 for r in ranks for h in r["history"])
-
-
-@pytest.mark.slow
-def test_deepspeed_zero3_on_cpu(tiny_server, tmp_path):
-    """ZeRO-3 (one process, DeepSpeed's CPU accelerator): the engine's own backward/step, the
-    merged-LoRA stream gathered from partitioned parameters (mismatch-KL stays at float32
-    rounding after every push), DeepSpeed checkpoints and the gathered final adapter."""
-    zero3 = tmp_path / "zero3_cpu.yaml"
-    zero3.write_text(CPU_ZERO3)
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config-file", str(zero3)]
-    (report,) = launch(
-        tiny_server, tmp_path, accelerate, ["max_steps=3"], {"DS_ACCELERATOR": "cpu"}
-    )
-    assert report["type"] == "DistributedType.DEEPSPEED"
-    history = report["history"]
-    assert len(history) == 3 and max(h["mismatch_kl"] for h in history) < 1e-3
-    assert history[0]["grad_norm"] > 0
-    assert (tmp_path / "run" / "final" / "adapter_model.safetensors").is_file()
 
 
 def _env(server):

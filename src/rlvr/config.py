@@ -361,6 +361,7 @@ class SFTConfig:
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     wandb: WandbConfig = field(default_factory=lambda: WandbConfig(project="rlvr-sft"))
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 0
     output_dir: str = "outputs/sft"
 
@@ -383,6 +384,7 @@ class SFTConfig:
         self.optim.validate()
         self.lora.validate()
         self.checkpoint.validate()
+        self.distributed.validate()
 
 
 AnyConfig = TypeVar("AnyConfig", Config, SFTConfig)

@@ -79,7 +79,18 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) 
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    # Sampling defaults like those Qwen2.5-Instruct ships: vLLM would apply them to every
+    # request that does not set its own, so every test against this model checks that the
+    # trainer's sampling parity holds (vf-vllm's --generation-config vllm, neutral filters).
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos,
+        pad_token_id=pad,
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.8,
+        repetition_penalty=1.3,
+    )
     with atomic_directory(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from rlvr.logprobs import masked_entropy_sum, token_logprobs
 from rlvr.lora import MergedWeightSource
 from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
-from rlvr.optimization import Optimization
+from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_model, load_policy, reference_mode, save_final
 from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
 from rlvr.sampling import SamplingFilterError, build_sampling_args
@@ -131,17 +130,17 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.worker: RolloutWorker | None = None
         self.sync = None
+        self.pushes = 0
+        """Weight pushes this rank took part in (every rank joins every push)."""
         self.logger: RunLogger | None = None
 
     # ---- set-up ---------------------------------------------------------------------
 
     def setup(self) -> None:
-        from accelerate import Accelerator
-        from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
+        from accelerate.utils import DistributedType, set_seed
 
         cfg = self.cfg
-        timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.distributed.timeout_s))
-        self.accelerator = acc = Accelerator(kwargs_handlers=[timeout])
+        self.accelerator = acc = make_accelerator(cfg.distributed.timeout_s)
         self.ds = acc.distributed_type == DistributedType.DEEPSPEED
         self.rank, self.world = acc.process_index, acc.num_processes
         set_seed(cfg.seed)
@@ -372,6 +371,7 @@ class Trainer:
         seconds = 0.0
         if initial or self.cfg.server.push_weights:
             seconds = self.sync.push()
+            self.pushes += 1
         self.version = version
         if self.worker is not None:
             self.worker.set_version(version)

@@ -87,11 +87,16 @@ class ServerControl:
             )
         return response.json()
 
+    def worker_rpc(self, method: str) -> list[Any]:
+        """The answers of vf-vllm's worker-extension `method` (rlvr.server.worker_extension);
+        vLLM returns the first worker's answer and None for the others."""
+        return self.post("/collective_rpc", json={"method": method})["results"]
+
     def gpu_uuids(self) -> list[str] | None:
-        """UUIDs of the GPUs the server's workers run on, from vf-vllm's worker extension
-        (None when the server does not have it, e.g. a plain vLLM)."""
+        """UUIDs of the GPUs the server's workers run on (None when the server cannot say,
+        e.g. a plain vLLM without vf-vllm's worker extension)."""
         try:
-            results = self.post("/collective_rpc", json={"method": "rlvr_device_info"})["results"]
+            results = self.worker_rpc("rlvr_device_info")
         except (ServerError, KeyError, TypeError) as e:
             log.info("the server does not report its GPUs (%s); assuming other GPUs", e)
             return None
@@ -237,6 +242,8 @@ class WeightSync:
         self.chunk_bytes = chunk_bytes
         self.rank = rank
         self.engine: TrainerWeightTransferEngine | None = None
+        self.meeting: Meeting | None = None
+        """Where the gloo/nccl rendezvous took place (rank 0; None for shm/ipc)."""
         self.version = 0
 
     def resolve(self) -> str:
@@ -274,7 +281,7 @@ class WeightSync:
             self._end_abandoned_update()
         meeting = None
         if self.backend in ("gloo", "nccl"):
-            meeting = plan_meeting(
+            meeting = self.meeting = plan_meeting(
                 server_host(self.base_url),
                 self.control.world_size(),
                 self.transfer_timeout_s,
@@ -300,12 +307,9 @@ class WeightSync:
         start a new one while the old is open. Safe with our cpu engine only, which touches
         the model in `update_weights` alone (vLLM's engines may have begun a layerwise reload
         at start, and finishing that would serve half-loaded weights)."""
-        try:
+        states = self.control.worker_rpc("rlvr_weight_update_state")
+        if any(isinstance(s, dict) and s.get("active") for s in states):
             self.control.finish_weight_update()
-        except ServerError as e:
-            if "without a matching start_weight_update" not in str(e):
-                raise
-        else:
             log.warning("closed a weight update that an earlier trainer left open")
 
     def push(self) -> float:

@@ -28,7 +28,7 @@ LOG_TAIL_LINES = 60
 CPU_KVCACHE_GIB = "2"
 CPU_MEMORY_FRACTION = "0.5"
 CHUNKED_PREFILL_FLAGS = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
-WORKER_EXTENSION = "rlvr.server.worker_extension:WorkerExtension"
+WORKER_EXTENSION = "rlvr.server.worker_extension.WorkerExtension"
 
 
 class LaunchError(RuntimeError):

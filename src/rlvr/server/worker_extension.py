@@ -1,10 +1,13 @@
 """Methods vf-vllm adds to every vLLM worker (`--worker-extension-cls`), reached through the
-dev-mode `/collective_rpc` route.
+dev-mode `/collective_rpc` route: questions vLLM's own routes do not answer.
 
-The trainer needs to know *where* the server's workers run to choose a weight transfer: CUDA
-IPC handles open only on the GPU that made them, and NCCL refuses two ranks on one GPU, so a
-trainer sharing the server's GPU must use `ipc` and one on other GPUs `nccl`. vLLM reports its
-world size but not its devices.
+- Where the workers run: CUDA IPC handles open only on the GPU that made them, and NCCL
+  refuses two ranks on one GPU, so a trainer sharing the server's GPU must use `ipc` and one on
+  other GPUs `nccl`. vLLM reports its world size but not its devices.
+- Whether a weight update is open: a trainer that died between `start_weight_update` and
+  `update_weights` leaves one open, and vLLM refuses every later start. Asking beats provoking
+  the "without a matching start" error: with several workers, a call that fails on some of
+  them leaves the others' replies queued, and the next call reads those.
 """
 
 from __future__ import annotations
@@ -23,3 +26,7 @@ class WorkerExtension:
         if isinstance(device, torch.device) and device.type == "cuda":
             uuid = str(torch.cuda.get_device_properties(device).uuid)
         return {"device": str(device), "gpu_uuid": uuid, "host": socket.gethostname()}
+
+    def rlvr_weight_update_state(self) -> dict[str, bool]:
+        """A mapping, not a bare bool: the RPC route turns other values into strings."""
+        return {"active": bool(getattr(self, "_weight_update_active", False))}
