@@ -18,7 +18,8 @@ import pytest
 from verifiers.types import ToolCall
 from vf_musique import DEFAULT_WEIGHTS, MusiqueDataError, load_environment
 from vf_musique import dataset as musique_dataset
-from vf_musique.messages import get_field, message_text, parse_tool_call, tool_calls
+from vf_musique.messages import parse_tool_call, tool_calls
+from vf_musique.replies import get_field, message_text
 from vf_musique.retrieval import (
     ENCODER,
     Document,

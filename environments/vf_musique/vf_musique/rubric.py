@@ -26,7 +26,8 @@ from typing import Any
 
 import verifiers as vf
 
-from .messages import get_field, message_text, tool_calls
+from .messages import tool_calls
+from .replies import get_field, message_text
 from .scoring import best_over_golds, exact_match, f_score, precision_recall, token_f1
 from .tools import ERROR_PREFIX, SUBMITTED_MESSAGE, Submission, ToolUseError, parse_submission
 
