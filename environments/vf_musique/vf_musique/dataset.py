@@ -136,3 +136,11 @@ def prepare(
     if max_examples > 0:
         raw = raw.select(range(min(max_examples, len(raw))))
     return raw.map(lambda row: to_example(row, noise_rate, seed), remove_columns=raw.column_names)
+
+
+def weight_by_hops(dataset: Dataset) -> Dataset:
+    """Each training row repeated n_hops times, so a question is drawn in proportion to its hop
+    count (2:3:4): a sampling weight, which survives the per-group reward normalisation of GRPO
+    where scaling a question's rewards by a constant would not."""
+    repeats = [i for i, info in enumerate(dataset["info"]) for _ in range(int(info["n_hops"]))]
+    return dataset.select(repeats)
