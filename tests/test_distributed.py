@@ -80,16 +80,18 @@ def test_two_hosts_gloo_training_pushes_arrive(remote_tp_server, tmp_path):
     assert all(h["time/weight_push"] > 0 for h in history)
 
 
-def test_tensor_parallel_server_logprobs_match_after_each_push(remote_tp_server):
-    """Each tensor-parallel worker receives the whole stream and keeps its shard: after every
-    push the served log-probabilities are the trainer's."""
+def pushes_arrive(server, backend: str, device: str = "cpu") -> None:
+    """Perturb a trainer copy of the server's model twice; after each push the served
+    log-probabilities are the trainer's (each tensor-parallel worker takes its shard of the
+    whole stream), and differ from the previous push's."""
     from transformers import AutoModelForCausalLM
 
     from rlvr.weights import WeightSync
 
-    model = AutoModelForCausalLM.from_pretrained(remote_tp_server.model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(server.model_dir, dtype=torch.float32)
+    model = model.to(device)
     ids = list(range(3, 60, 3))
-    with WeightSync(remote_tp_server.base_url, backend="gloo", transfer_timeout_s=120) as sync:
+    with WeightSync(server.base_url, backend=backend, transfer_timeout_s=120) as sync:
         sync.connect(model)
         previous = None
         for seed in (1, 2):
@@ -98,11 +100,35 @@ def test_tensor_parallel_server_logprobs_match_after_each_push(remote_tp_server)
                 for p in model.parameters():
                     p.add_(0.05 * torch.randn_like(p))
             sync.push()
-            served = server_logprobs(remote_tp_server, ids)
-            assert (served - trainer_logprobs(model, ids)).abs().max() < 1e-4
+            served = server_logprobs(server, ids)
+            assert (served - trainer_logprobs(model.cpu(), ids)).abs().max() < 1e-4
+            model.to(device)
             if previous is not None:
                 assert (served - previous).abs().mean() > 1e-2, "the push changed nothing"
             previous = served
+
+
+def test_tensor_parallel_server_logprobs_match_after_each_push(remote_tp_server):
+    pushes_arrive(remote_tp_server, "gloo")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 3,
+    reason="needs 3 GPUs (trainer on one, a TP=2 vf-vllm on two) and vLLM's CUDA build",
+)
+def test_tensor_parallel_gpu_server_nccl_pushes_arrive(tiny_model_dir, tmp_path):
+    """The same check as the CPU test above, with vLLM's nccl engine: the group is the
+    trainer + both tensor-parallel workers, sized from the server's reported world."""
+    from rlvr.server.process import VLLMServer
+
+    flags = ["--dtype", "float32", "--enforce-eager", "--tensor-parallel-size", "2",
+             "--gpu-memory-utilization", "0.3"]  # fmt: skip
+    env = {"CUDA_VISIBLE_DEVICES": "1,2"}
+    with VLLMServer(str(tiny_model_dir), extra_args=flags, env=env,
+                    log_path=tmp_path / "vllm.log") as server:  # fmt: skip
+        server.model_dir = tiny_model_dir
+        pushes_arrive(server, "nccl", device="cuda:0")
 
 
 def test_two_hosts_unreachable_transfer_host_fails_within_the_timeout(remote_tp_server):

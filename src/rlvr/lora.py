@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
 from rlvr.policy import zero3_gather
 
@@ -50,6 +49,16 @@ def hf_name(peft_name: str) -> str | None:
     return ".".join(p for p in parts if p != "base_layer")
 
 
+@dataclass(frozen=True)
+class TensorMeta:
+    """Name, dtype and full (Hugging Face) shape of one streamed tensor: what vLLM's
+    `ParamMeta` declares (rlvr.weights converts), without importing vLLM here."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
 @dataclass
 class _Entry:
     name: str
@@ -58,7 +67,7 @@ class _Entry:
     """Set for a LoRA-wrapped module's base weight: its value is merged on the fly."""
 
 
-class MergedWeightSource(WeightSource):
+class MergedWeightSource:
     """The model's weights as vLLM expects them: base names, LoRA deltas merged in.
 
     Works for plain models too (then it is `ModuleSource` with ZeRO-3 gathering), so the
@@ -92,8 +101,8 @@ class MergedWeightSource(WeightSource):
             entries.append(_Entry(target, param, lora))
         return entries
 
-    def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(e.name, e.param.dtype, full_shape(e.param)) for e in self.entries]
+    def metadata(self) -> list[TensorMeta]:
+        return [TensorMeta(e.name, e.param.dtype, full_shape(e.param)) for e in self.entries]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for entry in self.entries:

@@ -24,6 +24,7 @@ import httpx
 import torch
 from vllm.distributed.weight_transfer.base import (
     ModuleSource,
+    ParamMeta,
     TrainerWeightTransferEngine,
     WeightSource,
 )
@@ -199,6 +200,29 @@ def _trainer_init_info(backend: str, meeting: Meeting | None, chunk_bytes: int, 
     return IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=IPC_BUCKET_BYTES)
 
 
+class _Adapted(WeightSource):
+    """vLLM's `WeightSource` over one of ours (`metadata()` of name/dtype/shape records and
+    iteration; e.g. `rlvr.lora.MergedWeightSource`, which does not import vLLM)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(m.name, m.dtype, tuple(m.shape)) for m in self.inner.metadata()]
+
+    def __iter__(self):
+        return iter(self.inner)
+
+
+def as_weight_source(source: Any) -> WeightSource:
+    """What vLLM's trainer engines take: a module's parameters, or any of our sources."""
+    if isinstance(source, WeightSource):
+        return source
+    if isinstance(source, torch.nn.Module):
+        return ModuleSource(source)
+    return _Adapted(source)
+
+
 class WeightSync:
     """Connects a trainer's weights to one vf-vllm and pushes them on demand.
 
@@ -254,18 +278,19 @@ class WeightSync:
             gpus = self.control.gpu_uuids()
         return resolve_backend(self.requested_backend, self.base_url, gpus)
 
-    def connect(self, source: WeightSource | torch.nn.Module, backend: str | None = None) -> None:
+    def connect(self, source: Any, backend: str | None = None) -> None:
         """Handshake with the server. A server left paused by a trainer that died is resumed.
 
-        `backend`: the transfer rank 0 resolved (required on the other ranks, which never
-        talk to the server)."""
+        `source`: a module (its parameters are sent), a vLLM `WeightSource`, or any object
+        with `metadata()` and iteration such as `rlvr.lora.MergedWeightSource`. `backend`:
+        the transfer rank 0 resolved (required on the other ranks, which never talk to the
+        server)."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from rlvr.server.plugin import register
 
         register()
-        if isinstance(source, torch.nn.Module):
-            source = ModuleSource(source)
+        source = as_weight_source(source)
         if self.rank != 0:
             if backend is None:
                 raise ValueError("ranks other than 0 need rank 0's resolved backend")
