@@ -23,7 +23,7 @@ import torch
 
 from rlvr.advantages import group_advantages
 from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches
-from rlvr.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from rlvr.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
 from rlvr.client import make_client
 from rlvr.config import Config, ConfigError, save_config, to_yaml
 from rlvr.logprobs import masked_entropy_sum, token_logprobs
@@ -158,6 +158,10 @@ class Trainer:
         self.model = self.opt.model
         resume = resolve_resume(cfg.checkpoint.resume, cfg.output_dir)
         state = load_checkpoint(acc, resume, self.model, self.ds) if resume else {}
+        self.in_flight = load_in_flight(resume) if resume and acc.is_main_process else []
+        if any(len(b.groups) != cfg.examples_per_step for b in self.in_flight):
+            log.warning("the checkpoint's in-flight batches have another batch size; regenerating")
+            self.in_flight = []
         self.start_step = int(state.get("step", 0))
         self.data_position = int(state.get("data_position", 0))
         self.version = self.start_step
@@ -245,6 +249,7 @@ class Trainer:
             version=self.version,
             data_position=self.data_position,
             prompt_fits=fits,
+            preloaded=self.in_flight,
         ).start()
 
     # ---- the loop -------------------------------------------------------------------
@@ -419,8 +424,11 @@ class Trainer:
             "weight_version": self.version,
             "wandb_run_id": self.logger.run_id if self.logger else None,
         }
+        in_flight = []
+        if self.worker is not None and self.cfg.batch.async_level:
+            in_flight = self.worker.in_flight(step, timeout_s=self._rank0_deadline_s)
         path = save_checkpoint(
-            self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last
+            self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last, in_flight
         )
         self.logger.print(f"checkpoint saved: {path}")
         return path
