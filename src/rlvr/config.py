@@ -215,6 +215,13 @@ class ServerConfig:
     transfer_timeout_s: float = 300.0
     """Deadline for the transfer rendezvous and each transfer's collectives: a wrong or
     unreachable address fails after this long, naming both addresses and the port."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """How a LoRA policy reaches the server. adapter: push only the adapter (megabytes); vLLM
+    serves it on its frozen base under `adapter_name` (needs vf-vllm --enable-lora). merged:
+    stream base + adapter merged, as for full fine-tuning. auto: adapter whenever the server
+    can serve it, else merged (the log says why)."""
+    adapter_name: str = "policy"
+    """The name the policy's adapter is served under (adapter sync); rollouts request it."""
     push_weights: bool = True
     """Push weights after every optimizer step (the initial weights are pushed regardless).
     Off only for debugging: rollouts then come from the initial weights."""

@@ -176,20 +176,34 @@ def save_final(accelerator: Any, model: Any, tokenizer: Any, out_dir: Path, lora
     `out_dir/final` (written atomically). ZeRO-3 gathers only the adapter for LoRA. Every
     process must call this; the main one writes."""
     unwrapped = accelerator.unwrap_model(model)
-    if lora:
-        trainable = {n: p for n, p in unwrapped.named_parameters() if p.requires_grad}
-        with zero3_gather(list(trainable.values())):
-            state = {n: p.detach().cpu().clone() for n, p in trainable.items()}
-    else:
-        state = accelerator.get_state_dict(model)
+    state = trainable_state(unwrapped) if lora else accelerator.get_state_dict(model)
     final = Path(out_dir) / "final"
     if accelerator.is_main_process:
         with atomic_directory(final, replace=True) as tmp:
-            kwargs = {"selected_adapters": ["default"]} if lora else {}  # not the reference
-            unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True, **kwargs)
+            if lora:
+                save_adapter(unwrapped, state, tmp)
+            else:
+                unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
     accelerator.wait_for_everyone()
     return final
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the trainable parameters (a LoRA policy: the adapter). Under ZeRO-3 only
+    these are gathered, on every rank together; the frozen base stays partitioned."""
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    with zero3_gather(list(trainable.values())):
+        return {n: p.detach().to("cpu", copy=True) for n, p in trainable.items()}
+
+
+def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """The trained adapter (`trainable_state`) in PEFT format: adapter_config.json +
+    adapter_model.safetensors, as vLLM's `--lora-modules` and `load_lora_adapter` read it.
+    Only the trained adapter, never the frozen KL reference copy."""
+    model.save_pretrained(
+        directory, state_dict=state, safe_serialization=True, selected_adapters=["default"]
+    )
 
 
 def merge_adapter(

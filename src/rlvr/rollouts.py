@@ -244,11 +244,14 @@ class RolloutWorker:
         data_position: int = 0,
         prompt_fits: Callable[[dict], bool] | None = None,
         preloaded: list[StepBatch] | None = None,
+        model: str | None = None,
     ):
         self.env = env
         self.dataset = dataset
         self.cfg = config
         self.client_factory = client_factory
+        self.model = model or config.served_model
+        """The name rollouts request: the served base model, or the policy's adapter."""
         self.order = PromptOrder(len(dataset), config.seed)
         self.start_step = start_step
         self.position = data_position
@@ -374,7 +377,7 @@ class RolloutWorker:
                 return await run_group(
                     self.env,
                     self._client,
-                    self.cfg.served_model,
+                    self.model,
                     row,
                     args,
                     self.cfg.batch.max_seq_len,

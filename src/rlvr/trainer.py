@@ -194,12 +194,14 @@ class Trainer:
             self.ref_model.requires_grad_(False).eval().to(acc.device)
 
     def _connect_server(self) -> None:
-        """Rank 0 picks the transfer (asking the server where it runs) and tells the others;
-        all ranks then connect together (the others only join the trainer-side gathers)."""
+        """Rank 0 picks how weights reach the server (asking it how it runs) and tells the
+        others; all ranks then connect together (the others only join the trainer-side
+        gathers of ZeRO-3 shards)."""
+        from rlvr.adapter_sync import AdapterSync
         from rlvr.weights import WeightSync
 
         server = self.cfg.server
-        self.sync = WeightSync(
+        merged = WeightSync(
             server.base_url,
             backend=server.backend,
             api_key=server.api_key,
@@ -209,12 +211,58 @@ class Trainer:
             transfer_port=server.transfer_port,
             rank=self.rank,
         )
-        backend = self.sync.resolve() if self.accelerator.is_main_process else None
+        push = self._choose_push(merged) if self.accelerator.is_main_process else None
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
-            backend = broadcast_object_list([backend])[0]
-        self.sync.connect(MergedWeightSource(self.accelerator.unwrap_model(self.model)), backend)
+            push = broadcast_object_list([push])[0]
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if push == "adapter":
+            self.sync = AdapterSync(merged.control, server.base_url, server.adapter_name, self.rank)
+            self.sync.connect(unwrapped)
+            self.rollout_model = server.adapter_name
+        else:
+            self.sync = merged
+            self.sync.connect(MergedWeightSource(unwrapped), push)
+            self.rollout_model = self.cfg.served_model
+        self.logger.print(f"weight push: {push}; rollouts request model {self.rollout_model!r}")
+
+    def _choose_push(self, merged: Any) -> str:
+        """`adapter` (push the LoRA adapter, served by vLLM on its frozen base) or the
+        transfer of merged weights. `server.lora_sync=auto` takes the adapter whenever the
+        server can serve it; otherwise says why in the log and pushes merged weights."""
+        cfg, server = self.cfg, self.cfg.server
+        mode = server.lora_sync
+        if not cfg.lora.enabled:
+            if mode == "adapter":
+                raise ConfigError("server.lora_sync=adapter needs lora.enabled=true")
+            return self._check_frozen_helpers(merged.resolve())
+        if mode == "merged":
+            return self._check_frozen_helpers(merged.resolve())
+        from rlvr.adapter_sync import adapter_sync_problem
+
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        problem = adapter_sync_problem(unwrapped, merged.control.max_lora_rank())
+        if problem is None:
+            return "adapter"
+        if mode == "adapter":
+            raise ConfigError(f"server.lora_sync=adapter: {problem}")
+        self.logger.print(f"pushing merged weights, not the adapter: {problem}")
+        return self._check_frozen_helpers(merged.resolve())
+
+    def _check_frozen_helpers(self, push: str) -> str:
+        """Refuse merged pushes into a server whose base model the environment uses as a
+        frozen helper (vf_planner's worker without worker_base_url): the helper would train
+        along with the policy."""
+        if getattr(self.env, "frozen_model_on_policy_server", False):
+            raise ConfigError(
+                f"environment {self.cfg.env.id} uses the policy's server as a frozen model "
+                "(e.g. vf_planner's worker), but this run pushes merged weights into it, so "
+                "that model would train too. Use LoRA adapter sync (lora.enabled=true, "
+                "server.lora_sync=auto or adapter, vf-vllm --enable-lora) or give the "
+                "environment its own server with worker_base_url in env.args."
+            )
+        return push
 
     def _load_env(self) -> None:
         """The environment (rank 0 only), with its sampling defaults checked against what the
@@ -250,6 +298,7 @@ class Trainer:
             data_position=self.data_position,
             prompt_fits=fits,
             preloaded=self.in_flight,
+            model=self.rollout_model,
         ).start()
 
     # ---- the loop -------------------------------------------------------------------

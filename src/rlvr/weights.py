@@ -75,7 +75,9 @@ class ServerControl:
             raise ServerError(
                 f"POST {self.root}{path} -> {response.status_code}: {response.text[:2000]}"
             )
-        return response.json() if response.content else {}
+        if "json" not in response.headers.get("content-type", ""):
+            return {"text": response.text}  # e.g. /v1/load_lora_adapter answers in plain text
+        return response.json()
 
     def get(self, path: str, params: dict | None = None) -> dict:
         try:
@@ -88,10 +90,24 @@ class ServerControl:
             )
         return response.json()
 
-    def worker_rpc(self, method: str) -> list[Any]:
-        """The answers of vf-vllm's worker-extension `method` (rlvr.server.worker_extension);
-        vLLM returns the first worker's answer and None for the others."""
-        return self.post("/collective_rpc", json={"method": method})["results"]
+    def worker_rpc(self, method: str, kwargs: dict[str, str] | None = None) -> list[Any]:
+        """Every worker's answer to vf-vllm's worker-extension `method`
+        (rlvr.server.worker_extension); vLLM passes only string arguments."""
+        body = {"method": method, "kwargs": kwargs or {}}
+        return self.post("/collective_rpc", json=body)["results"]
+
+    def max_lora_rank(self) -> int | None:
+        """The largest adapter rank the server can load at run time, or None when it cannot
+        load adapters (started without --enable-lora, or without runtime loading)."""
+        try:
+            config = self.get("/server_info", params={"config_format": "json"})["vllm_config"]
+        except (ServerError, KeyError, TypeError) as e:
+            log.info("the server does not describe its LoRA support (%s)", e)
+            return None
+        lora = config.get("lora_config") if isinstance(config, dict) else None
+        if not lora or not self.get("/openapi.json").get("paths", {}).get("/v1/load_lora_adapter"):
+            return None
+        return int(lora["max_lora_rank"])
 
     def gpu_uuids(self) -> list[str] | None:
         """UUIDs of the GPUs the server's workers run on (None when the server cannot say,

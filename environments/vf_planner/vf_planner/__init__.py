@@ -68,12 +68,17 @@ def load_environment(
         )
     )
     parser = PlanParser(max_subproblems)
-    return vf.SingleTurnEnv(
+    env = vf.SingleTurnEnv(
         dataset=dataset,
         system_prompt=planner_system(max_subproblems),
         parser=parser,
         rubric=PlannerRubric(PlannerPipeline(parser, workers), weights),
     )
+    # Read by trainers (rlvr): without worker_base_url the frozen worker is the base model of
+    # the policy's own server, which stays frozen only if training pushes an adapter (served
+    # under its own name) rather than merged weights into that server.
+    env.frozen_model_on_policy_server = worker_base_url is None
+    return env
 
 
 __all__ = [

@@ -25,7 +25,7 @@ import urllib.request
 from rlvr.models import resolve_model
 
 LOG_TAIL_LINES = 60
-CPU_KVCACHE_GIB = "2"
+CPU_KVCACHE_GIB = 2
 CPU_MEMORY_FRACTION = "0.5"
 CHUNKED_PREFILL_FLAGS = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
 WORKER_EXTENSION = "rlvr.server.worker_extension.WorkerExtension"
@@ -149,7 +149,35 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
         # ("CPU Generator does not use offset"). Whole-prompt prefills never rewind, and the
         # trainer seeds every request.
         cmd += ["--no-enable-chunked-prefill"]
-    return cmd + passthrough
+    return cmd + lora_defaults(passthrough) + passthrough
+
+
+# Ranks vLLM accepts for --max-lora-rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+DEFAULT_MAX_LORA_RANK = 64
+DEFAULT_MAX_LORAS = 2
+
+
+def lora_flags(rank: int = DEFAULT_MAX_LORA_RANK, max_loras: int = DEFAULT_MAX_LORAS) -> list[str]:
+    """vf-vllm flags that let the server load adapters of `rank` at run time (adapter sync;
+    the policy's adapter plus one more, e.g. an evaluated checkpoint)."""
+    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+    return ["--enable-lora", "--max-lora-rank", str(fitting[0]), "--max-loras", str(max_loras)]
+
+
+def lora_defaults(passthrough: list[str]) -> list[str]:
+    """With --enable-lora: a max rank that fits common adapters (vLLM's own default, 16, is
+    smaller than many runs use) and room for two adapters, unless given."""
+    if not has_flag(passthrough, "--enable-lora"):
+        return []
+    out = []
+    if not has_flag(passthrough, "--max-lora-rank"):
+        out += ["--max-lora-rank", str(DEFAULT_MAX_LORA_RANK)]
+    if not has_flag(passthrough, "--max-loras"):
+        out += ["--max-loras", str(DEFAULT_MAX_LORAS)]
+    return out
 
 
 def weight_backend(cmd: list[str]) -> str:
@@ -191,13 +219,16 @@ def cpu_thread_binding(workers: int, cores: list[int]) -> str:
     return "|".join(",".join(map(str, s)) for s in slices)
 
 
-def engine_env(cuda: bool, backend: str, workers: int = 1) -> dict[str, str]:
+def engine_env(cuda: bool, backend: str, workers: int = 1, lora: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if lora:  # /v1/load_lora_adapter: how the trainer pushes an adapter (rlvr.adapter_sync)
+        env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
     if backend == "ipc":  # CUDA IPC handles travel pickled over HTTP
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if not cuda:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+        # Per worker: tensor-parallel workers each cache only their share of the heads.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, CPU_KVCACHE_GIB // workers)))
         if workers > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(
                 workers, list(os.sched_getaffinity(0))
@@ -252,7 +283,12 @@ def run(argv: list[str] | None = None) -> int:
     cmd = vllm_command(args, passthrough, cuda)
     proc = subprocess.Popen(
         cmd,
-        env=engine_env(cuda, weight_backend(cmd), local_workers(passthrough)),
+        env=engine_env(
+            cuda,
+            weight_backend(cmd),
+            local_workers(passthrough),
+            lora=has_flag(passthrough, "--enable-lora"),
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
