@@ -33,6 +33,7 @@ def peft_model(model_dir, targets=("q_proj", "v_proj", "down_proj"), seed: int =
     from rlvr.policy import apply_lora
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(seed)  # lora_A's random init: the same adapter in every process
     model = apply_lora(base, LoraConfig(rank=8, alpha=16, target_modules=list(targets)))
     perturb(model, seed)
     return model
