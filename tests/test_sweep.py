@@ -249,18 +249,19 @@ def test_sweep_report_only_needs_the_directory(fake_vf_eval, tmp_path):
 
 
 @pytest.mark.integration
-def test_sweep_2x2_on_the_tiny_server(tiny_server, shared_data: Path, tmp_path: Path):
-    """Two models x two settings of vf-deepscaler through the command line, against a running
-    server: every table number is the cell's own, the plots exist, and a second run runs
-    nothing."""
+def test_sweep_2x2_on_the_tiny_server(tiny_lora_server, shared_data: Path, tmp_path: Path):
+    """Two models (the tiny model and a LoRA adapter on it, served together) x two settings of
+    vf-deepscaler through the command line: every table number is the cell's own, the plots
+    exist, and a second run runs nothing."""
+    server = tiny_lora_server
     out = tmp_path / "sweep"
     data = str(shared_data / "deepscaler" / "preview_first803.jsonl")
     cmd = [
         sys.executable, str(SCRIPT), "vf-deepscaler",
-        "--models", f"first={tiny_server.model},second={tiny_server.model}",
+        "--models", f"first={server.model},second={server.adapter}",
         "--grid", "use_think=false,true", "--env-args", json.dumps({"data_files": data}),
-        "-n", "2", "-r", "2", "-t", "16", "-S", json.dumps(tiny_server.sampling_args),
-        "--base-url", tiny_server.base_url, "--out", str(out), "--no-progress",
+        "-n", "2", "-r", "2", "-t", "16", "-S", json.dumps(server.sampling_args),
+        "--base-url", server.base_url, "--out", str(out), "--no-progress",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

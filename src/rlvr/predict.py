@@ -119,7 +119,11 @@ def final_text(completion: Any) -> str:
 
 
 def output_row(output: dict[str, Any], scored: bool) -> dict[str, Any]:
-    """One line of the predictions file from a verifiers rollout output."""
+    """One line of the predictions file from a verifiers rollout output (whose messages are
+    pydantic objects: they are saved the way vf-eval saves them)."""
+    from verifiers.utils.save_utils import make_serializable
+
+    output = json.loads(json.dumps(output, default=make_serializable))
     row: dict[str, Any] = {
         "example_id": output["example_id"],
         "prompt": output.get("prompt"),
