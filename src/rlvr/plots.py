@@ -100,6 +100,22 @@ def metric_series(records: Sequence[Mapping[str, Any]], key: str) -> tuple[list[
     return steps, values
 
 
+def run_curve_keys(
+    records: Sequence[Mapping[str, Any]], keys: Sequence[str], skip_all_zero: bool = True
+) -> list[str]:
+    """The `keys` that get a panel: those logged as numbers, without the ones that are 0 at
+    every step when `skip_all_zero`. ValueError, listing what the run did log, when none is."""
+    shown = []
+    for key in keys:
+        _, values = metric_series(records, key)
+        if values and not (skip_all_zero and all(v == 0 for v in values)):
+            shown.append(key)
+    if not shown:
+        present = sorted({k for r in records for k in r} - {"step"})
+        raise ValueError(f"none of {list(keys)} was logged; the run has: {', '.join(present)}")
+    return shown
+
+
 def plot_run_curves(
     metrics: str | Path | Sequence[Mapping[str, Any]],
     out: str | Path,
@@ -118,14 +134,9 @@ def plot_run_curves(
     more get a log axis. Raises ValueError when none of `keys` has data.
     """
     records = read_metrics(metrics) if isinstance(metrics, str | Path) else list(metrics)
-    panels = []
-    for key in keys:
-        steps, values = metric_series(records, key)
-        if steps and not (skip_all_zero and all(v == 0 for v in values)):
-            panels.append((key, steps, values))
-    if not panels:
-        present = sorted({k for r in records for k in r} - {"step"})
-        raise ValueError(f"none of {list(keys)} was logged; the run has: {', '.join(present)}")
+    panels = [
+        (key, *metric_series(records, key)) for key in run_curve_keys(records, keys, skip_all_zero)
+    ]
     ncols = min(2, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig = Figure(figsize=(6.0 * ncols, 3.6 * nrows), layout="constrained")
