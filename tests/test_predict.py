@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.predict import PredictError, final_text, output_row, read_prompts
-from rlvr.serving import lora_rank_limit, served_model
+from rlvr.serving import lora_rank_limit, lora_servable, served_model
+from rlvr.tiny_model import build_tiny_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "predict.py"
@@ -88,6 +89,37 @@ def test_predict_serves_an_adapter_on_its_base_with_lora(tmp_path: Path):
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
     with pytest.raises(ValueError, match="names no base_model_name_or_path"):
         served_model(str(adapter))
+
+
+def test_predict_merges_an_adapter_vllm_cannot_apply(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    """vLLM's LoRA does not cover lm_head or the embeddings: such an adapter is served as its
+    merged copy, made once in RLVR_CACHE."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert lora_servable({"target_modules": ["q_proj", "v_proj"]})
+    assert not lora_servable({"target_modules": ["q_proj", "lm_head"]})
+    assert not lora_servable({"target_modules": ["q_proj"], "modules_to_save": ["embed_tokens"]})
+    assert not lora_servable({"target_modules": ".*(q_proj|lm_head)"})
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    adapter = build_tiny_adapter(tiny_model_dir, tmp_path / "final", targets=("q_proj", "lm_head"))
+    served = served_model(str(adapter), name="trained")
+    assert served.server_args == ("--served-model-name", "trained")
+    merged = Path(served.model)
+    assert merged.parent == tmp_path / "cache" / "merged"
+    ids = torch.tensor([[1, 5, 9, 3]])
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, str(adapter))
+    with torch.no_grad():
+        expected = peft(input_ids=ids).logits
+        got = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)(ids).logits
+    assert torch.allclose(got, expected, atol=1e-5)
+    weights = merged / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert served_model(str(adapter)).model == str(merged) and weights.stat().st_mtime_ns == stamp
 
 
 def run_predict(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -4,11 +4,15 @@ Sweeps and predictions take a model the way users name it anywhere else: the emb
 name, a model directory, a Hugging Face id, or a LoRA adapter directory (what training leaves in
 `output_dir/final`). An adapter is served on top of its base model with vLLM's LoRA support
 (`--enable-lora --lora-modules NAME=DIR`; it works on vLLM's CPU backend too), so nothing has to
-be merged first; requests then ask for NAME. A server that is already running is used as is.
+be merged first; requests then ask for NAME. vLLM's LoRA covers the attention and MLP
+projections only: an adapter that also trains `lm_head` or the embeddings is merged once into
+the cache (RLVR_CACHE) and that copy is served under NAME instead. A server that is already
+running is used as is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +21,9 @@ from pathlib import Path
 
 # The LoRA ranks vLLM 0.32 accepts for --max-lora-rank (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Modules an adapter may train that vLLM 0.32 cannot apply as LoRA ("expected target modules in
+# {q_proj, ..., down_proj}"): such adapters are merged before serving.
+VLLM_LORA_UNSUPPORTED = ("lm_head", "embed_tokens")
 
 
 @dataclass(frozen=True)
@@ -50,10 +57,34 @@ def lora_rank_limit(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank {limit}")
 
 
+def lora_servable(config: dict) -> bool:
+    """Whether vLLM can apply an adapter (its adapter_config.json) as LoRA: it must train
+    neither `lm_head` nor the embeddings, as targets or as fully trained modules."""
+    targets = config.get("target_modules") or []
+    trained = [targets] if isinstance(targets, str) else list(targets)
+    trained += config.get("modules_to_save") or []
+    return not any(bad in module for module in trained for bad in VLLM_LORA_UNSUPPORTED)
+
+
+def merged_copy(adapter: Path) -> Path:
+    """The adapter merged into its base, made once per adapter version under RLVR_CACHE."""
+    from rlvr.models import cache_root
+    from rlvr.policy import merge_adapter
+
+    weights = sorted(adapter.glob("adapter_model.*"))
+    stamp = "".join(f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights)
+    key = hashlib.sha256(f"{adapter}|{stamp}".encode()).hexdigest()[:12]
+    target = cache_root() / "merged" / f"{adapter.name}-{key}"
+    if not (target / "config.json").is_file():
+        merge_adapter(adapter, target)
+    return target
+
+
 def served_model(model: str, name: str | None = None) -> ServedModel:
     """What serving `model` takes. `name` is what clients call it (default: `model` as given,
-    as vf-vllm does); for an adapter directory the base model named in its adapter_config.json
-    is served and the adapter is added as the LoRA module `name`."""
+    as vf-vllm does). For an adapter directory the base model named in its adapter_config.json
+    is served and the adapter added as the LoRA module `name`, or, for an adapter vLLM cannot
+    apply (`lora_servable`), its merged copy is served as `name` (merging it here, once)."""
     name = name or model
     if not is_adapter(model):
         return ServedModel(model, name, ("--served-model-name", name))
@@ -62,6 +93,8 @@ def served_model(model: str, name: str | None = None) -> ServedModel:
     base = config.get("base_model_name_or_path")
     if not base:
         raise ValueError(f"{adapter}/adapter_config.json names no base_model_name_or_path")
+    if not lora_servable(config):
+        return ServedModel(str(merged_copy(adapter)), name, ("--served-model-name", name))
     rank = max([int(config.get("r", 8)), *map(int, (config.get("rank_pattern") or {}).values())])
     flags = ("--enable-lora", "--lora-modules", f"{name}={adapter}")
     return ServedModel(base, name, (*flags, "--max-lora-rank", str(lora_rank_limit(rank))))
