@@ -72,9 +72,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     try:
-        if args.report_only:
-            sweep = load_sweep(args.out)
-        else:
+        if not args.report_only:
             shared = Shared(
                 env_id=args.env,
                 num_examples=args.num_examples,
@@ -101,7 +99,7 @@ def main() -> None:
             )
             for cell, reason in result.failed:
                 print(f"FAILED {cell.label}: {reason}", file=sys.stderr)
-        report = write_report(sweep, args.out, args.threshold)
+        report = write_report(load_sweep(args.out), args.out, args.threshold)
     except (SweepError, ResultsError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
     print(report.read_text(), end="")

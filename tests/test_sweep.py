@@ -105,10 +105,9 @@ def assert_same(estimate: Estimate, expected: Estimate) -> bool:
     return True
 
 
-def make_sweep(grid=("level=1,2",), seeds=None, **shared):
+def make_sweep(models="a=served-a,b=served-b", grid=("level=1,2",), seeds=None, **shared):
     shared = Shared(**{"env_id": "vf-x", "num_examples": 3, "rollouts_per_example": 2, **shared})
-    models = parse_models("a=served-a,b=served-b")
-    return plan(shared, models, parse_grid(list(grid)), parse_seeds(seeds))
+    return plan(shared, parse_models(models), parse_grid(list(grid)), parse_seeds(seeds))
 
 
 def test_sweep_inputs_parse_and_bad_ones_are_named():
@@ -183,13 +182,19 @@ def test_sweep_resumes_only_missing_cells_and_keeps_finished_ones(
     assert calls(fake_vf_eval) == [{"model": "served-b", "env_args": {"level": 2}}]
     assert (first / "cell.json").stat().st_mtime_ns == stamp
     assert not list(out.rglob(".tmp-*"))
-    # cells may be added (a new seed axis would not be: it changes every cell's args)
-    wider = make_sweep(grid=("level=1,2,3",))
+    # cells may be added, by a run that names only them; the record (and report) keeps all
     level3 = {model: {**table, "3": [[0.0, 0.0]] * 3} for model, table in REWARDS.items()}
     monkeypatch.setenv("FAKE_REWARDS", json.dumps(level3))
-    assert len(run_sweep(wider, out, base_url=UNREACHABLE, progress=False).ran) == 2
+    assert len(run_sweep(make_sweep("a=served-a", grid=("level=3",)), out,
+                         base_url=UNREACHABLE, progress=False).ran) == 1  # fmt: skip
+    recorded = load_sweep(out)
+    assert [s.label for s in recorded.settings] == ["level=1", "level=2", "level=3"]
+    report = build_sweep_report(recorded, out)
+    assert report.missing == ["b / level=3"] and len(report.rows) == 2
     with pytest.raises(SweepError, match="num_examples: was 3, now 5"):
         run_sweep(make_sweep(num_examples=5), out, base_url=UNREACHABLE, progress=False)
+    with pytest.raises(SweepError, match="model label 'a' was .*served-a.*, now .*served-c"):
+        run_sweep(make_sweep("a=served-c"), out, base_url=UNREACHABLE, progress=False)
 
 
 def test_sweep_records_failed_cells_and_reports_the_rest(fake_vf_eval, tmp_path):

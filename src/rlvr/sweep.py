@@ -223,31 +223,54 @@ def is_done(cell_dir: Path) -> bool:
     return (cell_dir / "cell.json").is_file()
 
 
-def check_spec(out: Path, sweep: Sweep) -> None:
-    """Record the sweep's shared settings in OUT/sweep.json on the first run; later runs must
-    share them (cells may be added: new models, settings or seeds)."""
+def record_sweep(out: Path, sweep: Sweep) -> Sweep:
+    """Record the sweep in OUT/sweep.json and return everything recorded there so far.
+
+    The first run fixes the shared settings; later runs must share them, and may add models,
+    settings or seeds (the record keeps the union, so a report covers every cell run into
+    OUT). A label that comes back naming another model or other arguments is refused.
+    """
     path = out / SPEC_FILE
-    shared = asdict(sweep.shared)
     if path.is_file():
-        recorded = json.loads(path.read_text())["shared"]
-        changed = [k for k in shared if recorded.get(k) != shared[k]]
+        recorded = load_sweep(out)
+        old, new = asdict(recorded.shared), asdict(sweep.shared)
+        changed = [k for k in new if old.get(k) != new[k]]
         if changed:
-            details = "; ".join(f"{k}: was {recorded.get(k)!r}, now {shared[k]!r}" for k in changed)
+            details = "; ".join(f"{k}: was {old.get(k)!r}, now {new[k]!r}" for k in changed)
             raise SweepError(
                 f"{out} holds a sweep run with other shared settings ({details}); "
                 "use another --out or the same settings"
             )
+        sweep = Sweep(
+            sweep.shared,
+            _union("model", recorded.models, sweep.models),
+            _union("setting", recorded.settings, sweep.settings),
+            list(dict.fromkeys([*recorded.seeds, *sweep.seeds])),
+        )
     spec = {
-        "shared": shared,
+        "shared": asdict(sweep.shared),
         "models": [asdict(m) for m in sweep.models],
         "settings": [asdict(s) for s in sweep.settings],
         "seeds": sweep.seeds,
     }
     atomic_write_text(path, json.dumps(spec, indent=2) + "\n")
+    return sweep
+
+
+def _union(kind: str, old: list[Any], new: list[Any]) -> list[Any]:
+    """`old` then the entries of `new` it lacks, matched by label."""
+    merged = {entry.label: entry for entry in old}
+    for entry in new:
+        if merged.setdefault(entry.label, entry) != entry:
+            raise SweepError(
+                f"{kind} label {entry.label!r} was {merged[entry.label]}, now {entry}; "
+                "give it another label"
+            )
+    return list(merged.values())
 
 
 def load_sweep(out: Path) -> Sweep:
-    """The sweep last run into `out` (for reporting without running)."""
+    """The sweep recorded in `out` (every model, setting and seed run into it)."""
     path = out / SPEC_FILE
     if not path.is_file():
         raise SweepError(f"{out} holds no sweep ({SPEC_FILE} not found)")
@@ -287,7 +310,7 @@ def run_sweep(
     from tqdm.auto import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
-    check_spec(out, sweep)
+    record_sweep(out, sweep)
     for stale in (out / CELLS).rglob(".tmp-*") if (out / CELLS).is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)  # an interrupted cell's partial output
     result = SweepRun()
