@@ -183,13 +183,15 @@ def plot_estimate_bars(
     ylabel: str = "mean reward",
     xlabel: str | None = None,
     title: str | None = None,
+    ci_label: str = f"{LEVEL:.0%} CI",
 ) -> Path:
     """Grouped bars of means with their 95% CI as error bars: one group per entry of `groups`
     (e.g. environment settings), one bar per series (e.g. models) within each group.
 
     `series[name][i]` is that series' estimate for `groups[i]`; None leaves the bar out (a cell
     that was not run). An estimate without a CI (fewer than 2 examples) gets a bar without an
-    error bar and "no CI" under its value. Each bar is labelled with its mean.
+    error bar and "no CI" under its value. Each bar is labelled with its mean; `ci_label`
+    names the error bars in the legend (say how the CI was computed).
     """
     for name, estimates in series.items():
         if len(estimates) != len(groups):
@@ -238,7 +240,7 @@ def plot_estimate_bars(
     if xlabel:
         ax.set_xlabel(xlabel)
     ax.grid(axis="y", alpha=0.3)
-    ci = Line2D([], [], color="black", marker="_", ms=10, lw=1.4, label=f"{LEVEL:.0%} CI")
+    ci = Line2D([], [], color="black", marker="_", ms=10, lw=1.4, label=ci_label)
     ax.legend(handles=[*handles, ci], fontsize="small")
     _title(ax, title)
     return save_figure(fig, out)

@@ -560,12 +560,12 @@ def plot_sweep(report: SweepReport, plot_dir: Path) -> list[tuple[str, Path]]:
 
     groups = [s.label for s in report.settings]
     series = {m: [s.reward if s else None for s in v] for m, v in report.pooled.items()}
-    seeds = "all seeds pooled, " if any(row.seed == ALL_SEEDS for row in report.rows) else ""
+    pooled = ", seeds pooled" if any(row.seed == ALL_SEEDS for row in report.rows) else ""
     env = report.shared.env_id
     reward = plot_estimate_bars(
         groups, series, plot_dir / "reward.png", xlabel="environment setting",
-        ylabel="mean reward per rollout",
-        title=f"{env}: mean reward ({seeds}95% CI clustered by example)",
+        ylabel="mean reward per rollout", title=f"{env}: mean reward{pooled}",
+        ci_label="95% CI (clustered by example)",
     )  # fmt: skip
     curves = {
         f"{model} · {setting}" if len(groups) > 1 else model: summary.pass_at_k
