@@ -299,3 +299,21 @@ def test_sweep_2x2_on_the_tiny_server(tiny_lora_server, shared_data: Path, tmp_p
 
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "0 cells run, 4 already done, 0 failed" in again.stderr
+
+
+def test_sweep_records_models_whose_server_does_not_start(fake_vf_eval, tmp_path):
+    """Without --base-url each model gets its own vf-vllm; one that cannot be served fails its
+    cells with the reason and the next model is still tried."""
+    adapter = tmp_path / "broken-adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    shared = Shared("vf-x", num_examples=1, rollouts_per_example=1)
+    models = parse_models(f"gone=/nonexistent/model,broken={adapter}")
+    sweep = plan(shared, models, parse_grid(["level=1,2"]), [None])
+    result = run_sweep(sweep, tmp_path / "sweep", progress=False)
+    assert result.ran == [] and len(result.failed) == 4
+    reasons = {cell.model.label: reason for cell, reason in result.failed}
+    assert reasons["gone"].startswith("server for gone did not start: vf-vllm exited")
+    assert "/nonexistent/model" in reasons["gone"]
+    assert "names no base_model_name_or_path" in reasons["broken"]
+    assert calls(fake_vf_eval) == []

@@ -17,6 +17,7 @@ example (what the model saw), not the seed, is the unit of independence.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -326,23 +327,28 @@ def run_sweep(
             continue
         log = out / CELLS / _safe(model.label) / "vf-vllm.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with serve(
-                model.model, name=model.label if base_url is None else None,
-                base_url=base_url, server_args=server_args, log_path=log,
-            ) as endpoint:  # fmt: skip
-                for cell in pending:
-                    bar.set_postfix_str(cell.label)
-                    try:
-                        _run_cell(sweep, cell, out, endpoint.base_url, endpoint.model, cell_timeout)
-                        result.ran.append(cell)
-                    except Exception as e:  # recorded and reported; the sweep goes on
-                        result.failed.append((cell, f"{type(e).__name__}: {e}"))
-                    bar.update(1)
-        except (RuntimeError, TimeoutError, OSError, ValueError) as e:
-            reason = f"server for {model.label} did not start: {e}"
-            result.failed += [(c, reason) for c in pending if c not in result.ran]
-            bar.update(len(pending))
+        with contextlib.ExitStack() as stack:
+            try:
+                endpoint = stack.enter_context(
+                    serve(
+                        model.model, name=model.label if base_url is None else None,
+                        base_url=base_url, server_args=server_args, log_path=log,
+                    )
+                )  # fmt: skip
+            except (RuntimeError, TimeoutError, OSError, ValueError) as e:
+                result.failed += [
+                    (c, f"server for {model.label} did not start: {e}") for c in pending
+                ]
+                bar.update(len(pending))
+                continue
+            for cell in pending:
+                bar.set_postfix_str(cell.label)
+                try:
+                    _run_cell(sweep, cell, out, endpoint.base_url, endpoint.model, cell_timeout)
+                    result.ran.append(cell)
+                except Exception as e:  # recorded and reported; the sweep goes on
+                    result.failed.append((cell, f"{type(e).__name__}: {e}"))
+                bar.update(1)
     bar.close()
     return result
 
