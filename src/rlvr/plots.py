@@ -297,7 +297,7 @@ def _title(ax: Any, title: str | None) -> None:
     """A title wrapped to the axes' width (long ones would be cut off at the figure's edge)."""
     if title:
         inches = ax.get_figure().get_size_inches()[0] * ax.get_position().width
-        ax.set_title(textwrap.fill(title, width=max(20, int(inches * 9))))
+        ax.set_title(textwrap.fill(title, width=max(20, int(inches * 11))))
 
 
 def save_figure(fig: Figure, out: str | Path) -> Path:
