@@ -135,10 +135,14 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def greedy(model, tokenizer, messages: list[dict], max_new_tokens: int) -> str:
+    """Greedy decoding of exactly `max_new_tokens` tokens (no early end of turn, like vLLM's
+    min_tokens)."""
     inputs = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
-    out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    out = model.generate(
+        **inputs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False
+    )
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
@@ -158,6 +162,7 @@ def test_predict_with_an_adapter_answers_as_the_merged_model(tiny_lora_server, t
     proc = run_predict(
         "--model", tiny_lora_server.adapter, "--base-url", tiny_lora_server.base_url,
         "--prompts", prompts, "--out", out, "-T", "0", "-t", "8", "--batch-size", "2",
+        "-S", json.dumps(tiny_lora_server.sampling_args),  # min_tokens: no empty answers
     )  # fmt: skip
     assert "2 rows, 0 errored; written to" in proc.stderr
     lines = read_jsonl(out)
