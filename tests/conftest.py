@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -77,3 +78,32 @@ def smollm2_server(tmp_path_factory):
     server.sampling_args = SMOLLM2_SAMPLING
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """A LoRA adapter (rank 8, random) on the tiny model, as training would leave it."""
+    from rlvr.tiny_model import build_tiny_adapter
+
+    return build_tiny_adapter(tiny_model_dir, tmp_path_factory.mktemp("adapters") / "tiny-lora")
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_server(tiny_model_dir, tiny_adapter_dir, tmp_path_factory):
+    """A real vf-vllm serving the tiny model and, with vLLM's LoRA support, `tiny_adapter_dir`
+    on top of it, started the way sweeps and predictions serve an adapter directory. Requests
+    name `server.model` (the base) or `server.adapter`."""
+    from rlvr.serving import serve, served_model
+
+    log = tmp_path_factory.mktemp("tiny-lora-server") / "vf-vllm.log"
+    with serve(
+        str(tiny_adapter_dir), name="tiny-lora", server_args=SERVER_FLAGS, log_path=log
+    ) as endpoint:
+        yield SimpleNamespace(
+            base_url=endpoint.base_url,
+            model=served_model(str(tiny_adapter_dir)).model,
+            adapter=endpoint.model,
+            model_dir=tiny_model_dir,
+            adapter_dir=tiny_adapter_dir,
+            sampling_args=TINY_SAMPLING,
+        )

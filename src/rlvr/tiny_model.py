@@ -95,3 +95,34 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) 
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return out
+
+
+def build_tiny_adapter(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    rank: int = 8,
+    seed: int = 0,
+    targets: tuple[str, ...] = ("q_proj", "v_proj"),
+) -> Path:
+    """Write a LoRA adapter for the model at `model_dir` (with its tokenizer) to `out_dir`,
+    atomically, and return it. A fresh adapter's B matrices are zero (it changes nothing);
+    these are random, so serving or merging the adapter visibly changes what the model says."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out_dir)
+    if (out / "adapter_config.json").is_file():
+        return out
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets))
+    peft = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    with atomic_directory(out) as tmp:
+        peft.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(tmp)
+    return out
