@@ -113,3 +113,17 @@ def launch(
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return [json.loads(p.read_text()) for p in sorted(workdir.glob("report.*.json"))]
+
+
+def restore_base_weights(server) -> None:
+    """Push the server's original model back: tests on the shared server push other weights
+    (merged training steps), and a test that compares served log-probabilities with a model it
+    builds from the model directory must start from those."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.weights import WeightSync
+
+    model = AutoModelForCausalLM.from_pretrained(server.model_dir, dtype=torch.float32)
+    with WeightSync(server.base_url, backend="shm") as sync:
+        sync.connect(model)
+        sync.push()

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import config, server_logprobs, target_id, trainer_logprobs
+from support import config, restore_base_weights, server_logprobs, target_id, trainer_logprobs
 from toy_env import target_share_env
 
 from rlvr.config import ConfigError, LoraConfig
 from rlvr.trainer import Trainer
 
 ADAPTER_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+integration = pytest.mark.integration
 IDS = list(range(3, 60, 3))
 
 
@@ -48,7 +49,9 @@ def perturb(model, seed: int) -> None:
                 p.normal_(std=0.05)
 
 
+@integration
 def test_adapter_sync_serves_base_plus_adapter_and_leaves_the_base_alone(tiny_server):
+    restore_base_weights(tiny_server)
     from rlvr.adapter_sync import AdapterSync
     from rlvr.weights import ServerControl
 
@@ -71,9 +74,11 @@ def test_adapter_sync_serves_base_plus_adapter_and_leaves_the_base_alone(tiny_se
     assert not sync.directory.exists()  # cleaned up on close
 
 
-def test_adapter_sync_uploads_to_a_server_on_another_host(tiny_server, monkeypatch):
+@integration
+def test_adapter_sync_uploads_to_a_server_on_another_host(tiny_server):
     """A server elsewhere cannot read the trainer's /dev/shm: the adapter's bytes travel in
     the request to vf-vllm's worker extension, which writes them where vLLM reads."""
+    restore_base_weights(tiny_server)
     from rlvr.adapter_sync import AdapterSync
     from rlvr.weights import ServerControl
 
@@ -92,6 +97,7 @@ def test_adapter_sync_problems_are_named():
     assert adapter_sync_problem(_lora_model(["q_proj"]), 16) is None
     assert "lm_head" in adapter_sync_problem(_lora_model(["q_proj", "lm_head"]), 16)
     assert "--max-lora-rank 8" in adapter_sync_problem(_lora_model(["q_proj"], rank=16), 8)
+    assert adapter_sync_problem(_lora_model(["q_proj"], rank=16), 16) is None
     assert "--enable-lora" in adapter_sync_problem(_lora_model(["q_proj"]), None)
 
 
@@ -105,6 +111,7 @@ def _lora_model(targets, rank: int = 4):
     return apply_lora(Qwen2ForCausalLM(config), LoraConfig(rank=rank, target_modules=targets))
 
 
+@integration
 @pytest.mark.slow
 def test_adapter_sync_grpo_raises_reward(smollm2_server, tmp_path):
     """GRPO pushing only the adapter learns. On SmolLM2, not the tiny model: a random model's
@@ -130,6 +137,7 @@ def test_adapter_sync_grpo_raises_reward(smollm2_server, tmp_path):
     assert all(h["time/weight_push"] > 0 for h in history)
 
 
+@integration
 def test_adapter_sync_auto_falls_back_to_merged_for_an_unservable_adapter(tiny_server, tmp_path):
     cfg = config(tiny_server, tmp_path / "run", "max_steps=1")  # lm_head is a LoRA target
     trainer = Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir)))
@@ -166,7 +174,9 @@ DYING_TRAINER = textwrap.dedent(
 )
 
 
+@integration
 def test_adapter_sync_trainer_killed_mid_push_leaves_the_previous_adapter(tiny_server):
+    restore_base_weights(tiny_server)
     from rlvr.adapter_sync import AdapterSync
     from rlvr.weights import ServerControl
 
@@ -231,6 +241,7 @@ def greedy(server, model: str, prompt: str) -> tuple[str, torch.Tensor]:
     return choice["text"], torch.tensor(choice["logprobs"]["token_logprobs"])
 
 
+@integration
 def test_adapter_sync_planner_worker_stays_frozen_while_the_policy_trains(
     tiny_server, shared_data, tmp_path
 ):
@@ -261,6 +272,7 @@ def test_adapter_sync_planner_worker_stays_frozen_while_the_policy_trains(
     assert (policy_after[1] - policy_before[1]).abs().max() > 1e-3
 
 
+@integration
 def test_adapter_sync_planner_refuses_merged_pushes_into_its_worker_server(
     tiny_server, shared_data, tmp_path
 ):

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from rlvr.predict import PredictError, final_text, output_row, read_prompts
-from rlvr.serving import lora_rank_limit, lora_servable, served_model
+from rlvr.serving import served_model
 from rlvr.tiny_model import build_tiny_adapter
+from rlvr.vllm_lora import lora_rank_limit, lora_serving_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "predict.py"
@@ -100,10 +101,12 @@ def test_predict_merges_an_adapter_vllm_cannot_apply(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    assert lora_servable({"target_modules": ["q_proj", "v_proj"]})
-    assert not lora_servable({"target_modules": ["q_proj", "lm_head"]})
-    assert not lora_servable({"target_modules": ["q_proj"], "modules_to_save": ["embed_tokens"]})
-    assert not lora_servable({"target_modules": ".*(q_proj|lm_head)"})
+    assert lora_serving_problem({"target_modules": ["q_proj", "v_proj"]}) is None
+    assert "lm_head" in lora_serving_problem({"target_modules": ["q_proj", "lm_head"]})
+    modules_to_save = {"target_modules": ["q_proj"], "modules_to_save": ["embed_tokens"]}
+    assert "modules_to_save" in lora_serving_problem(modules_to_save)
+    assert "lm_head" in lora_serving_problem({"target_modules": ".*(q_proj|lm_head)"})
+    assert "--max-lora-rank 8" in lora_serving_problem({"r": 16, "target_modules": ["q_proj"]}, 8)
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
     adapter = build_tiny_adapter(tiny_model_dir, tmp_path / "final", targets=("q_proj", "lm_head"))
     served = served_model(str(adapter), name="trained")

@@ -15,10 +15,10 @@ the prefix cache reset as for a merged push:
 A trainer that dies mid-push leaves the previous adapter serving: vLLM reads a directory only
 when asked to load it, and it is only asked once the directory is complete.
 
-vLLM's LoRA layers cover the linear projections only: an adapter on `lm_head` or the input
-embedding, or one with modules_to_save or DoRA, cannot be served this way (vLLM's engine dies
-on such a load), so `adapter_sync_problem` says why and the trainer falls back to merged
-pushes (or refuses, when `server.lora_sync=adapter` was asked for explicitly).
+Not every adapter can be served this way (see rlvr.vllm_lora: vLLM's LoRA layers cover the
+linear projections only, and its engine dies on a refused load), so `adapter_sync_problem`
+says why and the trainer falls back to merged pushes (or refuses, when
+`server.lora_sync=adapter` was asked for explicitly).
 """
 
 from __future__ import annotations
@@ -38,18 +38,18 @@ import torch
 from rlvr.atomic import atomic_directory
 from rlvr.policy import save_adapter, trainable_state
 from rlvr.rendezvous import LOOPBACK
+from rlvr.vllm_lora import lora_serving_problem
 from rlvr.weights import ServerControl, server_host
 
 log = logging.getLogger(__name__)
 
 ADAPTER_ROOT = Path(os.environ.get("RLVR_ADAPTER_DIR", "/dev/shm/rlvr-adapters"))
-UNSERVABLE_TARGETS = ("lm_head", "embed_tokens")
 KEEP_VERSIONS = 2
 
 
 def adapter_sync_problem(model: torch.nn.Module, max_lora_rank: int | None) -> str | None:
-    """Why this PEFT model's adapter cannot be served by vLLM's LoRA layers (None: it can).
-    `max_lora_rank` is the server's (None: the server has no LoRA support)."""
+    """Why this PEFT model's adapter cannot be pushed for vLLM to serve (None: it can).
+    `max_lora_rank` is the server's (None: the server cannot load adapters at run time)."""
     if max_lora_rank is None:
         return (
             "the server was not started with LoRA support "
@@ -58,18 +58,7 @@ def adapter_sync_problem(model: torch.nn.Module, max_lora_rank: int | None) -> s
     config = getattr(model, "peft_config", {}).get("default")
     if config is None:
         return "the model has no LoRA adapter"
-    targets = config.target_modules
-    targets = [targets] if isinstance(targets, str) else sorted(targets or [])
-    unservable = [t for t in targets if t in UNSERVABLE_TARGETS]
-    if unservable:
-        return f"vLLM's LoRA layers do not cover {unservable} (lora.target_modules)"
-    if getattr(config, "modules_to_save", None):
-        return f"modules_to_save {config.modules_to_save} are full weights, not LoRA"
-    if getattr(config, "use_dora", False):
-        return "vLLM does not serve DoRA adapters"
-    if config.r > max_lora_rank:
-        return f"lora.rank={config.r} exceeds the server's --max-lora-rank {max_lora_rank}"
-    return None
+    return lora_serving_problem(config.to_dict(), max_lora_rank)
 
 
 class AdapterSync:

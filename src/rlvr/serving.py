@@ -19,11 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-# The LoRA ranks vLLM 0.32 accepts for --max-lora-rank (vllm.config.lora.MaxLoRARanks).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# Modules an adapter may train that vLLM 0.32 cannot apply as LoRA ("expected target modules in
-# {q_proj, ..., down_proj}"): such adapters are merged before serving.
-VLLM_LORA_UNSUPPORTED = ("lm_head", "embed_tokens")
+from rlvr.vllm_lora import adapter_rank, lora_rank_limit, lora_serving_problem
 
 
 @dataclass(frozen=True)
@@ -49,23 +45,6 @@ def is_adapter(model: str | Path) -> bool:
     return (Path(model).expanduser() / "adapter_config.json").is_file()
 
 
-def lora_rank_limit(rank: int) -> int:
-    """The smallest `--max-lora-rank` vLLM accepts that fits an adapter of `rank`."""
-    for limit in VLLM_LORA_RANKS:
-        if limit >= rank:
-            return limit
-    raise ValueError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank {limit}")
-
-
-def lora_servable(config: dict) -> bool:
-    """Whether vLLM can apply an adapter (its adapter_config.json) as LoRA: it must train
-    neither `lm_head` nor the embeddings, as targets or as fully trained modules."""
-    targets = config.get("target_modules") or []
-    trained = [targets] if isinstance(targets, str) else list(targets)
-    trained += config.get("modules_to_save") or []
-    return not any(bad in module for module in trained for bad in VLLM_LORA_UNSUPPORTED)
-
-
 def merged_copy(adapter: Path) -> Path:
     """The adapter merged into its base, made once per adapter version under RLVR_CACHE."""
     from rlvr.models import cache_root
@@ -84,7 +63,7 @@ def served_model(model: str, name: str | None = None) -> ServedModel:
     """What serving `model` takes. `name` is what clients call it (default: `model` as given,
     as vf-vllm does). For an adapter directory the base model named in its adapter_config.json
     is served and the adapter added as the LoRA module `name`, or, for an adapter vLLM cannot
-    apply (`lora_servable`), its merged copy is served as `name` (merging it here, once)."""
+    apply (`rlvr.vllm_lora`), its merged copy is served as `name` (merging it here, once)."""
     name = name or model
     if not is_adapter(model):
         return ServedModel(model, name, ("--served-model-name", name))
@@ -93,11 +72,11 @@ def served_model(model: str, name: str | None = None) -> ServedModel:
     base = config.get("base_model_name_or_path")
     if not base:
         raise ValueError(f"{adapter}/adapter_config.json names no base_model_name_or_path")
-    if not lora_servable(config):
+    if lora_serving_problem(config) is not None:
         return ServedModel(str(merged_copy(adapter)), name, ("--served-model-name", name))
-    rank = max([int(config.get("r", 8)), *map(int, (config.get("rank_pattern") or {}).values())])
     flags = ("--enable-lora", "--lora-modules", f"{name}={adapter}")
-    return ServedModel(base, name, (*flags, "--max-lora-rank", str(lora_rank_limit(rank))))
+    rank = lora_rank_limit(adapter_rank(config))
+    return ServedModel(base, name, (*flags, "--max-lora-rank", str(rank)))
 
 
 @contextmanager

@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 
 from rlvr.models import resolve_model
+from rlvr.vllm_lora import lora_rank_limit
 
 LOG_TAIL_LINES = 60
 CPU_KVCACHE_GIB = 2
@@ -152,8 +153,6 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
     return cmd + lora_defaults(passthrough) + passthrough
 
 
-# Ranks vLLM accepts for --max-lora-rank.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_MAX_LORA_RANK = 64
 DEFAULT_MAX_LORAS = 2
 
@@ -161,10 +160,8 @@ DEFAULT_MAX_LORAS = 2
 def lora_flags(rank: int = DEFAULT_MAX_LORA_RANK, max_loras: int = DEFAULT_MAX_LORAS) -> list[str]:
     """vf-vllm flags that let the server load adapters of `rank` at run time (adapter sync;
     the policy's adapter plus one more, e.g. an evaluated checkpoint)."""
-    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
-    if not fitting:
-        raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]})")
-    return ["--enable-lora", "--max-lora-rank", str(fitting[0]), "--max-loras", str(max_loras)]
+    limit = lora_rank_limit(rank)
+    return ["--enable-lora", "--max-lora-rank", str(limit), "--max-loras", str(max_loras)]
 
 
 def lora_defaults(passthrough: list[str]) -> list[str]:
