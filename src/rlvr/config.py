@@ -107,6 +107,10 @@ class BatchConfig:
     """Dataset rows whose rendered prompt is longer are skipped (and counted) before training."""
     async_level: int = 1
     """How many steps rollouts may run ahead of training (0 = fully synchronous)."""
+    trainer_cores: list[int] | None = None
+    """CPU cores for the trainer process, e.g. [1] beside a vf-vllm on core 0 of the same CPU
+    (vLLM's CPU worker binds every core but the last by default); None: all cores. Keeps
+    generation that runs ahead from stalling the trainer's threads (see `rlvr.cores`)."""
     max_concurrent: int = -1
     """Most groups generating at once (-1: all groups of a step)."""
     mask_truncated: bool = False

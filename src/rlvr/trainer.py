@@ -22,10 +22,11 @@ from typing import Any
 import torch
 
 from rlvr.advantages import group_advantages
-from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches
+from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches, slot_count
 from rlvr.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.client import make_client
 from rlvr.config import Config, ConfigError, save_config, to_yaml
+from rlvr.cores import pin_to_cores
 from rlvr.logprobs import MaskLogits, sequence_scores
 from rlvr.lora import MergedWeightSource
 from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
@@ -135,6 +136,8 @@ class Trainer:
         from accelerate.utils import DistributedType, set_seed
 
         cfg = self.cfg
+        if cfg.batch.trainer_cores is not None:
+            pin_to_cores(cfg.batch.trainer_cores)
         self.accelerator = acc = Accelerator()
         self.ds = acc.distributed_type == DistributedType.DEEPSPEED
         self.rank, self.world = acc.process_index, acc.num_processes
@@ -291,6 +294,8 @@ class Trainer:
                 "time/weight_push": push_s,
                 "time/step": step_s,
                 "throughput/train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
+                "throughput/padded_frac": 1
+                - train_tokens / max(stats.get("slots", train_tokens), 1),
                 "throughput/tokens_per_s": metrics["rollouts/completion_tokens"] / step_s,
             }
         )
@@ -320,7 +325,7 @@ class Trainer:
                     self.model, mb, cfg, global_tokens, self.world, self._reference_logprobs
                 )
                 self.opt.backward(loss, last)
-            acc.add(stats)
+            acc.add({**stats, "slots": slot_count(chunk)})
         if self.world > 1:
             from accelerate.utils import gather_object
 
