@@ -4,9 +4,11 @@ padded micro-batches, and how generation should overlap training.
 SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
 
 1. Layouts. One synchronous run (async_level 0) times forward/backward on every step's
-   samples twice, padded (one sample per row) and packed (`batch.packing`), alternating which
-   goes first; it reports each layout's padded-token fraction and trainer tokens/s (real
-   tokens / forward-backward seconds) on the same samples, and their ratio.
+   samples three times, rotating which goes first: the trainer before chunking (the output head
+   over every position, float32 log-softmax of the whole micro-batch; padded), the chunked head
+   (rlvr.logprobs) padded, and the chunked head packed (`batch.packing`). It reports each
+   layout's padded-token fraction and trainer tokens/s (real tokens / forward-backward
+   seconds) on the same samples, and the ratios.
 2. Overlap. vLLM's CPU worker binds every core but the last. Three runs: async_level 0 (the
    trainer waits for generation, then uses every core), async_level 1 on shared cores, and
    async_level 1 with the trainer pinned to the core vLLM leaves free (`batch.trainer_cores`).
@@ -68,59 +70,76 @@ def config(base_url: str, args: argparse.Namespace, out: Path, *extra: str):
     )
 
 
-def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
-    """Padded vs packed forward/backward on the same samples, every step (see the docstring)."""
-    from rlvr.batch import rank_micro_batches, slot_count
-    from rlvr.trainer import Trainer
+def full_logits_scores(model, mb, temperature=1.0, *, with_entropy=False, mask_logits=None):
+    """The trainer's scoring before chunking: the head over every position, float32 as a whole."""
+    from logprob_memory import full_logits
 
+    from rlvr.logprobs import TokenScores
+
+    return TokenScores(*full_logits(model, mb, temperature))
+
+
+# (name, batch.packing, how micro_batch_loss scores tokens); the first is the baseline
+LAYOUTS = (
+    ("full logits, padded", False, full_logits_scores),
+    ("chunked head, padded", False, None),
+    ("chunked head, packed", True, None),
+)
+
+
+def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
+    """Every layout's forward/backward on the same samples, every step (see the docstring)."""
+    import rlvr.trainer
+    from rlvr.batch import rank_micro_batches, slot_count
+
+    chunked = rlvr.trainer.sequence_scores
     timings: list[dict] = []
 
-    class TimedLayouts(Trainer):
+    class TimedLayouts(rlvr.trainer.Trainer):
         def forward_backward(self, samples, global_tokens):
             tokens = sum(len(s) for s in samples)
-            row = {"tokens": tokens}
-            order = (False, True) if len(timings) % 2 == 0 else (True, False)
-            for packing in order:
+            row: dict = {"tokens": tokens}
+            turn = len(timings) % len(LAYOUTS)  # rotate which layout goes first
+            for name, packing, scorer in LAYOUTS[turn:] + LAYOUTS[:turn]:
                 self.cfg.batch.packing = packing
+                rlvr.trainer.sequence_scores = scorer or chunked
                 plan = rank_micro_batches(samples, 0, 1, self.cfg.batch.micro_batch_size, 0,
                                           packing)  # fmt: skip
                 self.model.zero_grad()
                 began = time.perf_counter()
-                stats = super().forward_backward(samples, global_tokens)
+                try:
+                    stats = super().forward_backward(samples, global_tokens)
+                finally:
+                    rlvr.trainer.sequence_scores = chunked
                 seconds = time.perf_counter() - began
-                name = "packed" if packing else "padded"
                 row[name] = {
                     "seconds": seconds,
-                    "tokens_per_s": tokens / seconds,
                     "padded_frac": 1 - tokens / sum(slot_count(mb) for mb in plan),
                     "micro_batches": len(plan),
                     "loss": stats.get("loss", 0.0),
                 }
             timings.append(row)
-            print(
-                f"  step {len(timings)}: {tokens} tokens; padded {row['padded']['seconds']:.1f} s"
-                f" ({row['padded']['padded_frac']:.0%} padding), packed "
-                f"{row['packed']['seconds']:.1f} s ({row['packed']['padded_frac']:.0%})",
-                flush=True,
-            )
+            print(f"  step {len(timings)}: {tokens} tokens; " + "; ".join(
+                f"{name} {row[name]['seconds']:.1f} s ({row[name]['padded_frac']:.0%} padding)"
+                for name, _, _ in LAYOUTS), flush=True)  # fmt: skip
             return stats
 
     TimedLayouts(config(base_url, args, out, "batch.async_level=0")).run()
     steady = timings[1:]  # the first step warms caches up
-
-    def total(name: str, key: str) -> float:
-        return sum(t[name][key] for t in steady)
-
+    tokens = sum(t["tokens"] for t in steady)
     summary = {
-        layout: {
-            "tokens_per_s": sum(t["tokens"] for t in steady) / total(layout, "seconds"),
-            "padded_frac": statistics.fmean(t[layout]["padded_frac"] for t in steady),
-            "seconds_per_step": total(layout, "seconds") / len(steady),
+        name: {
+            "tokens_per_s": tokens / sum(t[name]["seconds"] for t in steady),
+            "padded_frac": statistics.fmean(t[name]["padded_frac"] for t in steady),
+            "seconds_per_step": statistics.fmean(t[name]["seconds"] for t in steady),
         }
-        for layout in ("padded", "packed")
+        for name, _, _ in LAYOUTS
     }
-    speedup = summary["packed"]["tokens_per_s"] / summary["padded"]["tokens_per_s"]
-    return {"steps": timings, **summary, "packed_speedup": speedup}
+    baseline = summary[LAYOUTS[0][0]]["tokens_per_s"]
+    for name in summary:
+        summary[name]["speedup_vs_baseline"] = summary[name]["tokens_per_s"] / baseline
+    packed, padded = (summary[LAYOUTS[i][0]]["tokens_per_s"] for i in (2, 1))
+    return {"steps": timings, "layouts": summary, "packed_vs_padded": packed / padded}
 
 
 def overlap_run(base_url: str, args: argparse.Namespace, name: str, out: Path, *extra) -> dict:
@@ -174,23 +193,33 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
         (f"async 1, trainer on core {free_core}",
          ["batch.async_level=1", f"batch.trainer_cores=[{free_core}]"]),
     ]  # fmt: skip
+    payload: dict = {"raw": raw}
     with tempfile.TemporaryDirectory() as tmp:
-        print("layouts (async_level 0, both layouts on each step's samples):", flush=True)
-        layouts = compare_layouts(base_url, args, Path(tmp) / "layouts")
-        runs = [
-            overlap_run(base_url, args, name, Path(tmp) / f"run{i}", *extra)
-            for i, (name, extra) in enumerate(settings)
-        ]
-    for r in runs:
-        r["pipeline_efficiency"] = r["pipeline_tokens_per_s"] / raw["tokens_per_s"]
+        if "layouts" in args.parts:
+            print("layouts (async_level 0, every layout on each step's samples):", flush=True)
+            payload["layouts"] = compare_layouts(base_url, args, Path(tmp) / "layouts")
+            print_layouts(payload["layouts"])
+        if "overlap" in args.parts:
+            runs = [
+                overlap_run(base_url, args, name, Path(tmp) / f"run{i}", *extra)
+                for i, (name, extra) in enumerate(settings)
+            ]
+            for r in runs:
+                r["pipeline_efficiency"] = r["pipeline_tokens_per_s"] / raw["tokens_per_s"]
+            payload.update(runs=runs, fastest=print_overlap(runs))
+    return payload
 
-    print(f"\n{'layout':>8} {'padding':>8} {'fwd/bwd s':>9} {'trainer tok/s':>13}")
-    for layout in ("padded", "packed"):
-        r = layouts[layout]
-        print(f"{layout:>8} {r['padded_frac']:8.1%} {r['seconds_per_step']:9.2f} "
-              f"{r['tokens_per_s']:13.1f}")  # fmt: skip
-    print(f"packed / padded trainer tokens/s: {layouts['packed_speedup']:.2f}x")
 
+def print_layouts(layouts: dict) -> None:
+    print(f"\n{'layout':>22} {'padding':>8} {'fwd/bwd s':>9} {'trainer tok/s':>13} {'vs first':>8}")
+    for name, r in layouts["layouts"].items():
+        print(f"{name:>22} {r['padded_frac']:8.1%} {r['seconds_per_step']:9.2f} "
+              f"{r['tokens_per_s']:13.1f} {r['speedup_vs_baseline']:7.2f}x")  # fmt: skip
+    print(f"packed / padded trainer tokens/s (chunked head): {layouts['packed_vs_padded']:.2f}x")
+
+
+def print_overlap(runs: list[dict]) -> str:
+    """The table of the overlap settings; returns the fastest one's name."""
     print(f"\n{'setting':>28} {'step s':>7} {'wait':>6} {'fwd/bwd':>7} {'optim':>6} {'push':>6}"
           f" {'gen tok/s':>9} {'efficiency':>10}")  # fmt: skip
     for r in runs:
@@ -202,7 +231,7 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
         )
     best = min(runs, key=lambda r: r["step_s"])
     print(f"fastest: {best['setting']} ({' '.join(best['overrides'])})")
-    return {"raw": raw, "layouts": layouts, "runs": runs, "fastest": best["setting"]}
+    return best["setting"]
 
 
 def main() -> None:
@@ -213,6 +242,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--parts", nargs="+", choices=["layouts", "overlap"],
+                        default=["layouts", "overlap"])  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
