@@ -96,13 +96,21 @@ class BatchConfig:
     batch_size: int = 64
     """Rollouts per optimizer step (a multiple of rollouts_per_example)."""
     micro_batch_size: int = 4
-    """Samples per forward/backward on each rank."""
+    """Rows per forward/backward on each rank (a row holds one sample, or several packed)."""
+    packing: bool = False
+    """Pack short samples together into rows as wide as the step's longest sample (attention
+    stays within each sample), instead of padding every sample to that width. Same loss,
+    less padded work; see `rlvr.batch`."""
     max_seq_len: int = 2048
     """Longest training sequence (prompt + completion tokens); longer turns are truncated."""
     max_prompt_len: int = 1024
     """Dataset rows whose rendered prompt is longer are skipped (and counted) before training."""
     async_level: int = 1
     """How many steps rollouts may run ahead of training (0 = fully synchronous)."""
+    trainer_cores: list[int] | None = None
+    """CPU cores for the trainer process, e.g. [1] beside a vf-vllm on core 0 of the same CPU
+    (vLLM's CPU worker binds every core but the last by default); None: all cores. Keeps
+    generation that runs ahead from stalling the trainer's threads (see `rlvr.cores`)."""
     max_concurrent: int = -1
     """Most groups generating at once (-1: all groups of a step)."""
     max_errored_frac: float = 0.25
@@ -350,7 +358,10 @@ class SFTTrainConfig:
     batch_size: int = 32
     """Sequences per optimizer step, over all ranks."""
     micro_batch_size: int = 4
-    """Sequences per forward/backward on each rank (memory; does not change the loss)."""
+    """Rows per forward/backward on each rank (memory; does not change the loss)."""
+    packing: bool = False
+    """Pack short sequences together into rows as wide as the step's longest (attention stays
+    within each sequence) instead of padding each one; see `rlvr.batch`."""
     eval_every: int = 0
     """val/loss every N steps (0: only before the first and after the last step)."""
 
