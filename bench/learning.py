@@ -95,53 +95,10 @@ def train(base_url: str, out: Path, train_data: Path, overrides: list[str]) -> f
     return time.perf_counter() - began
 
 
-# Plotting. TODO(merge of issue 15): replace these two with rlvr.plots.plot_run_curves and
-# rlvr.plots.plot_before_after, which take the same arguments.
-
-
-def plot_run_curves(metrics: Path, out: Path, keys: tuple[str, ...] = CURVES) -> Path:
-    """One panel per metric of the run's metrics.jsonl against the optimizer step."""
-    from matplotlib.figure import Figure
-
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    fig = Figure(figsize=(5.0 * len(keys), 3.6), layout="constrained")
-    for ax, key in zip(fig.subplots(1, len(keys), squeeze=False)[0], keys, strict=True):
-        points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float)]
-        ax.plot(*zip(*points, strict=True), marker="o", ms=3)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(
-            {"time/step": "step time (s)", "mismatch_kl": "sampler-trainer KL (nats/token)"}.get(
-                key, key
-            )
-        )
-        if key == "mismatch_kl":
-            ax.set_yscale("log")
-    fig.savefig(out, dpi=120)
-    return out
-
-
-def plot_before_after(labels, before, after, out: Path, *, names=("before", "after")) -> Path:
-    """Bars per label for two series of rlvr.stats.Estimate, with their 95% CIs."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(4.0 + len(labels), 3.8), layout="constrained")
-    ax = fig.subplots()
-    width = 0.38
-    for offset, name, series in ((-width / 2, names[0], before), (width / 2, names[1], after)):
-        xs = [i + offset for i in range(len(labels))]
-        means = [e.mean for e in series]
-        errors = [[e.mean - e.low for e in series], [e.high - e.mean for e in series]]
-        ax.bar(xs, means, width, yerr=errors, capsize=4, label=name)
-    ax.set_xticks(range(len(labels)), labels)
-    ax.set_ylabel("mean reward (95% CI)")
-    ax.legend()
-    fig.savefig(out, dpi=120)
-    return out
-
-
 def summarise(out: Path, train_s: float, args: argparse.Namespace) -> dict:
     """The report, both figures and the headline numbers."""
     from rlvr.atomic import atomic_write_text
+    from rlvr.plots import plot_before_after, plot_run_curves
     from rlvr.report import build_report, load_run, render_markdown, report_json
 
     report = build_report([load_run(out / "eval" / "base", "base"),
@@ -154,9 +111,10 @@ def summarise(out: Path, train_s: float, args: argparse.Namespace) -> dict:
         json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()
     ]
     steps = [h for h in history if "reward/mean" in h]
-    plot_run_curves(out / "train" / "metrics.jsonl", out / "training_curves.png")
+    plot_run_curves(out / "train" / "metrics.jsonl", out / "training_curves.png", CURVES,
+                    title="GRPO on small-number arithmetic, SmolLM2-135M-Instruct")  # fmt: skip
     plot_before_after(["held-out reward"], [base], [trained], out / "before_after.png",
-                      names=("base", "trained"))  # fmt: skip
+                      names=("base", "trained"), title="held-out problems")  # fmt: skip
     print(render_markdown(report))
 
     def estimate(e) -> dict:
