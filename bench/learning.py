@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -71,6 +72,7 @@ def evaluate(cfg: Any, base_url: str, out: Path, data: Path, args: argparse.Name
     """vf-eval on the held-out split with the recipe's environment and sampling."""
     from rlvr.evaluation import run_vf_eval
 
+    shutil.rmtree(out, ignore_errors=True)  # run_vf_eval reads every results file under `out`
     began = time.perf_counter()
     rows = run_vf_eval(
         cfg.env.id,
@@ -92,6 +94,7 @@ def evaluate(cfg: Any, base_url: str, out: Path, data: Path, args: argparse.Name
 
 def train(base_url: str, out: Path, train_data: Path, overrides: list[str]) -> float:
     """The recipe through scripts/train.py, as a user runs it; returns the wall time."""
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run, never a resumed one
     began = time.perf_counter()
     cmd = [
         sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(RECIPE),

@@ -445,12 +445,19 @@ class Trainer:
 
     def _report(self, step: int, metrics: dict[str, float], rows: list) -> None:
         logger = self.logger
-        kl = metrics["mismatch_kl"]
+        kl, lag = metrics["mismatch_kl"], metrics["rollouts/policy_lag"]
         if kl > self.cfg.logging.mismatch_kl_warn:
+            # Rollouts sampled by an older policy (async_level >= 1) differ from the trainer's
+            # by the updates since, which is no fault of the push
+            cause = (
+                f"it includes {lag:.1f} steps of policy lag (async rollouts), so it also "
+                "measures how far the policy moved since sampling"
+                if lag > 0
+                else "weights may not have arrived"
+            )
             logger.warn(
                 f"step {step}: mismatch-KL {kl:.3g} between vf-vllm's sampling logprobs and "
-                f"the trainer's exceeds {self.cfg.logging.mismatch_kl_warn:g}: weights may not "
-                f"have arrived (policy lag {metrics['rollouts/policy_lag']:.0f} steps)"
+                f"the trainer's exceeds {self.cfg.logging.mismatch_kl_warn:g}: {cause}"
             )
         logger.log(step, metrics)
         if rows and (step % self.cfg.logging.table_every == 0 or step == 1):
