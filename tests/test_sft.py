@@ -199,7 +199,7 @@ def test_loss_normalisation_ignores_the_micro_batch_and_rank_split(tiny_model_di
                 ).backward()
             ranks.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         with torch.no_grad():
-            total = sum(nll_sum(model, collate([s], pad)).item() for s in samples)
+            total = sum(nll_sum(model, collate([[s]], pad)).item() for s in samples)
         return total / global_tokens, torch.stack(ranks).mean(0)
 
     loss, reference = step_gradient(1, 8)

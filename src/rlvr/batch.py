@@ -1,9 +1,19 @@
-"""Training samples and their packing into padded micro-batches.
+"""Training samples and how they are laid out in micro-batches.
 
 A `Sample` is one token sequence exactly as vLLM saw it (the trainer never re-tokenizes text,
 so the ids, the loss mask and the sampler's logprobs cannot drift apart), with a mask that is 1
-only on tokens the policy sampled. SFT reuses samples and their packing: its mask marks the
+only on tokens the policy sampled. SFT reuses samples and their layout: its mask marks the
 assistant's tokens (see `rlvr.sft_data`) and the sampler fields stay zero.
+
+A micro-batch is a list of rows, a row a list of samples laid end to end. Padded (one sample
+per row, `packing=False`): right-padded to the longest row, with an attention mask. Packed
+(`packing=True`): samples are packed first-fit-decreasing into rows no wider than the step's
+longest sample, so short samples share a row instead of padding it; position ids restart at 0
+where each sample starts, and transformers builds the block-diagonal causal mask from them
+(sdpa and eager on the CPU; flash_attention_2's varlen path on GPUs), so no token attends to
+another sample. Rows never get wider than in the padded layout, so attention costs no more
+than there, while padding (wasted forward/backward work) mostly disappears. The loss is a sum
+over tokens normalised by the step's global loss-token count, so the layout cannot change it.
 """
 
 from __future__ import annotations
@@ -37,48 +47,102 @@ class Sample:
         return sum(self.loss_mask)
 
 
+Row = list[Sample]
+"""Samples laid end to end in one row of a micro-batch."""
+
+
 @dataclass
 class MicroBatch:
-    """Right-padded tensors. The last four are aligned with next-token predictions: column i
-    describes token i+1 of `input_ids` (position 0 is never predicted)."""
+    """Rows right-padded to the widest. `loss_mask`, `sampler_logprobs` and `advantages` are
+    aligned with next-token predictions: column i describes token i+1 of `input_ids` (the
+    first token of each sample is never predicted). Exactly one of `attention_mask` (rows of
+    one sample) and `position_ids` (packed rows) is set."""
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
     loss_mask: torch.Tensor
     sampler_logprobs: torch.Tensor
     advantages: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+    """1 on tokens, 0 on padding."""
+    position_ids: torch.Tensor | None = None
+    """Positions restarting at 0 where each sample starts; the padding after the last sample
+    of a row counts as a sample of its own, so nothing attends to it or from it."""
 
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
 
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments for the model's forward (transformers builds the block-diagonal
+        mask from position ids only when no attention mask is given)."""
+        if self.position_ids is not None:
+            return {"input_ids": self.input_ids, "position_ids": self.position_ids}
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+
     def to(self, device: torch.device | str) -> MicroBatch:
-        return MicroBatch(*(t.to(device) for t in vars(self).values()))
+        return MicroBatch(**{k: None if v is None else v.to(device) for k, v in vars(self).items()})
 
 
-def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
-    width = max(len(s) for s in samples)
-    n = len(samples)
+def collate(rows: list[Row], pad_id: int) -> MicroBatch:
+    """Tensors for a micro-batch of rows (see the module docstring for the two layouts)."""
+    width = max(sum(len(s) for s in row) for row in rows)
+    n = len(rows)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     attention = torch.zeros((n, width), dtype=torch.long)
+    positions = torch.zeros((n, width), dtype=torch.long)
     mask = torch.zeros((n, width), dtype=torch.float32)
     logprobs = torch.zeros((n, width), dtype=torch.float32)
     advantages = torch.zeros((n, width), dtype=torch.float32)
-    for row, s in enumerate(samples):
-        length = len(s)
-        ids[row, :length] = torch.tensor(s.input_ids)
-        attention[row, :length] = 1
-        mask[row, :length] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        logprobs[row, :length] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
-        advantages[row, :length] = s.advantage
-    return MicroBatch(ids, attention, mask[:, 1:], logprobs[:, 1:], advantages[:, 1:])
+    for r, row in enumerate(rows):
+        start = 0
+        for s in row:
+            end = start + len(s)
+            ids[r, start:end] = torch.tensor(s.input_ids)
+            attention[r, start:end] = 1
+            positions[r, start:end] = torch.arange(len(s))
+            mask[r, start:end] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            mask[r, start] = 0  # not predicted from the previous sample's last token
+            logprobs[r, start:end] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
+            advantages[r, start:end] = s.advantage
+            start = end
+        positions[r, start:] = torch.arange(width - start)
+    layout = (
+        {"position_ids": positions}
+        if any(len(row) > 1 for row in rows)
+        else {"attention_mask": attention}
+    )
+    return MicroBatch(ids, mask[:, 1:], logprobs[:, 1:], advantages[:, 1:], **layout)
 
 
-def split_micro_batches(samples: list[Sample], micro_batch_size: int) -> list[list[Sample]]:
-    """Chunks of at most `micro_batch_size`, longest first, so similar lengths share padding.
-    (The loss is a sum over tokens, so the order does not change it.)"""
-    ordered = sorted(samples, key=len, reverse=True)
-    return [ordered[i : i + micro_batch_size] for i in range(0, len(ordered), micro_batch_size)]
+def pack_rows(samples: list[Sample], width: int) -> list[Row]:
+    """First-fit decreasing: each sample, longest first, goes into the first row with room
+    for it (a sample longer than `width` gets a row of its own)."""
+    rows: list[Row] = []
+    room: list[int] = []
+    for s in sorted(samples, key=len, reverse=True):
+        for i, free in enumerate(room):
+            if len(s) <= free:
+                rows[i].append(s)
+                room[i] -= len(s)
+                break
+        else:
+            rows.append([s])
+            room.append(width - len(s))
+    return rows
+
+
+def split_micro_batches(
+    samples: list[Sample], micro_batch_size: int, width: int | None = None
+) -> list[list[Row]]:
+    """Micro-batches of at most `micro_batch_size` rows: one sample per row, longest first (so
+    similar lengths share padding), or with `width`, samples packed into rows that wide.
+    (The loss is a sum over tokens, so neither the order nor the layout changes it.)"""
+    rows = (
+        pack_rows(samples, width)
+        if width
+        else [[s] for s in sorted(samples, key=len, reverse=True)]
+    )
+    return [rows[i : i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
 
 
 def shard(samples: list[Sample], rank: int, world_size: int) -> list[Sample]:
@@ -88,20 +152,27 @@ def shard(samples: list[Sample], rank: int, world_size: int) -> list[Sample]:
     return ordered[rank::world_size]
 
 
-def padding_micro_batch(pad_id: int) -> list[Sample]:
+def padding_micro_batch(pad_id: int) -> list[Row]:
     """A micro-batch that contributes no loss. Ranks with fewer micro-batches run these so
     every rank makes the same number of forward/backward passes: ZeRO-3 gathers parameters
     with collectives inside them, and mismatched counts would deadlock."""
-    return [Sample([pad_id, pad_id], [0, 0], [0.0, 0.0], 0.0)]
+    return [[Sample([pad_id, pad_id], [0, 0], [0.0, 0.0], 0.0)]]
 
 
 def rank_micro_batches(
-    samples: list[Sample], rank: int, world_size: int, micro_batch_size: int, pad_id: int
-) -> list[list[Sample]]:
+    samples: list[Sample],
+    rank: int,
+    world_size: int,
+    micro_batch_size: int,
+    pad_id: int,
+    packing: bool = False,
+) -> list[list[Row]]:
     """This rank's micro-batches of the step's samples, topped up with padding micro-batches
-    to the count of the busiest rank (see `padding_micro_batch`)."""
+    to the count of the busiest rank (see `padding_micro_batch`). With `packing`, rows are as
+    wide as the step's longest sample."""
+    width = max((len(s) for s in samples), default=0) if packing else None
     shards = [
-        split_micro_batches(shard(samples, r, world_size), micro_batch_size)
+        split_micro_batches(shard(samples, r, world_size), micro_batch_size, width)
         for r in range(world_size)
     ]
     count = max(len(s) for s in shards)

@@ -117,7 +117,11 @@ class BatchConfig:
     batch_size: int = 64
     """Rollouts per optimizer step (a multiple of rollouts_per_example)."""
     micro_batch_size: int = 4
-    """Samples per forward/backward on each rank."""
+    """Rows per forward/backward on each rank (a row holds one sample, or several packed)."""
+    packing: bool = False
+    """Pack short samples together into rows as wide as the step's longest sample (attention
+    stays within each sample), instead of padding every sample to that width. Same loss,
+    less padded work; see `rlvr.batch`."""
     max_seq_len: int = 2048
     """Longest training sequence (prompt + completion tokens); longer turns are truncated."""
     max_prompt_len: int = 1024
@@ -318,7 +322,10 @@ class SFTTrainConfig:
     batch_size: int = 32
     """Sequences per optimizer step, over all ranks."""
     micro_batch_size: int = 4
-    """Sequences per forward/backward on each rank (memory; does not change the loss)."""
+    """Rows per forward/backward on each rank (memory; does not change the loss)."""
+    packing: bool = False
+    """Pack short sequences together into rows as wide as the step's longest (attention stays
+    within each sequence) instead of padding each one; see `rlvr.batch`."""
     eval_every: int = 0
     """val/loss every N steps (0: only before the first and after the last step)."""
 

@@ -1,33 +1,193 @@
-"""Per-token log-probabilities and entropy of the trainer's policy, from its logits."""
+"""Per-token log-probabilities and entropy of the trainer's policy, computed only where the loss
+reads them, with bounded memory.
+
+A causal LM's output head turns every position's hidden state into a row of vocabulary logits.
+The loss only reads the positions that predict a sampled (loss-mask) token, so the head runs on
+those alone: prompts, tool outputs and padding never reach it (on SmolLM2-135M the head is
+about a fifth of the forward pass). The selected hidden states go through the head in chunks of
+at most `MAX_CHUNK_ELEMENTS` logits, each widened to float32 only for its own log-softmax, so
+no full-vocabulary float32 copy of a micro-batch ever exists (4 x 8k tokens x 152k vocabulary
+would be tens of GB). When a micro-batch needs more than one chunk and gradients are on, each
+chunk is checkpointed: backward recomputes its logits instead of keeping every chunk's
+log-softmax alive, at the price of one more head pass over the loss tokens.
+
+The model still runs through its own top-level forward (the DDP or DeepSpeed wrapper when
+there is one), which keeps DDP's gradient hooks and ZeRO-3's parameter gathering in place: a
+forward pre-hook on the output embeddings takes the final hidden states and hands the head an
+empty slice, and the head module is then called on the selected chunks (PEFT's LoRA on
+`lm_head`, tied embeddings and ZeRO-3's per-module gathering all follow the module call).
+Models that transform the head's logits inside their forward (Gemma-2's soft-capping, Cohere's
+and Granite's logit scales) are refused, since the chunks would miss the transform.
+
+Masking logits per position (`mask_logits`): some policies forbid tokens at some positions
+(for example a reasoning vocabulary that may only be used inside a think span). Pass
+`mask_logits(logits, positions) -> logits`, called on every chunk before the log-softmax with
+`logits` [n, V] in float32, already divided by the temperature, and `positions` [n], the flat
+index `row * (T - 1) + column` of each logits row in the micro-batch's [B, T - 1] grid of
+next-token predictions (the layout of `MicroBatch.loss_mask`; column c predicts token c + 1 of
+the row). Set forbidden entries to -inf (e.g. `logits.masked_fill(forbid[positions][:, None] &
+in_range, -inf)`); both the log-probabilities and the entropy then follow the masked
+distribution, as the sampler's processed logprobs do. In packed micro-batches (see
+`rlvr.batch`) a row holds several samples; `MicroBatch.position_ids` restart at 0 where each
+sample starts.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
 import torch
+from torch.utils.checkpoint import checkpoint
+
+from rlvr.batch import MicroBatch
+
+MAX_CHUNK_ELEMENTS = 2**24
+"""Most logits (tokens x vocabulary) in one chunk: 64 MiB in float32."""
+
+MaskLogits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0):
-    """Log-probability of each next token: out[:, i] = log p(input_ids[:, i+1] | ids[:, :i+1]).
-
-    `logits` is [B, T, V] for inputs [B, T]; the result is [B, T-1] in float32. Dividing by
-    the sampling temperature makes these the probabilities tokens were sampled from.
-    """
-    logits = logits[:, :-1].float() / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    picked = torch.gather(logits, -1, targets).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+@dataclass
+class TokenScores:
+    logprobs: torch.Tensor
+    """[B, T-1] float32, aligned with `MicroBatch.loss_mask`: the log-probability (after the
+    temperature) of each loss token; 0.0 where the loss mask is 0."""
+    entropy_sum: torch.Tensor | None
+    """Sum of the policy's entropy over the loss tokens (no gradient), when asked for."""
 
 
-@torch.no_grad()
-def masked_entropy_sum(
-    logits: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0
-) -> torch.Tensor:
-    """Sum of the policy's entropy over loss tokens (for logging; no gradient).
+def output_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The module that maps final hidden states to logits (a LoRA wrapper when PEFT targets
+    it), found through any DDP/DeepSpeed/PEFT wrapping."""
+    from accelerate.utils import extract_model_from_parallel
 
-    `logits` [B, T, V] and `mask` [B, T-1] aligned like `token_logprobs`. Only the masked
-    positions are expanded to full distributions, which keeps memory at tokens x vocab.
-    """
-    picked = logits[:, :-1][mask.bool()].float() / temperature
-    if picked.numel() == 0:
-        return torch.zeros((), device=logits.device)
-    logp = torch.log_softmax(picked, dim=-1)
-    return -(logp.exp() * logp).sum()
+    inner = extract_model_from_parallel(model)
+    config = getattr(inner, "config", None)
+    for name in _LOGIT_TRANSFORMS:
+        value = getattr(config, name, None)
+        if value not in (None, 1, 1.0):
+            raise NotImplementedError(
+                f"the model's config sets {name}={value}: its forward transforms the head's "
+                "logits, which the chunked log-probabilities do not reproduce"
+            )
+    head = inner.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(inner).__name__} has no output embeddings (not a causal LM?)")
+    return head
+
+
+@contextlib.contextmanager
+def _final_hidden_states(head: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """While active, calls of `head` record their input (the final hidden states) and compute
+    nothing: the head gets an empty slice of the sequence."""
+    captured: list[torch.Tensor] = []
+
+    def take(_module: torch.nn.Module, args: tuple) -> tuple:
+        hidden = args[0]
+        captured.append(hidden)
+        return (hidden[..., :0, :], *args[1:])
+
+    handle = head.register_forward_pre_hook(take)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+def _chunk_logprobs(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    positions: torch.Tensor,
+    temperature: float,
+    mask_logits: MaskLogits | None,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of `targets` under the head's logits for `hidden` [n, H], and the
+    chunk's summed entropy (no gradient) when asked for."""
+    logits = head(hidden).float() / temperature
+    if mask_logits is not None:
+        logits = mask_logits(logits, positions)
+    logp = torch.log_softmax(logits, dim=-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = torch.special.entr(logp.exp()).sum()
+    return logp.gather(-1, targets[:, None])[:, 0], entropy
+
+
+def _vocab_size(head: torch.nn.Module) -> int:
+    """The head's output width (also when ZeRO-3 has partitioned its weight to nothing)."""
+    if hasattr(head, "out_features"):
+        return int(head.out_features)
+    weight = head.weight
+    return int(getattr(weight, "ds_shape", weight.shape)[0])
+
+
+def head_logprobs(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    positions: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    mask_logits: MaskLogits | None = None,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities [n] of `targets` [n] given final hidden states `hidden` [n, H], in
+    chunks of `chunk_tokens` rows (default: as many as fit `MAX_CHUNK_ELEMENTS`), and the
+    summed entropy when `with_entropy`. `positions` [n] are passed to `mask_logits`."""
+    if chunk_tokens is None:
+        chunk_tokens = max(1, MAX_CHUNK_ELEMENTS // _vocab_size(head))
+    n = hidden.shape[0]
+    recompute = torch.is_grad_enabled() and n > chunk_tokens
+    pieces, entropies = [], []
+    # At least one (possibly empty) chunk: the result stays connected to the head and the
+    # hidden states, so a micro-batch without loss tokens still runs a backward that reaches
+    # every parameter (DDP and ZeRO-3 need each rank to take part in every backward).
+    for start in range(0, max(n, 1), chunk_tokens):
+        part = slice(start, start + chunk_tokens)
+        args = (head, hidden[part], targets[part], positions[part], temperature, mask_logits)
+        if recompute:
+            picked, entropy = checkpoint(_chunk_logprobs, *args, with_entropy, use_reentrant=False)
+        else:
+            picked, entropy = _chunk_logprobs(*args, with_entropy)
+        pieces.append(picked)
+        entropies.append(entropy)
+    return torch.cat(pieces), torch.stack(entropies).sum() if with_entropy else None
+
+
+def sequence_scores(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    mask_logits: MaskLogits | None = None,
+) -> TokenScores:
+    """Run `model` on the micro-batch and score its loss tokens: log-probabilities (with the
+    gradient, when enabled) and optionally the entropy. See the module docstring."""
+    head = output_head(model)
+    with _final_hidden_states(head) as captured:
+        model(**mb.model_inputs(), use_cache=False)
+    if len(captured) != 1:
+        raise RuntimeError(f"the output head ran {len(captured)} times in one forward, not once")
+    hidden = captured[0][:, :-1]
+    select = mb.loss_mask > 0
+    positions = select.flatten().nonzero()[:, 0]
+    picked, entropy_sum = head_logprobs(
+        head,
+        hidden[select],
+        mb.input_ids[:, 1:][select],
+        positions,
+        temperature,
+        with_entropy=with_entropy,
+        mask_logits=mask_logits,
+    )
+    logprobs = torch.zeros(select.shape, dtype=torch.float32, device=picked.device)
+    return TokenScores(logprobs.masked_scatter(select, picked), entropy_sum)

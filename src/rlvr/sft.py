@@ -27,7 +27,7 @@ import torch
 from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches
 from rlvr.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.config import SFTConfig, save_config, to_yaml
-from rlvr.logprobs import token_logprobs
+from rlvr.logprobs import sequence_scores
 from rlvr.loss import normalised_loss
 from rlvr.metrics import RunLogger
 from rlvr.optimization import Optimization
@@ -46,8 +46,7 @@ from rlvr.sft_data import (
 def nll_sum(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     """Summed negative log-likelihood of the micro-batch's loss tokens (not averaged: the
     caller divides by the step's global count)."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-    return -(token_logprobs(logits, mb.input_ids) * mb.loss_mask).sum()
+    return -(sequence_scores(model, mb).logprobs * mb.loss_mask).sum()
 
 
 def split_conversations(
@@ -209,8 +208,14 @@ class SFTTrainer:
     def _forward(self, samples: list[Sample], global_tokens: int, train: bool = True) -> float:
         """Run this rank's micro-batches of `samples` (with backward when training); return
         the summed NLL over all ranks."""
+        train_cfg = self.cfg.train
         mine = rank_micro_batches(
-            samples, self.rank, self.world, self.cfg.train.micro_batch_size, self.pad_id
+            samples,
+            self.rank,
+            self.world,
+            train_cfg.micro_batch_size,
+            self.pad_id,
+            train_cfg.packing,
         )
         total = torch.zeros((), device=self.accelerator.device)
         for i, chunk in enumerate(mine):

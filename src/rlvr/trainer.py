@@ -26,7 +26,7 @@ from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches
 from rlvr.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.client import make_client
 from rlvr.config import Config, ConfigError, save_config, to_yaml
-from rlvr.logprobs import masked_entropy_sum, token_logprobs
+from rlvr.logprobs import MaskLogits, sequence_scores
 from rlvr.lora import MergedWeightSource
 from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
@@ -45,17 +45,20 @@ def micro_batch_loss(
     global_tokens: float,
     world_size: int,
     reference: Any = None,
+    mask_logits: MaskLogits | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one micro-batch; return its normalised loss (ready for backward) and stats.
 
     `reference(mb)` returns the reference model's token log-probabilities (needed when
-    loss.beta > 0)."""
-    temperature = cfg.sampling.temperature
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-    logprobs = token_logprobs(logits, mb.input_ids, temperature)
+    loss.beta > 0); `mask_logits` forbids tokens per position (see `rlvr.logprobs`)."""
+    scores = sequence_scores(
+        model, mb, cfg.sampling.temperature, with_entropy=True, mask_logits=mask_logits
+    )
     ref = reference(mb) if cfg.loss.beta > 0 else None
-    terms = policy_loss(logprobs, mb.sampler_logprobs, mb.advantages, mb.loss_mask, cfg.loss, ref)
-    terms.stats["entropy_sum"] = masked_entropy_sum(logits, mb.loss_mask, temperature)
+    terms = policy_loss(
+        scores.logprobs, mb.sampler_logprobs, mb.advantages, mb.loss_mask, cfg.loss, ref
+    )
+    terms.stats["entropy_sum"] = scores.entropy_sum
     terms.stats["loss_sum"] = terms.loss_sum.detach()
     return normalised_loss(terms.loss_sum, global_tokens, world_size), terms.stats
 
@@ -298,7 +301,12 @@ class Trainer:
         """Accumulate gradients of this rank's shard; return stats reduced over all ranks."""
         cfg = self.cfg
         mine = rank_micro_batches(
-            samples, self.rank, self.world, cfg.batch.micro_batch_size, self.pad_id
+            samples,
+            self.rank,
+            self.world,
+            cfg.batch.micro_batch_size,
+            self.pad_id,
+            cfg.batch.packing,
         )
         acc = StatsAccumulator()
         if global_tokens == 0:
@@ -324,12 +332,11 @@ class Trainer:
 
     @torch.no_grad()
     def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        temperature = self.cfg.sampling.temperature
         if self.ref_model is not None:
-            logits = self.ref_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        else:
-            with self.accelerator.unwrap_model(self.model).disable_adapter():
-                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        return token_logprobs(logits, mb.input_ids, self.cfg.sampling.temperature)
+            return sequence_scores(self.ref_model, mb, temperature).logprobs
+        with self.accelerator.unwrap_model(self.model).disable_adapter():
+            return sequence_scores(self.model, mb, temperature).logprobs
 
     def push_weights(self, version: int, initial: bool = False) -> float:
         """Send the current weights to vf-vllm (all ranks take part) and record the version."""
