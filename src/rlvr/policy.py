@@ -50,15 +50,21 @@ def num_parameters(model: torch.nn.Module) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
-def load_model(path: str, cfg: ModelConfig) -> torch.nn.Module:
+def load_model(
+    path: str, cfg: ModelConfig, reasoning_vocab: ReasoningVocab | None = None
+) -> torch.nn.Module:
     """The plain Hugging Face model at `path` in `cfg`'s dtype and attention implementation
-    (also used for the frozen reference of a full fine-tune)."""
+    (also used for the frozen reference of a full fine-tune), expanded by `reasoning_vocab`
+    when it does not carry it yet."""
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype)}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if reasoning_vocab is not None and ReasoningVocab.load(path) is None:
+        expand_model(model, reasoning_vocab)
+    return model
 
 
 def apply_lora(
@@ -81,22 +87,25 @@ def apply_lora(
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
         task_type="CAUSAL_LM",
-        trainable_token_indices=trainable_rows(model, reasoning_vocab),
+        trainable_token_indices=trainable_rows(model, reasoning_vocab, cfg.target_modules),
     )
     return get_peft_model(model, peft_config)
 
 
 def trainable_rows(
-    model: torch.nn.Module, reasoning_vocab: ReasoningVocab | None
+    model: torch.nn.Module, reasoning_vocab: ReasoningVocab | None, lora_targets: list[str]
 ) -> dict[str, list[int]] | None:
-    """PEFT's `trainable_token_indices` for the reasoning rows, by module name."""
+    """PEFT's `trainable_token_indices` for the reasoning rows, by module name. An untied head
+    that LoRA already targets is left to LoRA (PEFT cannot wrap it twice; its LoRA update
+    gives each output row, the new ones included, its own coefficients)."""
     if reasoning_vocab is None:
         return None
     rows = list(range(reasoning_vocab.base_vocab_size, reasoning_vocab.total_vocab_size))
     names = {module: name.rsplit(".", 1)[-1] for name, module in model.named_modules()}
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     indices = {names[embedding]: rows}
-    if head is not None and head.weight is not embedding.weight:
+    untied = head is not None and head.weight is not embedding.weight
+    if untied and names[head] not in lora_targets:
         indices[names[head]] = rows
     return indices
 
@@ -162,7 +171,10 @@ def save_final(
     final = Path(out_dir) / "final"
     if accelerator.is_main_process:
         with atomic_directory(final, replace=True) as tmp:
-            unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            # an adapter holds the reasoning rows it trained, not whole embedding matrices:
+            # loading expands the base again (PEFT would otherwise save both in full)
+            extra = {"save_embedding_layers": False} if lora and reasoning_vocab else {}
+            unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True, **extra)
             tokenizer.save_pretrained(tmp)
             if reasoning_vocab is not None:
                 reasoning_vocab.save(tmp)

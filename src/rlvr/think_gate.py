@@ -13,11 +13,11 @@ of the loss, and SFT's likelihood), so the importance ratio compares like with l
   `<think>` in the generation prompt) lets the completion think from its first token.
 * **Outside**, reasoning ids get -inf: the model answers in its ordinary vocabulary, and the
   end-of-turn and tool-call tokens, which have no copies, stay what they were.
-* **Inside**, a copied token and its reasoning copy each get log(1/2) added. The expanded
-  model's two rows are equal before training, so the pair then holds exactly the original
-  token's probability and every uncopied token (EOS, `</think>` when it is one special token)
-  keeps its own: expansion alone changes no distribution over text. Training moves the two
-  logits apart from there.
+* **Inside**, a copied token and its reasoning copy each get log(1/2) added to their
+  temperature-scaled logits. The expanded model's two rows are equal before training, so the
+  pair then holds exactly the original token's probability and every uncopied token (EOS,
+  `</think>` when it is one special token) keeps its own, at any temperature: expansion alone
+  changes no distribution over text. Training moves the two logits apart from there.
 
 `fold` mode (SFT) turns the same gated logits into the distribution over *text* tokens: each
 pair's probability is summed onto the original id, so a transcript's likelihood counts both
@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from rlvr.batch import MicroBatch, Sample
 from rlvr.reasoning_vocab import ReasoningVocab
 
 LOG_HALF = -math.log(2.0)
@@ -84,7 +85,7 @@ class ThinkGate:
         self.vocab = vocab
         base = list(pieces[: vocab.base_vocab_size])
         self.pieces = base + [base[i] for i in vocab.original_ids]
-        self._bias: dict[tuple[torch.device, float], torch.Tensor] = {}
+        self._bias: dict[torch.device, torch.Tensor] = {}
 
     @classmethod
     def from_tokenizer(cls, vocab: ReasoningVocab, tokenizer: Any) -> ThinkGate:
@@ -105,44 +106,120 @@ class ThinkGate:
         tracker = self.tracker()
         return [tracker.feed(self.piece(i)) for i in ids]
 
+    def micro_batch_inside(self, mb: MicroBatch) -> torch.Tensor:
+        """[B, T-1] bool, aligned with `mb.loss_mask`: is column c's prediction (token c+1 of
+        its row) inside a think span? Each packed sample is tracked from its own start."""
+        ids = mb.input_ids.tolist()
+        starts = mb.position_ids.eq(0).tolist() if mb.position_ids is not None else None
+        grid = []
+        for r, row in enumerate(ids):
+            tracker = self.tracker()
+            out = []
+            for c, token in enumerate(row[:-1]):
+                if c and starts is not None and starts[r][c]:
+                    tracker = self.tracker()
+                out.append(tracker.feed(self.piece(token)))
+            grid.append(out)
+        rows, width = mb.input_ids.shape
+        return torch.tensor(grid, dtype=torch.bool).view(rows, width - 1)
+
+    def logit_mask(self, mb: MicroBatch, fold: bool = False):
+        """The `mask_logits(logits, positions)` hook of `rlvr.logprobs` for this micro-batch
+        (its logits arrive divided by the temperature): the gate (GRPO: the distribution the
+        sampler drew from) or, with `fold`, the folded distribution over text tokens (SFT)."""
+        inside = self.micro_batch_inside(mb).flatten().to(mb.input_ids.device)
+        shape = self.fold_logits if fold else self.gate_logits
+
+        def mask_logits(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return shape(logits, inside[positions])
+
+        return mask_logits
+
+    def sample_counts(self, sample: Sample) -> tuple[int, int, int]:
+        """(thinking tokens, of them reasoning ids, reasoning ids outside any think span)
+        among the tokens the policy sampled (loss mask 1)."""
+        inside = self.inside(sample.input_ids)
+        base = self.vocab.base_vocab_size
+        think = reasoning = outside = 0
+        for t in range(1, len(sample)):
+            if not sample.loss_mask[t]:
+                continue
+            is_reasoning = sample.input_ids[t] >= base
+            if inside[t - 1]:
+                think += 1
+                reasoning += is_reasoning
+            else:
+                outside += is_reasoning
+        return think, reasoning, outside
+
+    def rollout_metrics(self, samples: Iterable[Sample]) -> dict[str, float]:
+        """`reasoning/think_tokens`: share of sampled tokens inside think spans;
+        `reasoning/reasoning_id_share`: share of those that are reasoning ids. Raises when the
+        sampler put a reasoning id outside a span (the server is not gating)."""
+        think = reasoning = outside = sampled = 0
+        for sample in samples:
+            t, r, o = self.sample_counts(sample)
+            think, reasoning, outside = think + t, reasoning + r, outside + o
+            sampled += sample.num_loss_tokens
+        if outside:
+            raise RuntimeError(
+                f"the sampler produced {outside} reasoning ids outside think spans: vf-vllm must "
+                "serve this model with the reasoning-vocabulary logits processor (it does so "
+                "for a model directory with reasoning_vocab.json)"
+            )
+        return {
+            "reasoning/think_tokens": think / max(sampled, 1),
+            "reasoning/reasoning_id_share": reasoning / max(think, 1),
+        }
+
     # ---- logits --------------------------------------------------------------------------
 
-    def bias_table(self, device: torch.device, temperature: float = 1.0) -> torch.Tensor:
-        """[2, V + N] additive biases: row 0 outside a span (-inf on reasoning ids), row 1
-        inside (log 1/2 on every copied original and its copy), divided by `temperature` for
-        logits that were already divided by it."""
-        key = (torch.device(device), float(temperature))
+    def bias_table(self, device: torch.device) -> torch.Tensor:
+        """[2, V + N] additive biases for temperature-scaled logits: row 0 outside a span
+        (-inf on reasoning ids), row 1 inside (log 1/2 on every copied original and its copy)."""
+        key = torch.device(device)
         if key not in self._bias:
-            v = self.vocab
-            table = torch.zeros(2, v.total_vocab_size, dtype=torch.float32)
-            table[0, v.base_vocab_size :] = -math.inf
-            table[1, torch.tensor(v.original_ids, dtype=torch.long)] = LOG_HALF / temperature
-            table[1, v.base_vocab_size :] = LOG_HALF / temperature
+            table = torch.zeros(2, self.vocab.total_vocab_size, dtype=torch.float32)
+            table[0, self.vocab.base_vocab_size :] = -math.inf
+            table[1, self._pair_columns("cpu")] = LOG_HALF
             self._bias[key] = table.to(device)
         return self._bias[key]
 
-    def gate_logits(
-        self, logits: torch.Tensor, inside: torch.Tensor, temperature: float = 1.0
-    ) -> torch.Tensor:
-        """Apply the rule to `logits` [n, V + N] (float32) whose rows are inside a span where
-        `inside` [n] is true. Returns a new tensor (autograd-safe)."""
-        self._check_width(logits)
-        table = self.bias_table(logits.device, temperature)
-        return logits + table[inside.long()]
+    def _pair_columns(self, device: torch.device | str) -> torch.Tensor:
+        v = self.vocab
+        originals = torch.tensor(v.original_ids, dtype=torch.long)
+        return torch.cat([originals, torch.arange(v.base_vocab_size, v.total_vocab_size)]).to(
+            device
+        )
 
-    def gate_logits_(self, logits: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
-        """In-place `gate_logits` at temperature 1 (the sampler's processors run before the
-        temperature is applied)."""
+    def gate_logits(self, logits: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
+        """Apply the rule to temperature-scaled `logits` [n, V + N] (float32, the trainer's),
+        rows inside a span where `inside` [n] is true. Returns a new tensor (autograd-safe)."""
         self._check_width(logits)
-        return logits.add_(self.bias_table(logits.device)[inside.long()])
+        return logits + self.bias_table(logits.device)[inside.long()]
 
-    def fold_logits(
-        self, logits: torch.Tensor, inside: torch.Tensor, temperature: float = 1.0
+    def gate_logits_(
+        self, logits: torch.Tensor, inside: torch.Tensor, temperatures: torch.Tensor
     ) -> torch.Tensor:
+        """The same rule in place on raw logits that each row's temperature will divide later
+        (vLLM's processors run before the temperature): the split is log(1/2) times the row's
+        temperature, so that after the division it is log(1/2), exactly as in `gate_logits`.
+        (A split of log(1/2) before the division would hold the pair at 2^(1-1/T) times the
+        original token's probability mass.)"""
+        self._check_width(logits)
+        logits[(~inside).nonzero()[:, 0], self.vocab.base_vocab_size :] = -math.inf
+        rows = inside.nonzero()[:, 0]
+        if rows.numel():
+            columns = self._pair_columns(logits.device)
+            split = (LOG_HALF * temperatures[rows]).to(logits.dtype)[:, None]
+            logits[rows[:, None], columns] += split
+        return logits
+
+    def fold_logits(self, logits: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
         """The gated distribution with each reasoning id's probability added to its original
         (log-space), reasoning columns left at -inf: log_softmax of the result is the model's
         distribution over text tokens."""
-        gated = self.gate_logits(logits, inside, temperature)
+        gated = self.gate_logits(logits, inside)
         base = self.vocab.base_vocab_size
         originals = torch.tensor(self.vocab.original_ids, dtype=torch.long, device=logits.device)
         copies = gated[:, base:]

@@ -14,6 +14,8 @@ One step:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
 from pathlib import Path
@@ -32,8 +34,10 @@ from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization
 from rlvr.policy import load_model, load_policy, save_final
+from rlvr.reasoning_vocab import row_cosines
 from rlvr.rollouts import RolloutWorker, StepBatch, prompt_length_filter
 from rlvr.schedule import Schedule, run_steps
+from rlvr.think_gate import ThinkGate
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +67,11 @@ def micro_batch_loss(
     return normalised_loss(terms.loss_sum, global_tokens, world_size), terms.stats
 
 
-def build_samples(batch: StepBatch, cfg: Config) -> tuple[list[Sample], dict[str, float], list]:
-    """Advantages per group -> samples; the batch's rollout metrics; sample-table rows."""
+def build_samples(
+    batch: StepBatch, cfg: Config, gate: ThinkGate | None = None
+) -> tuple[list[Sample], dict[str, float], list]:
+    """Advantages per group -> samples; the batch's rollout metrics (with a reasoning
+    vocabulary's `gate`, its use in the sampled tokens); sample-table rows."""
     groups = [g for g in batch.groups if g.rollouts]
     advantages, flat = group_advantages(
         [[r.reward for r in g.rollouts] for g in groups], cfg.loss.scale_rewards
@@ -100,6 +107,8 @@ def build_samples(batch: StepBatch, cfg: Config) -> tuple[list[Sample], dict[str
         "time/generate": batch.generate_s,
         "throughput/gen_tokens_per_s": gen_tokens / max(batch.generate_s, 1e-9),
     }
+    if gate is not None:
+        metrics.update(gate.rollout_metrics(s for r in rollouts for s in r.samples))
     rows = [
         {
             "example_id": r.example_id,
@@ -172,6 +181,10 @@ class Trainer:
         cfg, acc = self.cfg, self.accelerator
         policy = load_policy(cfg.model, cfg.lora, acc)
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
+        self.reasoning_vocab = policy.reasoning_vocab
+        self.gate = None
+        if policy.reasoning_vocab is not None:
+            self.gate = ThinkGate.from_tokenizer(policy.reasoning_vocab, policy.tokenizer)
         self.ref_model = None
         if cfg.loss.beta > 0 and not cfg.lora.enabled:
             if self.ds:
@@ -179,7 +192,7 @@ class Trainer:
                     "loss.beta > 0 with full fine-tuning under DeepSpeed is not supported; "
                     "use LoRA (its reference is the base model, adapter disabled)"
                 )
-            self.ref_model = load_model(policy.path, cfg.model)
+            self.ref_model = load_model(policy.path, cfg.model, policy.reasoning_vocab)
             self.ref_model.requires_grad_(False).eval().to(acc.device)
 
     def _connect_server(self) -> None:
@@ -247,7 +260,7 @@ class Trainer:
         payload = None
         if self.accelerator.is_main_process:
             batch = self.worker.get(step)
-            payload = (*build_samples(batch, self.cfg), batch.data_position)
+            payload = (*build_samples(batch, self.cfg, self.gate), batch.data_position)
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -294,6 +307,9 @@ class Trainer:
                 "throughput/tokens_per_s": metrics["rollouts/completion_tokens"] / step_s,
             }
         )
+        if self.reasoning_vocab is not None:  # every rank: ZeRO-3 gathers the rows
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            metrics.update(row_cosines(unwrapped, self.reasoning_vocab))
         self._report(step + 1, metrics, rows)
         return metrics
 
@@ -315,9 +331,11 @@ class Trainer:
         for i, chunk in enumerate(mine):
             last = i == len(mine) - 1
             mb = collate(chunk, self.pad_id).to(self.accelerator.device)
+            mask = self.gate.logit_mask(mb) if self.gate else None
+            reference = functools.partial(self._reference_logprobs, mask_logits=mask)
             with self.opt.accumulating(last):
                 loss, stats = micro_batch_loss(
-                    self.model, mb, cfg, global_tokens, self.world, self._reference_logprobs
+                    self.model, mb, cfg, global_tokens, self.world, reference, mask
                 )
                 self.opt.backward(loss, last)
             acc.add(stats)
@@ -331,12 +349,16 @@ class Trainer:
         return acc.summary()
 
     @torch.no_grad()
-    def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        temperature = self.cfg.sampling.temperature
+    def _reference_logprobs(
+        self, mb: MicroBatch, mask_logits: MaskLogits | None = None
+    ) -> torch.Tensor:
         if self.ref_model is not None:
-            return sequence_scores(self.ref_model, mb, temperature).logprobs
-        with self.accelerator.unwrap_model(self.model).disable_adapter():
-            return sequence_scores(self.model, mb, temperature).logprobs
+            model, context = self.ref_model, contextlib.nullcontext()
+        else:  # LoRA: the base model is the reference
+            model, context = self.model, self.accelerator.unwrap_model(self.model).disable_adapter()
+        with context:
+            temperature = self.cfg.sampling.temperature
+            return sequence_scores(model, mb, temperature, mask_logits=mask_logits).logprobs
 
     def push_weights(self, version: int, initial: bool = False) -> float:
         """Send the current weights to vf-vllm (all ranks take part) and record the version."""
@@ -396,7 +418,12 @@ class Trainer:
 
     def save_final(self) -> Path:
         final = save_final(
-            self.accelerator, self.model, self.tokenizer, self.out, self.cfg.lora.enabled
+            self.accelerator,
+            self.model,
+            self.tokenizer,
+            self.out,
+            self.cfg.lora.enabled,
+            self.reasoning_vocab,
         )
         self.logger.print(f"final {'adapter' if self.cfg.lora.enabled else 'model'}: {final}")
         return final

@@ -13,7 +13,8 @@ Two parts, both switched on by vf-vllm when the model directory holds `reasoning
   `vllm.v1.sample.logits_processor.LogitsProcessor` (`__init__(vllm_config, device,
   pin_memory)`, `update_state`, `apply(logits)`). The class implements both, so one flag works
   wherever the server runs. Both runners call it before the temperature, on float32 logits,
-  which is where the trainer applies the same rule (divided by the temperature). The V2 path
+  so it scales the in-span split by each request's temperature (the trainer applies the same
+  rule to logits already divided by it). The V2 path
   reads each request's new tokens to the host every step (a sync the V2 runner otherwise
   avoids); speculative decoding is refused.
 * `ReasoningVocabTokenizer`, registered through vLLM's `TokenizerRegistry` by our plugin
@@ -70,6 +71,7 @@ class ReasoningVocabTokenizer(CachedHfTokenizer):
 @dataclass
 class _Request:
     tracker: ThinkTracker
+    temperature: float
     output_ids: list[int] | None
     """V1: the runner's live list of the request's output ids (None under V2)."""
     consumed: int = 0
@@ -117,10 +119,10 @@ class ReasoningVocabLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
     ) -> _Request:
         tracker = self.gate.tracker()
         self._feed(tracker, prompt_ids or [])
-        return _Request(tracker, output_ids)
+        return _Request(tracker, params.temperature, output_ids)
 
-    def _inside_v1(self, rows: int) -> list[bool]:
-        inside = [False] * rows
+    def _rows_v1(self, rows: int) -> tuple[list[bool], list[float]]:
+        inside, temperatures = [False] * rows, [1.0] * rows
         for index, request in self.requests.items():
             new = request.output_ids[request.consumed :]
             if -1 in new:  # an async-scheduling placeholder: its token is not known yet
@@ -129,21 +131,22 @@ class ReasoningVocabLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             request.consumed += len(new)
             if index < rows:
                 inside[index] = request.tracker.inside
-        return inside
+                temperatures[index] = request.temperature
+        return inside, temperatures
 
     # ---- V2 runner ----------------------------------------------------------------------
 
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
-        self.requests[req_idx] = _Request(self.gate.tracker(), None)
+        self.requests[req_idx] = _Request(self.gate.tracker(), sampling_params.temperature, None)
         return True
 
-    def _inside_v2(self, ctx: LogitsContext) -> list[bool]:
+    def _rows_v2(self, ctx: LogitsContext) -> tuple[list[bool], list[float]]:
         """Rows are requests (no speculative decoding); a row's own input token (the latest
         sampled one, or the last prompt token) is at `pos` and may not be committed to the
         history yet, so it is looked at, not consumed."""
         history = self.req_states.all_token_ids.gpu
         positions, last_tokens = ctx.pos.tolist(), ctx.input_ids.tolist()
-        inside = []
+        inside, temperatures = [], []
         for row, slot in enumerate(ctx.idx_mapping_np.tolist()):
             request = self.requests[slot]
             position = positions[row]
@@ -151,7 +154,8 @@ class ReasoningVocabLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
                 self._feed(request.tracker, history[slot, request.consumed : position].tolist())
                 request.consumed = position
             inside.append(request.tracker.peek(self.gate.piece(last_tokens[row])))
-        return inside
+            temperatures.append(request.temperature)
+        return inside, temperatures
 
     # ---- both ---------------------------------------------------------------------------
 
@@ -160,5 +164,9 @@ class ReasoningVocabLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             tracker.feed(self.gate.piece(token))
 
     def apply(self, logits: torch.Tensor, ctx: LogitsContext | None = None) -> torch.Tensor:
-        inside = self._inside_v1(logits.shape[0]) if ctx is None else self._inside_v2(ctx)
-        return self.gate.gate_logits_(logits, torch.tensor(inside, device=logits.device))
+        inside, temperatures = self._rows_v1(logits.shape[0]) if ctx is None else self._rows_v2(ctx)
+        return self.gate.gate_logits_(
+            logits,
+            torch.tensor(inside, device=logits.device),
+            torch.tensor(temperatures, dtype=torch.float32, device=logits.device),
+        )
