@@ -50,22 +50,22 @@ def scripted_worker(model: str, messages: list[dict]) -> ScriptedReply:
     return ScriptedReply("Answer: 7", tokens, delay=call_latency(tokens))
 
 
-async def concurrent_phase(worker: Worker, question: str, subproblems: list[str]) -> WorkerReply:
-    replies = await worker.solve_subproblems(question, subproblems)
-    return await worker.combine(question, "combine", subproblems, replies)
+async def concurrent_phase(worker: Worker, subproblems: list[str]) -> WorkerReply:
+    replies = await worker.solve_subproblems(subproblems)
+    return await worker.combine("combine", subproblems, replies)
 
 
-async def sequential_phase(worker: Worker, question: str, subproblems: list[str]) -> WorkerReply:
-    replies = [await worker.solve_subproblem(question, sub) for sub in subproblems]
-    return await worker.combine(question, "combine", subproblems, replies)
+async def sequential_phase(worker: Worker, subproblems: list[str]) -> WorkerReply:
+    replies = [await worker.solve_subproblem(sub) for sub in subproblems]
+    return await worker.combine("combine", subproblems, replies)
 
 
 async def time_mode(phase, worker: Worker, questions: list[str], k: int) -> list[float]:
     times = []
     for question in questions:
-        subproblems = [f"Part {i + 1} of the problem?" for i in range(k)]
+        subproblems = [f"Part {i + 1} of: {question}" for i in range(k)]
         start = time.perf_counter()
-        await phase(worker, question, subproblems)
+        await phase(worker, subproblems)
         times.append(time.perf_counter() - start)
     return times
 
@@ -74,7 +74,7 @@ async def run(base_url: str, questions: list[str]) -> list[dict]:
     settings = WorkerSettings(model=MODEL, base_url=base_url, timeout=60.0)
     client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0)
     worker = Worker(client, MODEL, settings, asyncio.Semaphore(settings.max_concurrent))
-    await worker.solve_subproblem(questions[0], "warm-up")  # connection setup outside the timing
+    await worker.solve_subproblem("warm-up")  # connection setup outside the timing
     sub_s, combine_s = call_latency(SUBPROBLEM_TOKENS), call_latency(COMBINE_TOKENS)
     rows = []
     for k in (2, 3, 4):

@@ -2,9 +2,12 @@
 pipeline is compared against (bench/train_step.py reports efficiency = its tokens/s / these).
 
 Every request asks for exactly `--max-tokens` tokens (`ignore_eos`), so the server is kept at
-the stated concurrency for the whole measurement. Run:
+the stated concurrency for the whole measurement. With `--adapter` (when it starts the server)
+it also loads a rank-16 LoRA adapter on every projection, as adapter sync serves the policy, and
+measures the same levels through it: the price of serving base + adapter instead of a merged
+model, in the same run (`adapter_vs_plain` = adapter tokens/s / plain tokens/s). Run:
 
-    .venv/bin/python bench/serve_throughput.py                    # starts vf-vllm on smollm2-135m
+    .venv/bin/python bench/serve_throughput.py [--adapter]       # starts vf-vllm on smollm2-135m
     .venv/bin/python bench/serve_throughput.py --base-url http://127.0.0.1:8000/v1 --model NAME
 """
 
@@ -93,18 +96,60 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="requests per slot")
+    parser.add_argument("--adapter", action="store_true", help="also measure through an adapter")
     args = parser.parse_args()
 
     if args.base_url:
         results = run_all(args.base_url, args.model, args.concurrency, args.max_tokens, args.rounds)
-    else:
-        from rlvr.server.process import VLLMServer
+        save("serve_throughput", {"model": args.model, "results": results})
+        return
+    from rlvr.server.launcher import lora_flags
+    from rlvr.server.process import VLLMServer
 
-        with VLLMServer(args.model, extra_args=SERVER_FLAGS) as server:
-            results = run_all(
-                server.base_url, args.model, args.concurrency, args.max_tokens, args.rounds
-            )
-    save("serve_throughput", {"model": args.model, "results": results})
+    flags = [*SERVER_FLAGS, *(lora_flags(16) if args.adapter else [])]
+    with VLLMServer(args.model, extra_args=flags) as server:
+        results = run_all(
+            server.base_url, args.model, args.concurrency, args.max_tokens, args.rounds
+        )
+        payload: dict = {"model": args.model, "results": results}
+        if args.adapter:
+            with load_adapter(server.base_url, args.model):
+                print("through a rank-16 LoRA adapter (adapter sync's served policy):")
+                adapter = run_all(
+                    server.base_url, "policy", args.concurrency, args.max_tokens, args.rounds
+                )
+            ratios = {
+                str(p["concurrency"]): a["tokens_per_s"] / p["tokens_per_s"]
+                for p, a in zip(results, adapter, strict=True)
+            }
+            print("adapter_vs_plain (tokens/s ratio): " + ", ".join(
+                f"{level}: {ratio:.2f}" for level, ratio in ratios.items()))  # fmt: skip
+            payload.update(adapter_results=adapter, adapter_vs_plain=ratios)
+    save("serve_throughput", payload)
+
+
+def load_adapter(base_url: str, model: str):
+    """A rank-16 adapter on every projection, random (non-zero) like a trained one, pushed as
+    adapter sync pushes it; close the returned sync when done with it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.adapter_sync import AdapterSync
+    from rlvr.config import LoraConfig
+    from rlvr.models import resolve_model
+    from rlvr.policy import apply_lora
+    from rlvr.weights import ServerControl
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32)
+    policy = apply_lora(base, LoraConfig(rank=16))
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.01)
+    sync = AdapterSync(ServerControl(base_url), base_url, "policy")
+    sync.connect(policy)
+    sync.push()
+    return sync
 
 
 if __name__ == "__main__":

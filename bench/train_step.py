@@ -1,11 +1,23 @@
-"""GRPO step time and the pipeline's generation throughput, vs raw vLLM throughput, in one run.
+"""GRPO step time on a shared CPU, in one run: the trainer's forward/backward with packed vs
+padded micro-batches, and how generation should overlap training.
 
-SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU. For async_level 0
-and 1 it reports the step-time breakdown (waiting for rollouts, forward/backward, optimizer,
-weight push) and the generated tokens per second of wall time, then divides that by the raw
-tokens/s of the same server at the same concurrency (bench/serve_throughput.py's measurement):
+SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
 
-    pipeline efficiency = training-time generation tokens/s / raw tokens/s
+1. Layouts. One synchronous run (async_level 0) times forward/backward on every step's
+   samples three times, rotating which goes first: the trainer before chunking (the output head
+   over every position, float32 log-softmax of the whole micro-batch; padded), the chunked head
+   (rlvr.logprobs) padded, and the chunked head packed (`batch.packing`). It reports each
+   layout's padded-token fraction and trainer tokens/s (real tokens / forward-backward
+   seconds) on the same samples, and the ratios.
+2. Overlap. vLLM's CPU worker binds every core but the last. Three runs: async_level 0 (the
+   trainer waits for generation, then uses every core), async_level 1 on shared cores, and
+   async_level 1 with the trainer pinned to the core vLLM leaves free (`batch.trainer_cores`).
+   Each reports the step-time breakdown and generated tokens per second of wall time, also as
+   a share of the raw vLLM throughput at the same concurrency (bench/serve_throughput.py):
+
+       pipeline efficiency = training-time generation tokens/s / raw tokens/s
+
+   and the bench names the fastest setting.
 
 Run:  .venv/bin/python bench/train_step.py [--steps 4] [--batch-size 16] [--max-tokens 128]
 """
@@ -16,9 +28,11 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,11 +44,10 @@ DATA = ROOT.parent / "shared" / "data" / "deepscaler" / "preview_first803.jsonl"
 BREAKDOWN = ("time/wait_rollouts", "time/forward_backward", "time/optimizer", "time/weight_push")
 
 
-def train(base_url: str, args: argparse.Namespace, async_level: int, out: Path) -> dict:
+def config(base_url: str, args: argparse.Namespace, out: Path, *extra: str):
     from rlvr.config import load_config
-    from rlvr.trainer import Trainer
 
-    cfg = load_config(
+    return load_config(
         overrides=[
             "env.id=vf-deepscaler",
             f"env.args={{data_files: '{DATA}', max_examples: 200}}",
@@ -43,7 +56,6 @@ def train(base_url: str, args: argparse.Namespace, async_level: int, out: Path) 
             f"batch.batch_size={args.batch_size}",
             f"batch.rollouts_per_example={args.group}",
             f"batch.micro_batch_size={args.micro_batch_size}",
-            f"batch.async_level={async_level}",
             "batch.max_seq_len=1024",
             "batch.max_prompt_len=512",
             f"sampling.max_tokens={args.max_tokens}",
@@ -53,20 +65,108 @@ def train(base_url: str, args: argparse.Namespace, async_level: int, out: Path) 
             "logging.progress_bar=false",
             "checkpoint.every=0",
             f"output_dir={out}",
+            *extra,
         ]
     )
-    history = Trainer(cfg).run()
+
+
+def full_logits_scores(model, mb, temperature=1.0, *, with_entropy=False, mask_logits=None):
+    """The trainer's scoring before chunking: the head over every position, float32 as a whole."""
+    from logprob_memory import full_logits
+
+    from rlvr.logprobs import TokenScores
+
+    return TokenScores(*full_logits(model, mb, temperature))
+
+
+# (name, batch.packing, how micro_batch_loss scores tokens); the first is the baseline
+LAYOUTS = (
+    ("full logits, padded", False, full_logits_scores),
+    ("chunked head, padded", False, None),
+    ("chunked head, packed", True, None),
+)
+
+
+def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
+    """Every layout's forward/backward on the same samples, every step (see the docstring)."""
+    import rlvr.trainer
+    from rlvr.batch import rank_micro_batches, slot_count
+
+    chunked = rlvr.trainer.sequence_scores
+    timings: list[dict] = []
+
+    class TimedLayouts(rlvr.trainer.Trainer):
+        def forward_backward(self, samples, global_tokens):
+            tokens = sum(len(s) for s in samples)
+            row: dict = {"tokens": tokens}
+            turn = len(timings) % len(LAYOUTS)  # rotate which layout goes first
+            for name, packing, scorer in LAYOUTS[turn:] + LAYOUTS[:turn]:
+                self.cfg.batch.packing = packing
+                rlvr.trainer.sequence_scores = scorer or chunked
+                plan = rank_micro_batches(samples, 0, 1, self.cfg.batch.micro_batch_size, 0,
+                                          packing)  # fmt: skip
+                self.model.zero_grad()
+                began = time.perf_counter()
+                try:
+                    stats = super().forward_backward(samples, global_tokens)
+                finally:
+                    rlvr.trainer.sequence_scores = chunked
+                seconds = time.perf_counter() - began
+                row[name] = {
+                    "seconds": seconds,
+                    "padded_frac": 1 - tokens / sum(slot_count(mb) for mb in plan),
+                    "micro_batches": len(plan),
+                    "loss": stats.get("loss", 0.0),
+                }
+            timings.append(row)
+            print(f"  step {len(timings)}: {tokens} tokens; " + "; ".join(
+                f"{name} {row[name]['seconds']:.1f} s ({row[name]['padded_frac']:.0%} padding)"
+                for name, _, _ in LAYOUTS), flush=True)  # fmt: skip
+            return stats
+
+    TimedLayouts(config(base_url, args, out, "batch.async_level=0")).run()
+    steady = timings[1:]  # the first step warms caches up
+    tokens = sum(t["tokens"] for t in steady)
+    summary = {
+        name: {
+            "tokens_per_s": tokens / sum(t[name]["seconds"] for t in steady),
+            "padded_frac": statistics.fmean(t[name]["padded_frac"] for t in steady),
+            "seconds_per_step": statistics.fmean(t[name]["seconds"] for t in steady),
+        }
+        for name, _, _ in LAYOUTS
+    }
+    baseline = summary[LAYOUTS[0][0]]["tokens_per_s"]
+    for name in summary:
+        summary[name]["speedup_vs_baseline"] = summary[name]["tokens_per_s"] / baseline
+    packed, padded = (summary[LAYOUTS[i][0]]["tokens_per_s"] for i in (2, 1))
+    return {"steps": timings, "layouts": summary, "packed_vs_padded": packed / padded}
+
+
+def overlap_run(base_url: str, args: argparse.Namespace, name: str, out: Path, *extra) -> dict:
+    import torch
+
+    from rlvr.cores import pin_to_cores
+    from rlvr.trainer import Trainer
+
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    try:
+        history = Trainer(config(base_url, args, out, *extra)).run()
+    finally:  # the trainer runs in this process: undo its pinning for the next run
+        pin_to_cores(cores)
+        torch.set_num_threads(threads)
     steady = history[1:]  # the first step warms caches up and has nothing to overlap with
     tokens = sum(h["rollouts/completion_tokens"] for h in steady)
     wall = sum(h["time/step"] for h in steady)
     return {
-        "async_level": async_level,
+        "setting": name,
+        "overrides": list(extra),
         "steps_measured": len(steady),
         "step_s": statistics.fmean(h["time/step"] for h in steady),
         **{key: statistics.fmean(h[key] for h in steady) for key in BREAKDOWN},
         "generate_s": statistics.fmean(h["time/generate"] for h in steady),
         "completion_tokens_per_step": tokens / len(steady),
         "pipeline_tokens_per_s": tokens / wall,
+        "padded_frac": statistics.fmean(h["throughput/padded_frac"] for h in steady),
         "mismatch_kl_max": max(h["mismatch_kl"] for h in steady),
         "reward_per_step": [h["reward/mean"] for h in history],
     }
@@ -86,33 +186,64 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
     print(
         f"raw vLLM at concurrency {args.batch_size}: {raw['tokens_per_s']:.1f} tokens/s", flush=True
     )
-    runs = []
+    free_core = max(os.sched_getaffinity(0))
+    settings = [
+        ("async 0", ["batch.async_level=0"]),
+        ("async 1, shared cores", ["batch.async_level=1"]),
+        (f"async 1, trainer on core {free_core}",
+         ["batch.async_level=1", f"batch.trainer_cores=[{free_core}]"]),
+    ]  # fmt: skip
+    payload: dict = {"raw": raw}
     with tempfile.TemporaryDirectory() as tmp:
-        for level in args.async_levels:
-            result = train(base_url, args, level, Path(tmp) / f"async{level}")
-            result["pipeline_efficiency"] = result["pipeline_tokens_per_s"] / raw["tokens_per_s"]
-            runs.append(result)
-    print(f"\n{'async':>5} {'step s':>7} {'wait':>6} {'fwd/bwd':>7} {'optim':>6} {'push':>6}"
+        if "layouts" in args.parts:
+            print("layouts (async_level 0, every layout on each step's samples):", flush=True)
+            payload["layouts"] = compare_layouts(base_url, args, Path(tmp) / "layouts")
+            print_layouts(payload["layouts"])
+        if "overlap" in args.parts:
+            runs = [
+                overlap_run(base_url, args, name, Path(tmp) / f"run{i}", *extra)
+                for i, (name, extra) in enumerate(settings)
+            ]
+            for r in runs:
+                r["pipeline_efficiency"] = r["pipeline_tokens_per_s"] / raw["tokens_per_s"]
+            payload.update(runs=runs, fastest=print_overlap(runs))
+    return payload
+
+
+def print_layouts(layouts: dict) -> None:
+    print(f"\n{'layout':>22} {'padding':>8} {'fwd/bwd s':>9} {'trainer tok/s':>13} {'vs first':>8}")
+    for name, r in layouts["layouts"].items():
+        print(f"{name:>22} {r['padded_frac']:8.1%} {r['seconds_per_step']:9.2f} "
+              f"{r['tokens_per_s']:13.1f} {r['speedup_vs_baseline']:7.2f}x")  # fmt: skip
+    print(f"packed / padded trainer tokens/s (chunked head): {layouts['packed_vs_padded']:.2f}x")
+
+
+def print_overlap(runs: list[dict]) -> str:
+    """The table of the overlap settings; returns the fastest one's name."""
+    print(f"\n{'setting':>28} {'step s':>7} {'wait':>6} {'fwd/bwd':>7} {'optim':>6} {'push':>6}"
           f" {'gen tok/s':>9} {'efficiency':>10}")  # fmt: skip
     for r in runs:
         print(
-            f"{r['async_level']:>5} {r['step_s']:7.2f} {r['time/wait_rollouts']:6.2f} "
+            f"{r['setting']:>28} {r['step_s']:7.2f} {r['time/wait_rollouts']:6.2f} "
             f"{r['time/forward_backward']:7.2f} {r['time/optimizer']:6.2f} "
             f"{r['time/weight_push']:6.2f} {r['pipeline_tokens_per_s']:9.1f} "
             f"{r['pipeline_efficiency']:10.2f}"
         )
-    return {"raw": raw, "runs": runs}
+    best = min(runs, key=lambda r: r["step_s"])
+    print(f"fastest: {best['setting']} ({' '.join(best['overrides'])})")
+    return best["setting"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default=None, help="an existing vf-vllm on smollm2-135m")
-    parser.add_argument("--steps", type=int, default=4, help="measured steps per async level")
+    parser.add_argument("--steps", type=int, default=4, help="measured steps per run")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--async-levels", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--parts", nargs="+", choices=["layouts", "overlap"],
+                        default=["layouts", "overlap"])  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 

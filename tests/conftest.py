@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -42,18 +43,24 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
 
 
-def _serve(model: str, log_dir: Path):
+def _serve(model: str, log_dir: Path, extra: list[str] | None = None):
     from rlvr.server.process import VLLMServer
 
-    server = VLLMServer(model, extra_args=SERVER_FLAGS, log_path=log_dir / "vf-vllm.log")
+    flags = [*SERVER_FLAGS, *(extra or [])]
+    server = VLLMServer(model, extra_args=flags, log_path=log_dir / "vf-vllm.log")
     server.start()
     return server
 
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir, tmp_path_factory):
-    """One real vf-vllm (CPU) on the tiny model, shared by every integration test."""
-    server = _serve(str(tiny_model_dir), tmp_path_factory.mktemp("tiny-server"))
+    """One real vf-vllm (CPU) on the tiny model, shared by every integration test. It can load
+    LoRA adapters at run time (adapter sync); merged pushes work into it as well."""
+    from rlvr.server.launcher import lora_flags
+
+    server = _serve(
+        str(tiny_model_dir), tmp_path_factory.mktemp("tiny-server"), extra=lora_flags(16)
+    )
     server.model_dir = tiny_model_dir
     server.sampling_args = TINY_SAMPLING
     yield server
@@ -64,9 +71,39 @@ def tiny_server(tiny_model_dir, tmp_path_factory):
 def smollm2_server(tmp_path_factory):
     """A real vf-vllm on the embedded SmolLM2-135M-Instruct (converted once into the cache)."""
     from rlvr.models import ensure_embedded_model
+    from rlvr.server.launcher import lora_flags
 
-    server = _serve("smollm2-135m", tmp_path_factory.mktemp("smollm2-server"))
+    server = _serve("smollm2-135m", tmp_path_factory.mktemp("smollm2-server"), extra=lora_flags(16))
     server.model_dir = ensure_embedded_model()
     server.sampling_args = SMOLLM2_SAMPLING
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """A LoRA adapter (rank 8, random) on the tiny model, as training would leave it."""
+    from rlvr.tiny_model import build_tiny_adapter
+
+    return build_tiny_adapter(tiny_model_dir, tmp_path_factory.mktemp("adapters") / "tiny-lora")
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_server(tiny_model_dir, tiny_adapter_dir, tmp_path_factory):
+    """A real vf-vllm serving the tiny model and, with vLLM's LoRA support, `tiny_adapter_dir`
+    on top of it, started the way sweeps and predictions serve an adapter directory. Requests
+    name `server.model` (the base) or `server.adapter`."""
+    from rlvr.serving import serve, served_model
+
+    log = tmp_path_factory.mktemp("tiny-lora-server") / "vf-vllm.log"
+    with serve(
+        str(tiny_adapter_dir), name="tiny-lora", server_args=SERVER_FLAGS, log_path=log
+    ) as endpoint:
+        yield SimpleNamespace(
+            base_url=endpoint.base_url,
+            model=served_model(str(tiny_adapter_dir)).model,
+            adapter=endpoint.model,
+            model_dir=tiny_model_dir,
+            adapter_dir=tiny_adapter_dir,
+            sampling_args=TINY_SAMPLING,
+        )

@@ -19,27 +19,31 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 METRICS = {"math_reward", "correct", "has_boxed", "completion_chars"}
 
 
-def evaluate(server, out_dir: Path, env_args: dict) -> list[dict]:
-    """Run vf-eval on 2 examples x 1 rollout and return the saved rollouts."""
+def evaluate(server, out_dir: Path, env_args: dict, n: int | None = 2, r: int | None = 1):
+    """Run vf-eval on n examples x r rollouts (None: the package's defaults) and return the saved
+    rollouts."""
     rows = run_vf_eval(
         "vf-deepscaler",
         model=server.model,
         base_url=server.base_url,
         output_dir=out_dir,
-        num_examples=2,
+        num_examples=n,
+        rollouts_per_example=r,
         max_tokens=64,
         env_args=env_args,
         sampling_args=server.sampling_args,
     )
-    assert len(rows) == 2
     for row in rows:
         assert 0.0 <= row["reward"] <= 1.0
         assert METRICS <= set(row["metrics"]), row["metrics"]
     return rows
 
 
-def test_vf_eval_on_generated_problems(tiny_server, tmp_path: Path):
-    rows = evaluate(tiny_server, tmp_path / "generated", {})
+def test_vf_eval_on_generated_problems_uses_the_packages_defaults(tiny_server, tmp_path: Path):
+    """No -n / -r: 8 problems x 2 rollouts, the [tool.verifiers.eval] table beside the module."""
+    rows = evaluate(tiny_server, tmp_path / "generated", {}, n=None, r=None)
+    assert len(rows) == 8 * 2
+    assert len({row["example_id"] for row in rows}) == 8
     assert all(row["info"]["source"].startswith("generated:") for row in rows)
 
 
@@ -50,4 +54,5 @@ def test_vf_eval_on_real_rows_with_think(tiny_server, shared_data: Path, tmp_pat
         "use_think": True,
     }
     rows = evaluate(tiny_server, tmp_path / "real", env_args)
+    assert len(rows) == 2
     assert all("format" in row["metrics"] for row in rows)

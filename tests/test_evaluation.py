@@ -87,3 +87,20 @@ def test_saved_rows_come_back_and_the_command_line_is_complete(tmp_path: Path, m
         "-n", "2", "-r", "3", "-s", "-d", "-o", str(out),
         "-t", "64", "-a", '{"max_turns": 2}', "-C", "a,b",
     ]  # fmt: skip
+
+
+def test_no_counts_leave_n_and_r_to_the_environments_defaults(tmp_path: Path, monkeypatch):
+    body = (
+        "run = out / 'vf-x--m' / 'abc'; run.mkdir(parents=True)\n"
+        "(run / 'results.jsonl').write_text(json.dumps({'args': args}) + '\\n')"
+    )
+    fake_vf_eval(tmp_path, monkeypatch, body)
+    out = tmp_path / "out"
+    [row] = run_vf_eval(
+        "vf-x", model="m", base_url="http://host:1/v1", output_dir=out,
+        num_examples=None, rollouts_per_example=None,
+    )  # fmt: skip
+    assert row["args"] == [
+        "vf-x", "-m", "m", "-b", "http://host:1/v1", "-k", evaluation.API_KEY_VAR,
+        "-s", "-d", "-o", str(out),
+    ]  # fmt: skip

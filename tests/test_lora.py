@@ -120,3 +120,51 @@ def test_policy_and_merging_need_no_vllm():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("target", ["lm_head", "embed_tokens"])
+def test_lora_on_a_tied_head_or_embedding_is_refused_with_the_reason(target):
+    from rlvr.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ties its input embedding and output head"):
+        apply_lora(tiny_model(tie=True), LoraConfig(rank=4, target_modules=["q_proj", target]))
+    apply_lora(tiny_model(tie=False), LoraConfig(rank=4, target_modules=["q_proj", target]))
+
+
+def test_kl_reference_after_resume_is_the_resumed_adapter_not_the_base(tmp_path):
+    """With lora.resume_from (e.g. an SFT adapter), the initial policy is base + that adapter:
+    the KL reference must be it, frozen, while the trained copy moves."""
+    from rlvr.policy import reference_mode
+
+    sft = trained_lora(tiny_model())
+    sft.save_pretrained(tmp_path / "sft")
+    cfg = LoraConfig(rank=4, alpha=8, resume_from=str(tmp_path / "sft"))
+    policy = apply_lora(tiny_model(), cfg, keep_reference=True)
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all(".default." in n for n in trainable)
+    ids = torch.tensor([[1, 5, 9, 13]])
+    initial = sft(input_ids=ids).logits
+    base = tiny_model()(input_ids=ids).logits
+    with torch.no_grad():  # training moves the trainable copy
+        for name, p in policy.named_parameters():
+            if p.requires_grad and "lora_B" in name:
+                p.add_(0.5)
+    with reference_mode(policy), torch.no_grad():
+        reference = policy(input_ids=ids).logits
+    assert torch.allclose(reference, initial, atol=1e-5)
+    assert not torch.allclose(reference, base, atol=1e-3)
+    assert not torch.allclose(policy(input_ids=ids).logits, initial, atol=1e-3)
+    # the merged stream and the final save carry the trained adapter only
+    streamed = dict(iter(MergedWeightSource(policy)))
+    assert not torch.allclose(streamed["lm_head.weight"], sft.merge_and_unload().lm_head.weight)
+    assert policy.active_adapters == ["default"]
+
+
+def test_without_resume_the_reference_is_the_base_with_the_adapter_off():
+    from rlvr.policy import reference_mode
+
+    policy = trained_lora(tiny_model())
+    ids = torch.tensor([[1, 5, 9, 13]])
+    with reference_mode(policy), torch.no_grad():
+        reference = policy(input_ids=ids).logits
+    assert torch.allclose(reference, tiny_model()(input_ids=ids).logits, atol=1e-6)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +17,10 @@ from typing import Any
 
 import pytest
 from verifiers.types import ToolCall
-from vf_musique import DEFAULT_WEIGHTS, MusiqueDataError, load_environment
+from vf_musique import DEFAULT_WEIGHTS, MusiqueDataError, answerability, load_environment
 from vf_musique import dataset as musique_dataset
-from vf_musique.messages import get_field, message_text, parse_tool_call, tool_calls
+from vf_musique.messages import parse_tool_call, tool_calls
+from vf_musique.replies import get_field, message_text
 from vf_musique.retrieval import (
     ENCODER,
     Document,
@@ -182,7 +184,9 @@ def test_decomposition_agent_on_200_dev_rows(dev_env, dev_rows):
         # it cites the supporting paragraphs it saw: all precise, recall = retrieval recall
         assert m["citation_recall"] == m["retrieval_recall"]
         assert m["citation_precision"] == (1.0 if m["citation_recall"] else 0.0)
-        expected = 0.7 + 0.2 * m["citation_f1"] + 0.1 * m["retrieval_recall"]
+        assert m["docs_shown"] <= 3 * out["info"]["n_hops"]  # within budget: score = recall
+        assert m["retrieval_score"] == m["retrieval_recall"]
+        expected = 0.7 + 0.2 * m["citation_f1"] + 0.1 * m["retrieval_score"]
         assert out["reward"] == pytest.approx(expected)
         if m["retrieval_recall"] == 1.0:
             assert out["reward"] == 1.0
@@ -198,7 +202,10 @@ def test_wrong_answer_scores_low(full_env, fixture_rows):
     for out in outputs:
         assert out["metrics"]["exact_match"] == 0.0
         assert out["metrics"]["f1"] == 0.0
-        assert out["reward"] == pytest.approx(0.3)  # evidence only: 0.2 citations + 0.1 retrieval
+        # evidence only (0.2 citations + 0.1 retrieval) where there is an answer to find; none on
+        # an unanswerable row, where only "unanswerable" is right
+        expected = 0.3 if out["info"]["answerable"] else 0.0
+        assert out["reward"] == pytest.approx(expected)
 
 
 def test_citing_every_document_scores_lower_than_right_citations(dev_env, dev_rows):
@@ -269,6 +276,99 @@ def test_unanswerable_rows(full_env, fixture_rows, fixture_path):
     assert len(rows) == 6 and all(info["answerable"] for info in rows["info"])
     assert "unanswerable" not in answerable_env.system_prompt
     assert "unanswerable" in full_env.system_prompt
+
+
+def always_unanswerable(
+    rows: dict[str, dict[str, Any]], queries: Callable[[dict[str, Any]], list[str]]
+) -> Policy:
+    """Searches `queries(row)`, one per turn, then claims "unanswerable" citing nothing."""
+
+    def policy(prompt: list[Any]) -> list[ToolCall]:
+        searches = queries(rows[question_of(prompt)])
+        turn = turns_taken(prompt)
+        if turn < len(searches):
+            return [call("retrieve_documents", {"query": searches[turn]}, f"r{turn}")]
+        return [call("submit_answer", {"answer": "unanswerable", "cited_doc_ids": []}, "final")]
+
+    return policy
+
+
+def mean_reward(outputs: list[dict[str, Any]]) -> float:
+    return sum(out["reward"] for out in outputs) / len(outputs)
+
+
+def test_unanswerable_pays_only_when_right_and_earned(full_env, fixture_rows, dev_env, dev_rows):
+    """Always answering "unanswerable": 0 on every answerable row; on the unanswerable rows only
+    after searching as many distinct queries as the question has hops. The answerability decision
+    is logged: its precision falls with every wrong claim, its recall with every missed one."""
+    no_search = always_unanswerable(fixture_rows, lambda row: [])
+    one_query = always_unanswerable(fixture_rows, lambda row: [row["question"]] * 4)
+    searched = always_unanswerable(fixture_rows, sub_questions)
+    policies = {"no search": no_search, "one query repeated": one_query, "searched": searched}
+    full = {name: run(full_env, policy) for name, policy in policies.items()}
+    dev = run(dev_env, always_unanswerable(dev_rows, sub_questions))
+    honest = run(full_env, decomposition_agent(fixture_rows))
+
+    for name, outputs in full.items():
+        for out in outputs:
+            earned = name == "searched" and not out["info"]["answerable"]
+            assert out["metrics"]["said_unanswerable"] == 1.0
+            assert out["reward"] == (1.0 if earned else 0.0), (name, out["info"]["id"])
+    assert all(out["reward"] == 0.0 for out in dev)  # 200 answerable rows
+    assert all(out["metrics"]["searches"] == out["info"]["n_hops"] for out in dev)
+
+    claimed = answerability(out["metrics"] for out in full["searched"])
+    assert claimed == {"precision": pytest.approx(3 / 9), "recall": 1.0}
+    assert answerability(out["metrics"] for out in honest) == {"precision": 1.0, "recall": 1.0}
+    never = run(full_env, decomposition_agent(fixture_rows, answer=lambda row: row["answer"]))
+    assert math.isnan(answerability(out["metrics"] for out in never)["precision"])
+    assert answerability(out["metrics"] for out in never)["recall"] == 0.0
+    print(
+        "\nalways 'unanswerable' on the MuSiQue-Full fixture (6 answerable, 3 unanswerable):",
+        {name: round(mean_reward(outputs), 3) for name, outputs in full.items()},
+        f"on 200 answerable dev rows: {mean_reward(dev):.3f};",
+        f"decomposition agent: {mean_reward(honest):.3f}",
+    )
+
+
+def test_showing_everything_scores_below_a_precise_agent(dev_env, dev_rows):
+    """The same agent (one search per hop, gold answer, citing the supporting paragraphs it saw)
+    with top_n=3 and with top_n=10: showing ~every paragraph lowers the retrieval term below the
+    precise agent's wherever the precise one found the evidence, and on average."""
+    precise = run(dev_env, decomposition_agent(dev_rows))
+    everything = run(dev_env, decomposition_agent(dev_rows, top_n=10))
+    for good, broad in zip(precise, everything, strict=True):
+        assert good["metrics"]["exact_match"] == broad["metrics"]["exact_match"] == 1.0
+        assert broad["metrics"]["docs_shown"] > good["metrics"]["docs_shown"]
+        if good["metrics"]["retrieval_recall"] == 1.0:
+            assert broad["reward"] < good["reward"], good["info"]["id"]
+    assert mean_reward(everything) < mean_reward(precise)
+    shown = sum(out["metrics"]["docs_shown"] for out in everything) / len(everything)
+    print(
+        f"\n200 dev rows: precise (top_n=3) {mean_reward(precise):.3f},"
+        f" show-everything (top_n=10, {shown:.1f} paragraphs shown) {mean_reward(everything):.3f}"
+    )
+
+
+def test_an_unseen_citation_costs_citation_precision_not_the_answer(dev_env, dev_rows):
+    """An agent that cites every supporting paragraph, seen or not (the issue's scripted agent):
+    the submission is accepted with a note, the answer keeps its full score, and the unseen
+    paragraphs count as wrong citations."""
+    oracle = run(dev_env, decomposition_agent(dev_rows, cite=lambda row, seen: supporting(row)))
+    missed = [out for out in oracle if out["metrics"]["retrieval_recall"] < 1.0]
+    assert missed, "BM25's top 3 finds every supporting paragraph on every row"
+    for out in oracle:
+        m = out["metrics"]
+        assert (m["format"], m["exact_match"], m["f1"]) == (1, 1, 1)
+        assert m["citation_recall"] == m["retrieval_recall"]
+        assert m["citation_precision"] == m["retrieval_recall"]  # cited = all supporting ones
+        assert out["reward"] >= 0.7
+    assert "count as wrong citations" in tool_replies(missed[0]["completion"])[-1]
+    assert all(out["reward"] < 1.0 for out in missed)
+    print(
+        f"\ncites every supporting paragraph, top_n=3: mean {mean_reward(oracle):.3f};"
+        f" {len(missed)} rows with an unseen citation, their mean {mean_reward(missed):.3f}"
+    )
 
 
 def test_aliases_score_exact_match_one(dev_env, dev_rows):
@@ -364,8 +464,8 @@ BAD_CALLS: list[tuple[list[ToolCall], str]] = [
     ([call("retrieve_documents", {"query": "  "}, "f")], "query must be a non-empty string"),
     ([call("submit_answer", {"answer": "Stanley"}, "g")], "missing required argument(s)"),
     (
-        [call("submit_answer", {"answer": "Stanley", "cited_doc_ids": ["19"]}, "h")],
-        "unknown document ID(s) [19]",
+        [call("submit_answer", {"answer": "Stanley", "cited_doc_ids": ["doc 8"]}, "h")],
+        "cited_doc_ids must hold document IDs",
     ),
     (
         [call("submit_answer", {"answer": "Stanley", "cited_doc_ids": "8"}, "i")],
@@ -448,12 +548,20 @@ def test_tool_call_readers_accept_every_form():
 # --- reward options ---------------------------------------------------------------------------
 
 
-def test_hop_weighting_scales_the_reward_by_hops(fixture_path, fixture_rows):
-    env = load_environment(data_files=str(fixture_path), retriever="golden", hop_weighting=True)
-    for out in run(env, decomposition_agent(fixture_rows)):
-        hops = out["info"]["n_hops"]
-        assert out["metrics"]["hop_weight"] == hops / 4
-        assert out["reward"] == pytest.approx(hops / 4)
+def test_hop_weighting_is_a_sampling_weight(fixture_path, fixture_rows):
+    """hop_weighting repeats each training row n_hops times (2:3:4), which GRPO's per-group
+    normalisation cannot divide out; the eval rows stay one per question, the reward unscaled."""
+    plain = load_environment(data_files=str(fixture_path), retriever="golden")
+    weighted = load_environment(
+        data_files=str(fixture_path), retriever="golden", hop_weighting=True
+    )
+    hops = [info["n_hops"] for info in plain.get_dataset()["info"]]
+    train_ids = [info["id"] for info in weighted.get_dataset()["info"]]
+    assert len(train_ids) == sum(hops) == 2 * 1 + 3 * 2 + 4 * 3
+    for info in plain.get_dataset()["info"]:
+        assert train_ids.count(info["id"]) == info["n_hops"]
+    assert weighted.get_eval_dataset()["info"] == plain.get_dataset()["info"]
+    assert all(out["reward"] == 1.0 for out in run(weighted, decomposition_agent(fixture_rows)))
 
 
 def test_reward_weights_are_validated(fixture_path):

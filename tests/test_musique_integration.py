@@ -19,11 +19,17 @@ METRICS = {
     "f1",
     "retrieval_recall",
     "retrieval_precision",
+    "retrieval_score",
+    "docs_shown",
     "citation_recall",
     "citation_precision",
     "citation_f1",
     "format",
-    "hop_weight",
+    "searches",
+    "said_unanswerable",
+    "unanswerable_hit",
+    "unanswerable_miss",
+    "unanswerable_earned",
     "tool_errors",
 }
 

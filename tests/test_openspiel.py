@@ -102,6 +102,8 @@ def test_game_list_and_game_configs_build_one_case_per_pair():
         ({"model_player": "first"}, "model_player must be"),
         ({"num_tasks_per_case": 0}, "num_tasks_per_case must be"),
         ({"opponent": "mcts", "mcts_simulations": 0}, "mcts_simulations must be"),
+        ({"truncation_reward": 1.5}, "truncation_reward must be a number in"),
+        ({"truncation_reward": "position"}, "truncation_reward must be a number in"),
     ],
 )
 def test_bad_arguments_fail_at_load_with_a_clear_message(kwargs, message):
@@ -185,7 +187,7 @@ def test_move_mode_is_one_decision_scored_by_a_playout():
         assert len(state["trajectory"]) == 1
 
 
-def test_turn_limit_counts_moves_not_illegal_replies_and_scores_the_position():
+def test_turn_limit_counts_moves_not_illegal_replies_and_scores_the_minimum():
     replies = iter(["<move>nonsense</move>", "no tag"] + [None] * 10)
 
     def sometimes_illegal(prompt):
@@ -198,8 +200,56 @@ def test_turn_limit_counts_moves_not_illegal_replies_and_scores_the_position():
     assert record["ended_by"] == "turn_limit"
     assert record["model_moves"] == 3 and record["illegal_attempts"] == 2 and record["replies"] == 5
     assert state["metrics"]["unfinished"] == 1.0 and state["metrics"]["win"] == 0.0
-    assert state["metrics"]["outcome"] == 0.5  # chess returns 0 for an unfinished game
+    assert record["returns"] == [0.0, 0.0]  # what the position alone would have paid: 0.5
+    assert state["metrics"]["outcome"] == 0.0
     assert state["metrics"]["legal_rate"] == pytest.approx(3 / 5)
+
+
+def game_value(state: pyspiel.State, seat: int) -> float:
+    """Minimax value of a position for `seat` (perfect play by everyone; small games only)."""
+    if state.is_terminal():
+        return state.returns()[seat]
+    values = [game_value(state.child(action), seat) for action in state.legal_actions()]
+    return max(values) if state.current_player() == seat else min(values)
+
+
+def lowest_id(prompt) -> str:
+    """Plays the first listed legal move, whatever the position: a reliably bad player."""
+    return f"<move>{legal_from_prompt(prompt)[0][0]}</move>"
+
+
+@pytest.mark.parametrize(("truncation_reward", "expected"), [(None, 0.0), (0.25, 0.25)])
+def test_a_game_cut_at_max_turns_from_a_lost_position_scores_the_minimum(
+    truncation_reward, expected
+):
+    """The model (o) plays the lowest legal id against MCTS; after its one move it has lost by
+    force, the board is unfinished (returns 0, i.e. 0.5 if the position were scored), and the cut
+    game pays the minimum, or what `truncation_reward` says."""
+    args = {} if truncation_reward is None else {"truncation_reward": truncation_reward}
+    env, row = first_row(
+        cases=["tic_tac_toe"], model_player=1, max_random_steps=0, opponent="mcts", max_turns=1,
+        **args,
+    )  # fmt: skip
+    state = play(env, row, lowest_id)
+    record = state["openspiel"]
+    assert record["ended_by"] == "turn_limit" and record["returns"] == [0.0, 0.0]
+    position = pyspiel.load_game("tic_tac_toe").new_initial_state()
+    for action in record["history"]:
+        position.apply_action(action)
+    assert game_value(position, seat=1) == -1.0  # lost with best play from here
+    assert state["reward"] == state["metrics"]["outcome"] == expected
+    assert state["metrics"]["unfinished"] == 1.0
+
+
+def test_reasoning_before_a_lone_closing_think_tag_is_not_searched():
+    """Chat templates may put <think> in the generation prompt; the reply then holds only
+    </think>, and a move named in the reasoning before it is not the model's answer."""
+    assert extract_move("I could play <move>a1</move> here.</think> <move>b2</move>") == "b2"
+    assert extract_move("maybe <move>a1</move> or not</think> I am unsure.") is None
+    assert extract_move("<move>a1</move> <THINK>second thoughts") == "a1"
+    env, row = first_row(cases=["tic_tac_toe"], model_player=0, max_random_steps=0)
+    state = play(env, row, constant("maybe <move>0</move>?</think>"))
+    assert state["openspiel"]["ended_by"] == "forfeit" and state["reward"] == 0.0
 
 
 # --------------------------------------------------------------------------- exploits

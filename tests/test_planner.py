@@ -1,11 +1,18 @@
 """vf_planner: a scripted planner and worker (a real OpenAI-compatible HTTP server on 127.0.0.1)
-on real GSM8K test rows, driven through env.generate, plus the parsing pieces on their own."""
+on real GSM8K test rows, driven through env.generate, plus the parsing pieces on their own.
+
+The scripted worker answers only from what its prompt contains: its facts are the numbers written
+in the prompt, its skill is the problem's reference calculation (GSM8K's `<<a*b=c>>` steps), and a
+step is done only when every number it needs is a fact or an earlier result. So whether a plan's
+subproblems and combination can reach the answer depends on what the plan passed on.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -14,73 +21,213 @@ from pathlib import Path
 import pytest
 import verifiers as vf
 from openai import AsyncOpenAI
-from vf_planner import load_environment, parse_plan
-from vf_planner.answers import final_number, gold_number, numbers_match, parse_number
+from vf_planner import independence, load_environment, parse_plan
+from vf_planner.answers import (
+    among,
+    calculator_steps,
+    final_number,
+    format_number,
+    gold_number,
+    numbers_match,
+    parse_number,
+    stated_numbers,
+)
 from vf_planner.plan import PlanError
 from vf_planner.prompts import WORKER_COMBINE_SYSTEM, WORKER_DIRECT_SYSTEM
 from vf_planner.rubric import efficiency
 from vf_planner.scripted_server import ScriptedOpenAIServer, ScriptedReply
+from vf_planner.worker import estimate_tokens
 
 POLICY = "planner-lora"  # served as a LoRA adapter of BASE, as vLLM lists it
 BASE = "base-model"
 TOKEN_WEIGHT, INDEPENDENCE_WEIGHT = 0.2, 0.3
+CANNOT_TELL = "I cannot tell from what I was given."
 # The GSM8K test split has no row whose gold answer is 0, so the zero case uses this written one.
 ZERO_QUESTION = (
     "A bus starts empty. 5 people get on at the first stop and the same 5 get off at the second "
     "stop. How many people are on the bus after the second stop?"
 )
+ZERO_SOLUTION = "5 get on and 5 get off, so 5-5=<<5-5=0>>0 people are left.\n#### 0"
 
-# Janet's ducks (row 0 of the GSM8K test split): a sensible 2-step decomposition.
-DUCK_STEPS = [
-    "How many eggs does Janet have left each day after eating 3 and baking with 4 of her 16 eggs?",
-    "How many dollars does Janet make per day selling her remaining eggs at $2 each?",
-]
+# Honest decompositions of GSM8K test rows (by row index): parallel, self-contained subproblems
+# that each compute a step of the solution, and a plan that passes on the facts still needed.
+HONEST: dict[int, tuple[list[str], str]] = {
+    0: (
+        [
+            "Janet's ducks lay 16 eggs a day. She eats 3 of them and bakes with 4. "
+            "How many eggs are left each day?"
+        ],
+        "She sells every egg left for $2: multiply the eggs left each day by 2.",
+    ),
+    2: (
+        [
+            "A house bought for $80,000 gets $50,000 of repairs. What is the total cost?",
+            "A house bought for $80,000 rises in value by 150%. What is it worth now?",
+        ],
+        "The profit is what the house is worth now minus the total cost.",
+    ),
+    3: (
+        ["James runs 3 sprints, 3 times a week. How many sprints does he run a week?"],
+        "Each sprint is 60 meters: multiply the sprints per week by 60.",
+    ),
+    5: (
+        [
+            "A glass costs $5 and a discounted glass costs 60% of that. "
+            "What does a discounted glass cost?",
+            "Kylar buys 16 glasses and every 2nd one is discounted. "
+            "How many discounted glasses does he buy?",
+        ],
+        "He pays the discounted price for each discounted glass and $5 for each of the same "
+        "number of full-price glasses; add the two amounts.",
+    ),
+    6: (
+        [
+            "Seattle has 20 sheep and Charleston has 4 times as many. "
+            "How many sheep does Charleston have?"
+        ],
+        "Toulouse has twice as many sheep as Charleston; add the sheep of Seattle (20), "
+        "Charleston and Toulouse.",
+    ),
+}
+# The same problems' sentences in other words (a degenerate plan that dodges verbatim copying).
+PARAPHRASED: dict[int, list[str]] = {
+    0: [
+        "Every day Janet gets 16 eggs from her ducks.",
+        "Each morning three eggs are her breakfast and four go into muffins for friends.",
+        "The rest are sold at the market for $2 apiece.",
+        "What are her daily market earnings in dollars?",
+    ],
+    2: [
+        "Josh wants to flip a house.",
+        "He pays $80,000 for a house and spends $50,000 fixing it up.",
+        "Thanks to this the house is worth 150% more.",
+        "What was his profit?",
+    ],
+    3: [
+        "Three times a week James runs 3 sprints.",
+        "Every sprint is 60 meters long.",
+        "How far does he run in a week, in meters?",
+    ],
+    5: [
+        "Kylar is buying glasses for his new flat.",
+        "A glass is $5, yet each second glass is sold at 60% of that price.",
+        "He needs 16 glasses.",
+        "What is the total he pays?",
+    ],
+    6: [
+        "Toulouse owns two times the sheep Charleston owns.",
+        "Charleston owns 4 times the sheep Seattle owns.",
+        "Seattle owns 20 sheep; how many sheep are there in the three cities altogether?",
+    ],
+}
 
 
-def plan_json(subproblems: list[str], plan: str = "Multiply the results.") -> str:
+def plan_json(subproblems: list[str], plan: str = "Combine the results.") -> str:
     decision = {"should_decompose": bool(subproblems), "subproblems": subproblems, "plan": plan}
     return json.dumps(decision)
+
+
+def sentences(question: str, limit: int = 4) -> list[str]:
+    """The problem's sentences, the first ones merged so there are at most `limit`."""
+    parts = re.split(r"(?<=[.?!])\s+", question.strip())
+    head = len(parts) - limit + 1
+    return [" ".join(parts[:head]), *parts[head:]] if head > 1 else parts
+
+
+def degenerate_plans(index: int, question: str) -> dict[str, str]:
+    """The plans the issue measured as paying more than honest ones, plus the atomic plan."""
+    return {
+        "copied sentences": plan_json(sentences(question)),
+        "[problem, 'What is the answer?']": plan_json([question, "What is the answer?"]),
+        "paraphrased sentences": plan_json(PARAPHRASED[index]),
+        "atomic": plan_json([]),
+    }
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    solution: str
+
+    @property
+    def gold(self) -> float:
+        return gold_number(self.solution)
+
+
+UNIT_CONSTANTS = (0.01, 1.0, 100.0)  # percent conversions anyone knows
+IMPLIED = {"every second": 2.0, "every other": 2.0}  # numbers said in words stated_numbers skips
+
+
+def facts_in(prompt: str) -> set[float]:
+    """The numbers a prompt gives the worker."""
+    implied = {value for words, value in IMPLIED.items() if words in prompt.lower()}
+    return stated_numbers(prompt) | implied
+
+
+def needed(operand: float, problem: Problem) -> float | None:
+    """The fact a calculation operand must come from: the number itself (stated, an earlier
+    result, or implied by words such as "every second"), a percentage as written (150 for the
+    1.5 of "150%"), or None for a unit constant."""
+    if among(operand * 100, stated_numbers(problem.question)):
+        return operand * 100
+    if among(operand, UNIT_CONSTANTS) and not among(operand, stated_numbers(problem.question)):
+        return None
+    return operand
+
+
+def derive(facts: set[float], problem: Problem) -> list[float]:
+    """The reference steps that can be done from `facts`, repeated until nothing new follows."""
+    steps = calculator_steps(problem.solution)
+    known, done = set(facts), set()
+    progress = True
+    while progress:
+        progress = False
+        for i, step in enumerate(steps):
+            needs = [needed(op, problem) for op in step.operands]
+            if i not in done and all(n is None or among(n, known) for n in needs):
+                done.add(i)
+                known.add(step.value)
+                progress = True
+    return [steps[i].value for i in sorted(done)]
 
 
 @dataclass
 class Script:
     """Plays the planner (model POLICY) and the worker (model BASE).
 
-    The worker is always right unless a subproblem listed in `misleading` reaches the combination
-    step (then it answers gold + 1). A direct solve spends `direct_tokens`; each subproblem and the
-    combination spend `step_tokens`, so a 2-step plan costs the worker exactly what a direct solve
-    costs (90 = 30 + 30 + 30).
+    The planner replies with `plans[question]`. The worker knows which problem is being rolled out
+    (`problem`) but uses nothing of it except its reference steps: facts come from its prompt. A
+    direct solve or a combination answers the gold number when the steps reach it, a subproblem
+    answers its deepest result (or restates a number it was given); otherwise it says it cannot
+    tell. Each call spends 20 tokens plus 20 per step it works out.
     """
 
-    gold: dict[str, float]
+    problems: dict[str, Problem]
+    problem: Problem | None = None
     plans: dict[str, str] = field(default_factory=dict)
     planner_tokens: dict[str, int] = field(default_factory=dict)
-    misleading: set[str] = field(default_factory=set)
-    direct_tokens: int = 90
-    step_tokens: int = 30
     worker_status: int = 200
     subproblem_delay: float = 0.0
-    unanswerable: set[str] = field(default_factory=set)
 
     def __call__(self, model: str, messages: list[dict]) -> ScriptedReply:
         user = messages[-1]["content"]
         if model == POLICY:
-            return ScriptedReply(self.plans[user], self.planner_tokens.get(user, 40))
+            plan = self.plans[user]
+            return ScriptedReply(plan, self.planner_tokens.get(user, estimate_tokens(plan)))
         if model != BASE:
             return ScriptedReply(f"model {model!r} not served", 0, status=404)
         if self.worker_status != 200:
             return ScriptedReply("worker down", 0, status=self.worker_status)
-        question = next(q for q in self.gold if q in user)
-        gold = self.gold[question]
-        answer = "I cannot tell." if question in self.unanswerable else f"Answer: {gold:g}"
-        system = messages[0]["content"]
-        if system == WORKER_DIRECT_SYSTEM:
-            return ScriptedReply(f"Working it out.\n{answer}", self.direct_tokens)
-        if system == WORKER_COMBINE_SYSTEM:
-            if any(sub in user for sub in self.misleading):
-                return ScriptedReply(f"Answer: {gold + 1:g}", self.step_tokens)
-            return ScriptedReply(answer, self.step_tokens)
-        return ScriptedReply("Answer: 7", self.step_tokens, delay=self.subproblem_delay)
+        facts = facts_in(user)
+        steps = derive(facts, self.problem)
+        tokens = 20 + 20 * len(steps)
+        if messages[0]["content"] in (WORKER_DIRECT_SYSTEM, WORKER_COMBINE_SYSTEM):
+            done = among(self.problem.gold, steps)
+            reply = f"Answer: {format_number(self.problem.gold)}" if done else CANNOT_TELL
+            return ScriptedReply(reply, tokens)
+        result = steps[-1] if steps else max(facts, default=None)
+        reply = CANNOT_TELL if result is None else f"Answer: {format_number(result)}"
+        return ScriptedReply(reply, tokens, delay=self.subproblem_delay)
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +243,9 @@ def rows(gsm8k_file: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def script(rows: list[dict]) -> Script:
-    gold = {row["question"]: gold_number(row["answer"]) for row in rows}
-    gold[ZERO_QUESTION] = 0.0
-    return Script(gold=gold)
+    problems = {row["question"]: Problem(row["question"], row["answer"]) for row in rows}
+    problems[ZERO_QUESTION] = Problem(ZERO_QUESTION, ZERO_SOLUTION)
+    return Script(problems=problems)
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +269,11 @@ def env(gsm8k_file: Path) -> vf.Environment:
 
 @pytest.fixture(autouse=True)
 def fresh_script(script: Script):
-    """Each test starts from an always-right worker with default token spend."""
+    """Each test starts from a worker that answers at once with default token spend."""
     yield
     script.plans.clear()
     script.planner_tokens.clear()
-    script.misleading.clear()
-    script.unanswerable.clear()
+    script.problem = None
     script.worker_status = 200
     script.subproblem_delay = 0.0
 
@@ -146,69 +292,156 @@ def generate(env: vf.Environment, server: ScriptedOpenAIServer, inputs: list[dic
     return results["outputs"]
 
 
-def run_plan(env, server, script, question: str, reply: str, tokens: int = 40) -> dict:
+def run_plan(env, server, script, question: str, reply: str, tokens: int | None = None) -> dict:
+    script.problem = script.problems[question]
     script.plans[question] = reply
-    script.planner_tokens[question] = tokens
+    if tokens is not None:
+        script.planner_tokens[question] = tokens
     return generate(env, server, rollout_inputs(env, [question]))[0]
 
 
-# --- end to end through env.generate -----------------------------------------------------------
+# --- honest decompositions against degenerate plans --------------------------------------------
 
 
-def test_correct_plans_score_higher_than_wrong(env, server, script, rows):
-    duck = rows[0]["question"]
-    right = run_plan(env, server, script, duck, plan_json(DUCK_STEPS))
-    script.misleading.add("How many eggs does Janet eat in a week?")
-    wrong_steps = [DUCK_STEPS[0], "How many eggs does Janet eat in a week?"]
-    wrong = run_plan(env, server, script, duck, plan_json(wrong_steps))
-
-    assert right["metrics"]["correct"] == 1.0 and wrong["metrics"]["correct"] == 0.0
-    assert right["reward"] > 1.0  # correctness plus bonuses
-    assert wrong["reward"] == 0.0  # bonuses are only paid for correct answers
-    assert right["planner"]["subproblems"] == DUCK_STEPS
-
-
-def test_atomic_and_decomposed_differ_only_by_documented_independence(env, server, script, rows):
-    """Always-right worker, same worker and planner tokens: the only difference is w_i * I."""
-    duck = rows[0]["question"]
-    decomposed = run_plan(env, server, script, duck, plan_json(DUCK_STEPS), tokens=40)
-    atomic = run_plan(env, server, script, duck, plan_json([]), tokens=40)
-    md, ma = decomposed["metrics"], atomic["metrics"]
-
-    assert md["decomposed"] == 1.0 and ma["decomposed"] == 0.0
-    assert md["correct"] == ma["correct"] == 1.0
-    assert md["worker_tokens"] == ma["worker_tokens"] == md["baseline_tokens"] == 90
-    assert md["efficiency_bonus"] == ma["efficiency_bonus"] == pytest.approx(90 / (90 + 90 + 40))
-    assert ma["independence"] == ma["independence_bonus"] == 0.0  # no free independence
-    assert 0.0 < md["independence_bonus"] == md["independence"] <= 1.0
-    assert md["relevance"] >= 0.3
-    gap = decomposed["reward"] - atomic["reward"]
-    assert gap == pytest.approx(INDEPENDENCE_WEIGHT * md["independence"], abs=1e-9)
-
-
-def test_planner_tokens_count_against_both_plans_alike(env, server, script, rows):
-    """A longer plan costs w_t * (E_d - E_a) with E = B / (B + W + P), nothing more."""
-    duck = rows[0]["question"]
-    decomposed = run_plan(env, server, script, duck, plan_json(DUCK_STEPS), tokens=120)
-    atomic = run_plan(env, server, script, duck, plan_json([]), tokens=20)
-    md = decomposed["metrics"]
-    expected = TOKEN_WEIGHT * (efficiency(90, 90, 120) - efficiency(90, 90, 20))
-    expected += INDEPENDENCE_WEIGHT * md["independence"]
-    assert md["planner_tokens"] == 120 and atomic["metrics"]["planner_tokens"] == 20
-    assert decomposed["reward"] - atomic["reward"] == pytest.approx(expected, abs=1e-9)
+def test_honest_decompositions_outscore_degenerate_plans(env, server, script, rows):
+    """On five GSM8K problems every honest decomposition scores above each degenerate plan the
+    issue measured (copied sentences, [problem, "What is the answer?"], paraphrased sentences)
+    and above the atomic plan. Copies and restatements earn no independence; a paraphrased
+    sentence earns it only where it holds a whole step of the solution and the worker does that
+    step (row 3: "Three times a week James runs 3 sprints." -> 9), i.e. where it is a real
+    subproblem, so such plans get a fraction of it. Run with -s for the table of numbers."""
+    table = []
+    for index, (subproblems, plan) in HONEST.items():
+        question = rows[index]["question"]
+        honest = run_plan(env, server, script, question, plan_json(subproblems, plan))
+        assert honest["metrics"]["correct"] == 1.0, (index, honest["planner"])
+        assert honest["metrics"]["independence"] == 1.0, (index, honest["planner"])
+        table.append((index, "honest", honest))
+        for name, reply in degenerate_plans(index, question).items():
+            out = run_plan(env, server, script, question, reply)
+            assert out["metrics"]["correct"] == 1.0, (index, name, out["planner"])
+            if name == "paraphrased sentences":  # counts only a sentence that is a whole step
+                assert out["metrics"]["independence"] < 0.5, (index, out["planner"])
+            else:
+                assert out["metrics"]["independence"] == 0.0, (index, name, out["planner"])
+            assert out["reward"] < honest["reward"], (index, name)
+            table.append((index, name, out))
+    print(f"\n{'row':>3} {'plan':<34} {'reward':>6} {'C':>3} {'E':>5} {'I':>5}")
+    for index, name, out in table:
+        m = out["metrics"]
+        print(
+            f"{index:>3} {name:<34} {out['reward']:6.3f} {m['correct']:3.0f}"
+            f" {m['efficiency']:5.3f} {m['independence']:5.2f}"
+        )
 
 
-def test_filler_subproblems_earn_no_independence(env, server, script, rows):
-    """Padding a plan with an unrelated question raises raw independence but not the reward."""
-    duck = rows[0]["question"]
-    filler = run_plan(
-        env, server, script, duck, plan_json([DUCK_STEPS[0], "What is the capital of France?"])
+def test_atomic_plans_are_not_penalised_structurally(env, server, script, rows):
+    """An atomic plan is scored on correctness and tokens like any plan: it earns exactly
+    w_c + w_t * E, and an honest decomposition of the same problem differs from it by exactly the
+    documented terms, w_t * (E_d - E_a) + w_i * I_d."""
+    for index, (subproblems, plan) in HONEST.items():
+        question = rows[index]["question"]
+        atomic = run_plan(env, server, script, question, plan_json([]))
+        honest = run_plan(env, server, script, question, plan_json(subproblems, plan))
+        ma, mh = atomic["metrics"], honest["metrics"]
+        assert ma["correct"] == 1.0 and ma["independence"] == 0.0
+        assert ma["worker_tokens"] == ma["baseline_tokens"]  # the direct solve, reused
+        assert atomic["reward"] == pytest.approx(1.0 + TOKEN_WEIGHT * ma["efficiency"])
+        gap = TOKEN_WEIGHT * (mh["efficiency"] - ma["efficiency"])
+        gap += INDEPENDENCE_WEIGHT * mh["independence"]
+        assert honest["reward"] - atomic["reward"] == pytest.approx(gap, abs=1e-9)
+
+
+def test_worker_sees_only_what_the_plan_gives_it(env, server, script, rows):
+    """Subproblem calls carry the subproblem's text alone; the combination carries the plan and
+    the results; the problem reaches the worker only in the direct solve (the baseline)."""
+    question = rows[2]["question"]
+    subproblems, plan = HONEST[2]
+    before = len(server.requests)
+    out = run_plan(env, server, script, question, plan_json(subproblems, plan))
+    worker_calls = [r["messages"] for r in server.requests[before:] if r["model"] == BASE]
+    users = {m[0]["content"]: [] for m in worker_calls}
+    for messages in worker_calls:
+        users[messages[0]["content"]].append(messages[-1]["content"])
+    subproblem_calls = [u for system, us in users.items() for u in us if "self-contained" in system]
+    assert sorted(subproblem_calls) == sorted(subproblems)
+    [combination] = users[WORKER_COMBINE_SYSTEM]
+    assert plan in combination and "Result: 130000" in combination and question not in combination
+    carrying_problem = {system for system, us in users.items() for u in us if question in u}
+    assert carrying_problem <= {WORKER_DIRECT_SYSTEM}  # the baseline (unless already cached)
+    assert out["planner"]["subproblem_results"] == [130000.0, 200000.0]
+    assert out["planner"]["counted"] == [True, True]
+
+
+def test_a_plan_that_keeps_back_a_needed_fact_is_wrong(env, server, script, rows):
+    """Without the $2 price in the plan or a subproblem, the combination cannot reach the answer:
+    correctness depends on what the plan passes on, and a wrong plan earns no bonus at all."""
+    question = rows[0]["question"]
+    subproblems, _ = HONEST[0]
+    right = run_plan(env, server, script, question, plan_json(*HONEST[0]))
+    wrong = run_plan(
+        env, server, script, question, plan_json(subproblems, "Multiply by the price.")
     )
-    atomic = run_plan(env, server, script, duck, plan_json([]))
-    mf = filler["metrics"]
-    assert mf["correct"] == 1.0 and mf["independence"] > 0.5 and mf["relevance"] < 0.3
-    assert mf["independence_bonus"] == 0.0
-    assert filler["reward"] == pytest.approx(atomic["reward"])
+    assert right["metrics"]["correct"] == 1.0 and right["reward"] > 1.0
+    assert wrong["metrics"]["correct"] == 0.0 and wrong["reward"] == 0.0
+    assert wrong["metrics"]["independence"] == 1.0  # the subproblem did its part; C gates it
+    assert CANNOT_TELL in wrong["planner"]["final_reply"]
+
+
+def test_filler_and_repeated_subproblems_earn_no_independence(env, server, script, rows):
+    """An unrelated question, a repeat of a subproblem, or one that states its own result do not
+    count; each lowers I below the honest plan's."""
+    question = rows[0]["question"]
+    [step], plan = HONEST[0]
+    variants = {
+        "filler": [step, "What is the capital of France?"],
+        "repeated": [step, step],
+        "states its result": [step, "Janet has 9 eggs left each day. How many eggs are left?"],
+    }
+    honest = run_plan(env, server, script, question, plan_json([step], plan))
+    for name, subproblems in variants.items():
+        out = run_plan(env, server, script, question, plan_json(subproblems, plan))
+        assert out["metrics"]["correct"] == 1.0, name
+        assert out["planner"]["counted"] == [True, False], name
+        assert out["metrics"]["independence"] == 0.5, name
+        assert out["reward"] < honest["reward"], name
+
+
+def test_independence_formula_on_the_ducks_row(rows):
+    """I from the worker's results alone: the Janet's-ducks reference steps are 16-3-4=9 and
+    9*2=18 (the answer), and the problem states 16, three, four and 2."""
+    question, solution = rows[0]["question"], rows[0]["answer"]
+
+    def score(subproblems: list[str], results: list[float | None]) -> float:
+        return independence(question, solution, 18.0, subproblems, results).score
+
+    honest = HONEST[0][0]
+    assert score(honest, [9.0]) == 1.0
+    assert score(sentences(question), [16.0, 4.0, 2.0, None]) == 0.0  # restated facts
+    assert score(sentences(question)[:1], [9.0]) == 0.0  # a verbatim copy never counts
+    assert score([question, "What is the answer?"], [18.0, None]) == 0.0  # the answer itself
+    assert score(["What is 7 + 5?", *honest], [12.0, 9.0]) == 0.5  # 12 is no step of it
+    assert score([], []) == 0.0
+
+
+def test_predicted_zero_matches_gold_zero(env, server, script):
+    """Gold 0: 'Answer: 0' is correct; a reply with no number is not (it is not read as 0)."""
+    row = {
+        "prompt": [{"role": "user", "content": ZERO_QUESTION}],
+        "answer": "0",
+        "info": {"question": ZERO_QUESTION, "solution": ZERO_SOLUTION},
+        "example_id": 0,
+    }
+    script.problem = script.problems[ZERO_QUESTION]
+    script.plans[ZERO_QUESTION] = plan_json([])
+    [answered] = generate(env, server, [row])
+    assert answered["metrics"]["correct"] == 1.0
+    assert "Answer: 0" in answered["planner"]["final_reply"]
+
+    script.plans[ZERO_QUESTION] = plan_json(["How many people are on the bus?", "Who gets off?"])
+    [silent] = generate(env, server, [row])
+    assert silent["planner"]["predicted"] is None
+    assert silent["metrics"]["correct"] == 0.0 and silent["reward"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -226,26 +459,6 @@ def test_malformed_plans_score_zero(env, server, script, rows, reply):
     assert out["reward"] == 0.0
     assert out["metrics"]["parse_failure"] == 1.0
     assert out["metrics"]["correct"] == 0.0
-
-
-def test_predicted_zero_matches_gold_zero(env, server, script):
-    """Gold 0: 'Answer: 0' is correct; a reply with no number is not (it is not read as 0)."""
-    row = {
-        "prompt": [{"role": "user", "content": ZERO_QUESTION}],
-        "answer": "0",
-        "info": {"question": ZERO_QUESTION},
-        "example_id": 0,
-    }
-    script.plans[ZERO_QUESTION] = plan_json([])
-    [answered] = generate(env, server, [row])
-    assert answered["metrics"]["correct"] == 1.0
-    assert "Answer: 0" in answered["planner"]["final_reply"]
-
-    script.unanswerable.add(ZERO_QUESTION)
-    script.plans[ZERO_QUESTION] = plan_json(["How many people are on the bus?", "Who gets off?"])
-    [silent] = generate(env, server, [row])
-    assert silent["planner"]["predicted"] is None
-    assert silent["metrics"]["correct"] == 0.0 and silent["reward"] == 0.0
 
 
 def test_worker_http_errors_score_zero_without_crashing(env, server, script, rows):
@@ -278,29 +491,45 @@ def test_subproblems_run_concurrently_on_the_base_model(env, server, script, row
 
 
 def test_every_metric_is_logged(env, server, script, rows):
-    out = run_plan(env, server, script, rows[5]["question"], plan_json(["Part one?", "Part two?"]))
+    out = run_plan(env, server, script, rows[5]["question"], plan_json(*HONEST[5]))
     expected = {
         "correct",
         "efficiency_bonus",
         "independence_bonus",
         "decomposed",
         "num_subproblems",
+        "counted_subproblems",
         "planner_tokens",
         "worker_tokens",
         "baseline_tokens",
         "efficiency",
         "independence",
-        "relevance",
         "parse_failure",
         "worker_error",
     }
     assert expected <= set(out["metrics"])
+    assert out["metrics"]["counted_subproblems"] == 2.0
     assert 0.0 <= out["reward"] <= 1.0 + TOKEN_WEIGHT + INDEPENDENCE_WEIGHT
+
+
+def test_planner_tokens_count_against_both_plans_alike(env, server, script, rows):
+    """A longer plan costs w_t * (E(P_long) - E(P_short)), nothing more."""
+    question = rows[3]["question"]
+    short = run_plan(env, server, script, question, plan_json(*HONEST[3]), tokens=20)
+    long = run_plan(env, server, script, question, plan_json(*HONEST[3]), tokens=120)
+    ms = short["metrics"]
+    assert long["metrics"]["planner_tokens"] == 120 and ms["planner_tokens"] == 20
+    expected = TOKEN_WEIGHT * (
+        efficiency(ms["baseline_tokens"], ms["worker_tokens"], 20)
+        - efficiency(ms["baseline_tokens"], ms["worker_tokens"], 120)
+    )
+    assert short["reward"] - long["reward"] == pytest.approx(expected, abs=1e-9)
 
 
 def test_separate_worker_server(gsm8k_file, server, script, rows):
     """worker_base_url sends worker calls to another server; the policy server sees none."""
-    worker_script = Script(gold=script.gold)
+    question = rows[6]["question"]
+    worker_script = Script(problems=script.problems, problem=script.problems[question])
     with ScriptedOpenAIServer(worker_script, models=[{"id": BASE}]) as worker_server:
         separate = load_environment(
             data_files=str(gsm8k_file),
@@ -310,11 +539,11 @@ def test_separate_worker_server(gsm8k_file, server, script, rows):
             worker_model=BASE,
         )
         before = len(server.requests)
-        out = run_plan(separate, server, script, rows[6]["question"], plan_json(DUCK_STEPS))
+        out = run_plan(separate, server, script, question, plan_json(*HONEST[6]))
         policy_models = {r["model"] for r in server.requests[before:]}
         assert out["metrics"]["correct"] == 1.0
         assert policy_models == {POLICY}
-        assert len(worker_server.requests) == 4  # baseline, two subproblems, combination
+        assert len(worker_server.requests) == 3  # baseline, one subproblem, combination
 
 
 # --- loading ------------------------------------------------------------------------------------
@@ -332,7 +561,7 @@ def test_loads_by_name_with_local_rows_and_numeric_gold(gsm8k_file):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_subproblems": 0}, {"token_weight": -0.1}, {"min_relevance": 2.0}, {"worker_timeout": 0}],
+    [{"max_subproblems": 0}, {"token_weight": -0.1}, {"worker_timeout": 0}],
 )
 def test_bad_arguments_are_named(gsm8k_file, kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs)).split("_")[0]):

@@ -63,7 +63,7 @@ def test_engine_failure_shows_log_tail_and_leaves_nothing_running(tiny_model_dir
     broken = tmp_path / "broken"
     shutil.copytree(tiny_model_dir, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    from rlvr.weights import free_port
+    from rlvr.rendezvous import free_port
 
     marker = f"broken-{uuid.uuid4().hex[:8]}"
     port = str(free_port())
@@ -80,7 +80,7 @@ def test_engine_failure_shows_log_tail_and_leaves_nothing_running(tiny_model_dir
 @pytest.mark.integration
 @pytest.mark.slow
 def test_sigint_stops_the_whole_engine_tree(tiny_model_dir, tmp_path):
-    from rlvr.weights import free_port
+    from rlvr.rendezvous import free_port
 
     marker = f"sigint-{uuid.uuid4().hex[:8]}"
     port = free_port()
@@ -159,18 +159,69 @@ def test_concurrent_seeded_long_prompts_do_not_kill_the_cpu_engine(tiny_server):
     ],
 )
 def test_cpu_servers_default_to_whole_prompt_prefill(cuda, user_flags, expect_off, tiny_model_dir):
+    cmd = command(tiny_model_dir, user_flags, cuda)
+    assert ("--no-enable-chunked-prefill" in cmd) == expect_off
+    assert cmd[len(cmd) - len(user_flags) :] == user_flags  # passed through, last
+
+
+def command(model_dir, user_flags: list[str], cuda: bool = False) -> list[str]:
     import argparse
 
     from rlvr.server.launcher import vllm_command
 
     args = argparse.Namespace(
-        model=str(tiny_model_dir),
+        model=str(model_dir),
         served_model_name=None,
         host="127.0.0.1",
         port=8000,
         api_key=None,
         weight_transfer_backend="auto",
     )
-    cmd = vllm_command(args, user_flags, cuda=cuda)
-    assert ("--no-enable-chunked-prefill" in cmd) == expect_off
-    assert cmd[len(cmd) - len(user_flags) :] == user_flags  # passed through, last
+    return vllm_command(args, user_flags, cuda=cuda)
+
+
+def flag(cmd: list[str], name: str) -> str | None:
+    return cmd[cmd.index(name) + 1] if name in cmd else None
+
+
+def test_sampling_parity_vllm_ignores_the_models_generation_defaults(tiny_model_dir):
+    """vLLM would apply generation_config.json's top_k/top_p/penalties to every request
+    otherwise; the trainer's log-probabilities could not follow."""
+    assert flag(command(tiny_model_dir, []), "--generation-config") == "vllm"
+    mine = command(tiny_model_dir, ["--generation-config", "auto"])
+    assert mine.count("--generation-config") == 1 and flag(mine, "--generation-config") == "auto"
+
+
+def test_workers_get_the_extension_that_reports_their_devices(tiny_model_dir):
+    from rlvr.server.launcher import WORKER_EXTENSION
+    from rlvr.server.worker_extension import WorkerExtension
+
+    assert flag(command(tiny_model_dir, []), "--worker-extension-cls") == WORKER_EXTENSION
+    module, name = WORKER_EXTENSION.rsplit(".", 1)
+    assert getattr(__import__(module, fromlist=[name]), name) is WorkerExtension
+    info = WorkerExtension().rlvr_device_info()  # no device attribute: not a worker
+    assert info["gpu_uuid"] is None and info["host"]
+
+
+@pytest.mark.parametrize(
+    ("workers", "cores", "binding"),
+    [(2, [0, 1], "0|1"), (2, [0, 1, 2, 3], "0,1|2,3"), (4, [0, 1], "0|1|0|1"), (1, [5, 7], "5,7")],
+)
+def test_cpu_workers_get_disjoint_cores(workers, cores, binding):
+    """vLLM binds several CPU workers only by NUMA node and refuses more workers than nodes,
+    i.e. TP=2 on any single-socket machine; vf-vllm hands out the cores itself."""
+    from rlvr.server.launcher import cpu_thread_binding
+
+    assert cpu_thread_binding(workers, cores) == binding
+
+
+def test_tensor_parallel_cpu_server_binds_its_workers(monkeypatch):
+    from rlvr.server.launcher import engine_env, local_workers
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert local_workers(["--tensor-parallel-size", "2", "-pp=2"]) == 4
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_env(False, "cpu", workers=1)
+    assert engine_env(False, "cpu", workers=2)["VLLM_CPU_OMP_THREADS_BIND"].count("|") == 1
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_env(True, "nccl", workers=2)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the user's choice wins
+    assert engine_env(False, "cpu", workers=2)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"

@@ -7,37 +7,14 @@ import subprocess
 import sys
 import textwrap
 
-import httpx
 import pytest
 import torch
+from support import server_logprobs, trainer_logprobs
 
 pytestmark = pytest.mark.integration
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 COMPLETION = " and runs far away into the forest"
-
-
-def server_logprobs(server, token_ids: list[int]) -> torch.Tensor:
-    """vLLM's logprob of each token given its prefix (prompt_logprobs), for tokens 1..n-1."""
-    body = {
-        "model": server.model,
-        "prompt": token_ids,
-        "max_tokens": 1,
-        "temperature": 0,
-        "prompt_logprobs": 0,
-    }
-    response = httpx.post(f"{server.base_url}/completions", json=body, timeout=120)
-    response.raise_for_status()
-    entries = response.json()["choices"][0]["prompt_logprobs"][1:]
-    return torch.tensor(
-        [entry[str(tok)]["logprob"] for entry, tok in zip(entries, token_ids[1:], strict=True)]
-    )
-
-
-def trainer_logprobs(model, token_ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(torch.tensor([token_ids])).logits[0, :-1].float()
-    return logits.log_softmax(-1).gather(-1, torch.tensor(token_ids[1:])[:, None])[:, 0]
 
 
 @pytest.fixture
@@ -120,7 +97,7 @@ def test_server_survives_a_trainer_dying_mid_update(tiny_server, trainer_model):
     # A new trainer connects (un-pausing the server) and the old weights are still intact:
     # the worker loads only after every byte arrived.
     with WeightSync(tiny_server.base_url) as sync:
-        assert sync.backend == "shm"  # auto: a local server on a machine without CUDA
+        assert sync.resolve() == "shm"  # auto: a local server on a machine without CUDA
         sync.connect(model)
         assert (server_logprobs(tiny_server, ids) - reference).abs().max() < 1e-5
         sync.push()

@@ -18,12 +18,14 @@ def completion_ids(state) -> list[int]:
     ]
 
 
-def target_share_env(target_id: int, num_prompts: int = 16) -> vf.SingleTurnEnv:
-    """Prompts are varied short instructions; the reward is in [0, 1]."""
+def target_share_env(target: int | set[int], num_prompts: int = 16) -> vf.SingleTurnEnv:
+    """Prompts are varied short instructions; the reward, in [0, 1], is the share of sampled
+    tokens that are `target` (one id, or any id of a set)."""
+    targets = {target} if isinstance(target, int) else set(target)
 
     def target_share(state) -> float:
         ids = completion_ids(state)
-        return sum(t == target_id for t in ids) / len(ids) if ids else 0.0
+        return sum(t in targets for t in ids) / len(ids) if ids else 0.0
 
     def completion_length(state) -> float:
         return float(len(completion_ids(state)))

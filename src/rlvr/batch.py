@@ -114,6 +114,12 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
     return MicroBatch(ids, mask[:, 1:], logprobs[:, 1:], advantages[:, 1:], **layout)
 
 
+def slot_count(rows: list[Row]) -> int:
+    """Token positions the micro-batch's tensors hold: rows x the widest row. Everything
+    beyond the samples' own tokens is padding, forward/backward work that trains nothing."""
+    return len(rows) * max(sum(len(s) for s in row) for row in rows)
+
+
 def pack_rows(samples: list[Sample], width: int) -> list[Row]:
     """First-fit decreasing: each sample, longest first, goes into the first row with room
     for it (a sample longer than `width` gets a row of its own)."""

@@ -2,8 +2,10 @@
 
 A checkpoint directory `checkpoints/step_000012` (12 steps done) holds accelerate's state
 (model or adapter weights, optimizer, LR scheduler, every process's RNG states; for DeepSpeed
-its own partitioned files) and `trainer_state.json` (step, data position, weight version, W&B
-run id). Everything is first written to a hidden temporary directory and renamed into place
+its own partitioned files), `trainer_state.json` (step, data position, weight version, W&B
+run id) and, for asynchronous runs, the rollout batches that were already being generated
+(`in_flight_batches.pkl`: a resumed run trains on them instead of regenerating them with the
+newer policy). Everything is first written to a hidden temporary directory and renamed into place
 when complete, and `trainer_state.json` is written last, so a crash mid-save leaves the
 previous checkpoint as the latest valid one.
 """
@@ -11,6 +13,7 @@ previous checkpoint as the latest valid one.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from typing import Any
 from rlvr.atomic import atomic_write_text
 
 STATE_FILE = "trainer_state.json"
+IN_FLIGHT_FILE = "in_flight_batches.pkl"
 PREFIX = "step_"
 
 
@@ -56,8 +60,15 @@ def resolve_resume(resume: str | None, output_dir: str | Path) -> Path | None:
     return path
 
 
-def save_checkpoint(accelerator: Any, output_dir: str | Path, state: dict, keep_last: int) -> Path:
-    """Save on every process (DeepSpeed writes per-rank shards), publish on the main one."""
+def save_checkpoint(
+    accelerator: Any,
+    output_dir: str | Path,
+    state: dict,
+    keep_last: int,
+    in_flight: list | None = None,
+) -> Path:
+    """Save on every process (DeepSpeed writes per-rank shards), publish on the main one
+    (which also writes `in_flight`, the main process's rollout batches in flight)."""
     step = int(state["step"])
     final = checkpoint_path(output_dir, step)
     tmp = final.parent / f".tmp-{final.name}"
@@ -68,6 +79,8 @@ def save_checkpoint(accelerator: Any, output_dir: str | Path, state: dict, keep_
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        if in_flight:
+            (tmp / IN_FLIGHT_FILE).write_bytes(pickle.dumps(in_flight))
         atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=2))
         if final.exists():
             shutil.rmtree(final)
@@ -119,3 +132,10 @@ def load_checkpoint(accelerator: Any, path: str | Path, model: Any, deepspeed: b
                 )
         accelerator.load_state(str(path), strict=False)
     return json.loads((path / STATE_FILE).read_text())
+
+
+def load_in_flight(path: str | Path) -> list:
+    """The rollout batches a checkpoint kept (empty for synchronous runs). Pickle: the file
+    is the run's own, written by `save_checkpoint`."""
+    file = Path(path) / IN_FLIGHT_FILE
+    return pickle.loads(file.read_bytes()) if file.is_file() else []

@@ -57,3 +57,27 @@ def config_from_argv(
         return load_config(path, overrides, cls)
     except (ConfigError, FileNotFoundError) as e:
         raise SystemExit(f"config error: {e}") from None
+
+
+def json_object(text: str) -> dict:
+    """An argparse type for JSON-object options (`--env-args '{"retriever": "bm25"}'`)."""
+    import argparse
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts that must be at least 1."""
+    import argparse
+
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -128,8 +128,16 @@ class BatchConfig:
     """Dataset rows whose rendered prompt is longer are skipped (and counted) before training."""
     async_level: int = 1
     """How many steps rollouts may run ahead of training (0 = fully synchronous)."""
+    trainer_cores: list[int] | None = None
+    """CPU cores for the trainer process, e.g. [1] beside a vf-vllm on core 0 of the same CPU
+    (vLLM's CPU worker binds every core but the last by default); None: all cores. Keeps
+    generation that runs ahead from stalling the trainer's threads (see `rlvr.cores`)."""
     max_concurrent: int = -1
     """Most groups generating at once (-1: all groups of a step)."""
+    max_errored_frac: float = 0.25
+    """Groups where more than this share of rollouts errored (server or tool failures) get no
+    loss: errors are rarely random (long generations, bad tool calls), so a baseline taken
+    over the survivors is biased. Counted as rollouts/dropped_errored_groups."""
     mask_truncated: bool = False
     """True: rollouts cut by max_tokens/max_seq_len get no loss (their reward still counts in
     the group's baseline); False: train on them like any other rollout."""
@@ -138,7 +146,10 @@ class BatchConfig:
 @dataclass
 class SamplingConfig:
     temperature: float = 1.0
+    """Sampling temperature; the trainer divides its logits by the same value."""
     top_p: float = 1.0
+    """Must stay 1.0: the trainer's log-probabilities cover the whole distribution, so a
+    nucleus-filtered sampler would bias the importance ratio (see rlvr.sampling)."""
     max_tokens: int = 512
     """Most tokens per model turn."""
     seed_requests: bool = True
@@ -147,7 +158,9 @@ class SamplingConfig:
     split into chunks (its CPU generators cannot rewind), so CPU servers with long prompts or
     many concurrent requests need `false` (see configs/examples/deepscaler_smollm2_cpu.yaml)."""
     extra_body: dict[str, Any] = field(default_factory=dict)
-    """Extra vLLM sampling fields (e.g. top_k, min_p, repetition_penalty)."""
+    """Extra vLLM request fields (e.g. `stop`, `skip_special_tokens`). Fields that reshape the
+    distribution (top_k, min_p, penalties, logit_bias, min_tokens, ...) are refused at start:
+    the trainer could not reproduce them in its log-probabilities."""
 
 
 @dataclass
@@ -222,9 +235,36 @@ class ServerConfig:
     CUDA, else shm for a local server, else gloo."""
     timeout_s: float = 600.0
     """Per-request timeout for generation and control calls."""
+    transfer_host: str | None = None
+    """Address of the trainer's first node that vf-vllm's workers connect to for the gloo or
+    nccl weight transfer. None: this machine's address on its route to the server (loopback
+    for a local server). Set it where that guess is wrong (NAT, several interfaces)."""
+    transfer_port: int = 0
+    """Port of that rendezvous (0: any free port; fix one for firewalls)."""
+    transfer_timeout_s: float = 300.0
+    """Deadline for the transfer rendezvous and each transfer's collectives: a wrong or
+    unreachable address fails after this long, naming both addresses and the port."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """How a LoRA policy reaches the server. adapter: push only the adapter (megabytes); vLLM
+    serves it on its frozen base under `adapter_name` (needs vf-vllm --enable-lora). merged:
+    stream base + adapter merged, as for full fine-tuning. auto: adapter whenever the server
+    can serve it, else merged (the log says why)."""
+    adapter_name: str = "policy"
+    """The name the policy's adapter is served under (adapter sync); rollouts request it."""
     push_weights: bool = True
     """Push weights after every optimizer step (the initial weights are pushed regardless).
     Off only for debugging: rollouts then come from the initial weights."""
+
+
+@dataclass
+class DistributedConfig:
+    timeout_s: float = 7200.0
+    """Timeout of the trainer ranks' process group. Ranks other than 0 wait in a collective
+    while rank 0 generates a step's rollouts or evaluates, so this bounds one generation or
+    evaluation; rank 0 gives up on rollouts a little earlier, with a clear error."""
+
+    def validate(self) -> None:
+        _require(self.timeout_s > 0, "distributed.timeout_s", self.timeout_s)
 
 
 @dataclass
@@ -241,6 +281,7 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     max_steps: int = 100
     seed: int = 0
     output_dir: str = "outputs/run"
@@ -257,12 +298,20 @@ class Config:
         )
         _require(b.micro_batch_size >= 1, "batch.micro_batch_size", b.micro_batch_size)
         _require(b.async_level >= 0, "batch.async_level", b.async_level, "must be >= 0")
+        _require(0 <= b.max_errored_frac <= 1, "batch.max_errored_frac", b.max_errored_frac,
+                 "must be between 0 and 1")  # fmt: skip
         _require(b.max_prompt_len < b.max_seq_len, "batch.max_prompt_len", b.max_prompt_len,
                  f"must be below batch.max_seq_len ({b.max_seq_len})")  # fmt: skip
         _require(self.max_steps >= 1, "max_steps", self.max_steps)
         self.optim.validate()
         _require(self.sampling.temperature > 0, "sampling.temperature", self.sampling.temperature)
         _require(self.sampling.max_tokens >= 1, "sampling.max_tokens", self.sampling.max_tokens)
+        self._check_sampling_filters()
+        _require(self.server.transfer_timeout_s > 0, "server.transfer_timeout_s",
+                 self.server.transfer_timeout_s)  # fmt: skip
+        _require(0 <= self.server.transfer_port < 65536, "server.transfer_port",
+                 self.server.transfer_port, "must be a port number (0: any free port)")  # fmt: skip
+        self.distributed.validate()
         low, high = self.loss.ratio_mask_low, self.loss.ratio_mask_high
         _require(0 <= low < 1 < high, "loss.ratio_mask_low/high", (low, high),
                  "need 0 <= low < 1 < high")  # fmt: skip
@@ -270,6 +319,15 @@ class Config:
         self.model.validate()
         self.lora.validate()
         self.checkpoint.validate()
+
+    def _check_sampling_filters(self) -> None:
+        from rlvr.sampling import SamplingFilterError, check_reproducible
+
+        s = self.sampling
+        try:
+            check_reproducible({"top_p": s.top_p, "extra_body": s.extra_body}, "sampling")
+        except SamplingFilterError as e:
+            raise ConfigError(str(e)) from None
 
     @property
     def examples_per_step(self) -> int:
@@ -343,6 +401,7 @@ class SFTConfig:
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     wandb: WandbConfig = field(default_factory=lambda: WandbConfig(project="rlvr-sft"))
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 0
     output_dir: str = "outputs/sft"
 
@@ -366,6 +425,7 @@ class SFTConfig:
         self.model.validate()
         self.lora.validate()
         self.checkpoint.validate()
+        self.distributed.validate()
 
 
 AnyConfig = TypeVar("AnyConfig", Config, SFTConfig)

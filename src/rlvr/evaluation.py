@@ -67,8 +67,8 @@ def run_vf_eval(
     model: str,
     base_url: str,
     output_dir: Path,
-    num_examples: int,
-    rollouts_per_example: int = 1,
+    num_examples: int | None,
+    rollouts_per_example: int | None = 1,
     max_tokens: int | None = None,
     env_args: dict[str, Any] | None = None,
     state_columns: list[str] | None = None,
@@ -79,16 +79,19 @@ def run_vf_eval(
     (`-s`, plain logging with `-d`), and return the saved rollouts (one dict per row of every
     results.jsonl found there). `state_columns` are extra state fields saved with each rollout;
     `sampling_args` go to the model as vf-eval's `-S` (e.g. a seed, or vLLM's `extra_body`).
+    `num_examples` / `rollouts_per_example` of None leave out `-n` / `-r`, so vf-eval takes the
+    environment's own defaults (its `[tool.verifiers.eval]` table).
 
     Raises RuntimeError, with the tails of vf-eval's stdout and stderr, if vf-eval exits non-zero
     or saves no results; ResultsError if a saved line is malformed; subprocess.TimeoutExpired
     after `timeout` seconds (None: no limit).
     """
-    cmd = [
-        str(VF_EVAL), env_id, "-m", model, "-b", base_url, "-k", API_KEY_VAR,
-        "-n", str(num_examples), "-r", str(rollouts_per_example), "-s", "-d",
-        "-o", str(output_dir),
-    ]  # fmt: skip
+    cmd = [str(VF_EVAL), env_id, "-m", model, "-b", base_url, "-k", API_KEY_VAR]
+    if num_examples is not None:
+        cmd += ["-n", str(num_examples)]
+    if rollouts_per_example is not None:
+        cmd += ["-r", str(rollouts_per_example)]
+    cmd += ["-s", "-d", "-o", str(output_dir)]
     if max_tokens is not None:
         cmd += ["-t", str(max_tokens)]
     if env_args is not None:

@@ -43,8 +43,10 @@ from torch.utils.checkpoint import checkpoint
 
 from rlvr.batch import MicroBatch
 
-MAX_CHUNK_ELEMENTS = 2**24
-"""Most logits (tokens x vocabulary) in one chunk: 64 MiB in float32."""
+MAX_CHUNK_ELEMENTS = 2**26
+"""Most logits (tokens x vocabulary) in one chunk: 256 MiB in float32, 1365 tokens of a 49k
+vocabulary. Micro-batches whose loss tokens fit in one chunk need no recomputation in backward;
+larger ones pay one more head pass over their loss tokens instead of holding every chunk."""
 
 MaskLogits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
 from rlvr.policy import zero3_gather
 from rlvr.reasoning_vocab import trained_rows_params, with_trained_rows
@@ -52,6 +51,16 @@ def hf_name(peft_name: str) -> str | None:
     return ".".join(p for p in parts if p not in ("base_layer", "token_adapter"))
 
 
+@dataclass(frozen=True)
+class TensorMeta:
+    """Name, dtype and full (Hugging Face) shape of one streamed tensor: what vLLM's
+    `ParamMeta` declares (rlvr.weights converts), without importing vLLM here."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
 @dataclass
 class _Entry:
     name: str
@@ -63,7 +72,7 @@ class _Entry:
     the trained rows replace the base ones on the fly."""
 
 
-class MergedWeightSource(WeightSource):
+class MergedWeightSource:
     """The model's weights as vLLM expects them: base names, LoRA deltas merged in.
 
     Works for plain models too (then it is `ModuleSource` with ZeRO-3 gathering), so the
@@ -99,8 +108,8 @@ class MergedWeightSource(WeightSource):
             entries.append(_Entry(target, param, lora, tokens))
         return entries
 
-    def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(e.name, e.param.dtype, full_shape(e.param)) for e in self.entries]
+    def metadata(self) -> list[TensorMeta]:
+        return [TensorMeta(e.name, e.param.dtype, full_shape(e.param)) for e in self.entries]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for entry in self.entries:

@@ -10,12 +10,31 @@ step it after every backward.
 from __future__ import annotations
 
 import contextlib
+import os
+from datetime import timedelta
 from typing import Any
 
 import torch
 
 from rlvr.checkpoint import keep_trainable_only
 from rlvr.config import OptimConfig
+
+
+def make_accelerator(timeout_s: float) -> Any:
+    """The Accelerator for a trainer, with the process-group timeout of `distributed.timeout_s`.
+
+    Under `accelerate launch` without CUDA the process group is pinned to gloo: accelerate
+    finds no accelerator backend on a CPU machine and then counts DeepSpeed's ranks as one
+    process (every rank believes it is rank 0 of 1), although DeepSpeed's CPU accelerator
+    has joined them in a gloo group."""
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout_s)}
+    launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
+    if launched and not torch.cuda.is_available():
+        kwargs["backend"] = "gloo"
+    return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(**kwargs)])
 
 
 class Optimization:

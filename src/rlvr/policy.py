@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from rlvr.atomic import atomic_directory
-from rlvr.config import LoraConfig, ModelConfig
+from rlvr.config import ConfigError, LoraConfig, ModelConfig
 from rlvr.reasoning_vocab import ReasoningVocab, expand_model, load_tokenizer
 from rlvr.reasoning_vocab import attach as attach_reasoning_vocab
 
@@ -67,10 +67,36 @@ def load_model(
     return model
 
 
+# The frozen copy of a resumed adapter that serves as the KL reference (see `reference_mode`).
+REFERENCE_ADAPTER = "reference"
+TIED_MODULES = ("lm_head", "embed_tokens")
+
+
+def check_lora_targets(model: torch.nn.Module, targets: list[str]) -> None:
+    """Refuse LoRA on a tied output head or input embedding: PEFT adds the delta to one use
+    of the shared matrix only, but the merged weight pushed into vLLM (which ties them too)
+    would change both, so the server would sample from a model the trainer is not training."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    hit = sorted(set(targets) & set(TIED_MODULES))
+    if tied and hit:
+        raise ConfigError(
+            f"lora.target_modules includes {hit}, but this model ties its input embedding and "
+            "output head: the adapter's delta would reach only one of the two in training and "
+            "both on the server. Remove them from lora.target_modules (or use a model with "
+            "untied embeddings)."
+        )
+
+
 def apply_lora(
-    model: torch.nn.Module, cfg: LoraConfig, reasoning_vocab: ReasoningVocab | None = None
+    model: torch.nn.Module,
+    cfg: LoraConfig,
+    keep_reference: bool = False,
+    reasoning_vocab: ReasoningVocab | None = None,
 ) -> torch.nn.Module:
     """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s.
+
+    `keep_reference` (for a KL penalty) also loads a resumed adapter a second time, frozen,
+    as the reference: the initial policy is base + that adapter, not the bare base.
 
     With a reasoning vocabulary, its rows (and only those) of the input embedding and of an
     untied output head train in full beside the adapter (PEFT's trainable tokens; a tied head
@@ -79,8 +105,13 @@ def apply_lora(
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
+    check_lora_targets(model, list(cfg.target_modules))
     if cfg.resume_from:
-        return PeftModel.from_pretrained(model, cfg.resume_from, is_trainable=True)
+        model = PeftModel.from_pretrained(model, cfg.resume_from, is_trainable=True)
+        if keep_reference:
+            model.load_adapter(cfg.resume_from, adapter_name=REFERENCE_ADAPTER)
+            model.set_adapter("default")
+        return model
     peft_config = PeftLoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
@@ -110,8 +141,36 @@ def trainable_rows(
     return indices
 
 
-def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig, accelerator: Any) -> Policy:
-    """Everything a trainer needs to start training the model `model_cfg.name`."""
+@contextlib.contextmanager
+def reference_mode(model: torch.nn.Module):
+    """Run a LoRA policy as its KL reference, the initial policy: the frozen copy of a resumed
+    adapter where there is one (`apply_lora(keep_reference=True)`), else the base with the
+    adapter off (a new adapter starts at zero, so the base is the initial policy). Switches
+    the active adapter of each LoRA layer directly: PEFT's `set_adapter` would also change
+    which parameters are trainable."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    unwrapped = getattr(model, "module", model)
+    if REFERENCE_ADAPTER not in getattr(unwrapped, "peft_config", {}):
+        with unwrapped.disable_adapter():
+            yield
+        return
+    layers = [m for m in unwrapped.modules() if isinstance(m, BaseTunerLayer)]
+    saved = [m._active_adapter for m in layers]
+    for layer in layers:
+        layer._active_adapter = [REFERENCE_ADAPTER]
+    try:
+        yield
+    finally:
+        for layer, active in zip(layers, saved, strict=True):
+            layer._active_adapter = active
+
+
+def load_policy(
+    model_cfg: ModelConfig, lora_cfg: LoraConfig, accelerator: Any, keep_reference: bool = False
+) -> Policy:
+    """Everything a trainer needs to start training the model `model_cfg.name`
+    (`keep_reference`: see `apply_lora`)."""
     from rlvr.models import resolve_model
 
     with accelerator.main_process_first():  # the embedded model is converted once, by one process
@@ -127,7 +186,7 @@ def load_policy(model_cfg: ModelConfig, lora_cfg: LoraConfig, accelerator: Any) 
     if checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
     if lora_cfg.enabled:
-        model = apply_lora(model, lora_cfg, reasoning_vocab)
+        model = apply_lora(model, lora_cfg, keep_reference, reasoning_vocab)
     if accelerator.is_main_process:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         kind = "LoRA" if lora_cfg.enabled else "full"
@@ -162,24 +221,40 @@ def save_final(
     the reasoning vocabulary's mapping), in `out_dir/final` (written atomically). ZeRO-3
     gathers only the adapter for LoRA. Every process must call this; the main one writes."""
     unwrapped = accelerator.unwrap_model(model)
-    if lora:
-        trainable = {n: p for n, p in unwrapped.named_parameters() if p.requires_grad}
-        with zero3_gather(list(trainable.values())):
-            state = {n: p.detach().cpu().clone() for n, p in trainable.items()}
-    else:
-        state = accelerator.get_state_dict(model)
+    state = trainable_state(unwrapped) if lora else accelerator.get_state_dict(model)
     final = Path(out_dir) / "final"
     if accelerator.is_main_process:
         with atomic_directory(final, replace=True) as tmp:
-            # an adapter holds the reasoning rows it trained, not whole embedding matrices:
-            # loading expands the base again (PEFT would otherwise save both in full)
-            extra = {"save_embedding_layers": False} if lora and reasoning_vocab else {}
-            unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True, **extra)
+            if lora:
+                save_adapter(unwrapped, state, tmp)
+            else:
+                unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             if reasoning_vocab is not None:
                 reasoning_vocab.save(tmp)
     accelerator.wait_for_everyone()
     return final
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the trainable parameters (a LoRA policy: the adapter). Under ZeRO-3 only
+    these are gathered, on every rank together; the frozen base stays partitioned."""
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    with zero3_gather(list(trainable.values())):
+        return {n: p.detach().to("cpu", copy=True) for n, p in trainable.items()}
+
+
+def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """The trained adapter (`trainable_state`) in PEFT format: adapter_config.json +
+    adapter_model.safetensors, as vLLM's `--lora-modules` and `load_lora_adapter` read it.
+    Only the trained adapter, never the frozen KL reference copy. An adapter with a reasoning
+    vocabulary holds the rows it trained, not whole embedding matrices: loading expands the
+    base again (PEFT would otherwise save both in full)."""
+    rows = getattr(model.peft_config["default"], "trainable_token_indices", None)
+    extra = {"save_embedding_layers": False} if rows else {}
+    model.save_pretrained(
+        directory, state_dict=state, safe_serialization=True, selected_adapters=["default"], **extra
+    )
 
 
 def merge_adapter(

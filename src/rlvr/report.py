@@ -304,29 +304,29 @@ def render_markdown(report: Report) -> str:
     rows: list[tuple[str, list[str]]] = [
         ("model", [run.model or "?" for run in runs]),
         ("results", [f"`{run.results}`" for run in runs]),
-        ("env args", [_json_cell(run.env_args) for run in runs]),
-        ("sampling", [_json_cell(run.sampling_args) for run in runs]),
+        ("env args", [json_cell(run.env_args) for run in runs]),
+        ("sampling", [json_cell(run.sampling_args) for run in runs]),
         ("examples × rollouts", [_shape(run) for run in runs]),
-        ("**mean reward** [95% CI]", [_estimate(run.reward) for run in runs]),
+        ("**mean reward** [95% CI]", [format_estimate(run.reward) for run in runs]),
         *[
-            (f"pass@{k}", [_number(run.pass_at_k.get(k)) for run in runs])
-            for k in _keys(run.pass_at_k for run in runs)
+            (f"pass@{k}", [format_number(run.pass_at_k.get(k)) for run in runs])
+            for k in ordered_keys(run.pass_at_k for run in runs)
         ],
-        ("errored", [_percent(run.errored) for run in runs]),
-        ("truncated", [_percent(run.truncated) for run in runs]),
+        ("errored", [format_percent(run.errored) for run in runs]),
+        ("truncated", [format_percent(run.truncated) for run in runs]),
         ("completion chars (mean)", [f"{run.completion_chars:.1f}" for run in runs]),
-        ("completion tokens (mean)", [_number(run.completion_tokens, 1) for run in runs]),
+        ("completion tokens (mean)", [format_number(run.completion_tokens, 1) for run in runs]),
         *[
-            (f"`{name}`", [_number(run.metrics.get(name)) for run in runs])
-            for name in _keys(run.metrics for run in runs)
+            (f"`{name}`", [format_number(run.metrics.get(name)) for run in runs])
+            for name in ordered_keys(run.metrics for run in runs)
         ],
     ]
     lines = [
         f"# Evaluation report: {env}",
         "",
-        _table_row(["", *(run.name for run in runs)]),
-        _table_row(["---"] * (len(runs) + 1)),
-        *(_table_row([label, *cells]) for label, cells in rows),
+        table_row(["", *(run.name for run in runs)]),
+        table_row(["---"] * (len(runs) + 1)),
+        *(table_row([label, *cells]) for label, cells in rows),
         "",
         "Mean reward is over all rollouts (vf-eval's avg_reward); its 95% CI is clustered by "
         "example (the rollouts of one example are not independent), with Student t over "
@@ -348,13 +348,13 @@ def _comparison_section(report: Report) -> list[str]:
         "",
         "Per example id present in both runs: this run's mean reward minus the baseline's.",
         "",
-        _table_row(["run", "paired examples", "difference [95% CI]"]),
-        _table_row(["---"] * 3),
+        table_row(["run", "paired examples", "difference [95% CI]"]),
+        table_row(["---"] * 3),
     ]
     for c in report.comparisons:
         of = f"of {by_name[c.name].num_examples} and {by_name[baseline].num_examples}"
         lines.append(
-            _table_row([c.name, f"{c.paired_examples} ({of})", _estimate(c.difference, "+")])
+            table_row([c.name, f"{c.paired_examples} ({of})", format_estimate(c.difference, "+")])
         )
     for c in report.comparisons:
         if c.prompts_differ:
@@ -367,11 +367,12 @@ def _comparison_section(report: Report) -> list[str]:
     return lines
 
 
-def _table_row(cells: Sequence[str]) -> str:
+def table_row(cells: Sequence[str]) -> str:
+    """One Markdown table row; pipes inside cells are escaped."""
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 
-def _keys(dicts: Iterable[dict[str, Any]]) -> list[str]:
+def ordered_keys(dicts: Iterable[dict[str, Any]]) -> list[str]:
     """Every key of `dicts`, in order of first appearance."""
     return list(dict.fromkeys(key for d in dicts for key in d))
 
@@ -382,7 +383,7 @@ def _shape(run: RunSummary) -> str:
     return f"{run.num_examples} × {run.rollouts_per_example}"
 
 
-def _estimate(estimate: Estimate, sign: str = "") -> str:
+def format_estimate(estimate: Estimate, sign: str = "") -> str:
     """`mean [low, high]`; `sign="+"` marks differences as such."""
     spec = f"{sign}.3f"
     if estimate.low is None or estimate.high is None:
@@ -390,15 +391,18 @@ def _estimate(estimate: Estimate, sign: str = "") -> str:
     return f"{estimate.mean:{spec}} [{estimate.low:{spec}}, {estimate.high:{spec}}]"
 
 
-def _number(value: float | None, digits: int = 3) -> str:
+def format_number(value: float | None, digits: int = 3) -> str:
+    """A number rounded for a table; a dash when there is none."""
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _percent(share: float | None) -> str:
+def format_percent(share: float | None) -> str:
+    """A share as a percentage; "not saved" when vf-eval saved no such field."""
     return "not saved" if share is None else f"{100 * share:.1f}%"
 
 
-def _json_cell(value: dict[str, Any] | None) -> str:
+def json_cell(value: dict[str, Any] | None) -> str:
+    """Compact JSON in code style for a table cell; "?" when unknown."""
     return "?" if value is None else f"`{json.dumps(value, separators=(',', ':'))}`"
 
 

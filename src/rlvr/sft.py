@@ -30,7 +30,7 @@ from rlvr.config import SFTConfig, save_config, to_yaml
 from rlvr.logprobs import sequence_scores
 from rlvr.loss import normalised_loss
 from rlvr.metrics import RunLogger
-from rlvr.optimization import Optimization
+from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_policy, save_final
 from rlvr.reasoning_vocab import row_cosines
 from rlvr.schedule import Schedule, run_steps
@@ -92,11 +92,10 @@ class SFTTrainer:
     # ---- set-up -----------------------------------------------------------------------
 
     def setup(self) -> None:
-        from accelerate import Accelerator
         from accelerate.utils import set_seed
 
         cfg = self.cfg
-        self.accelerator = acc = Accelerator()
+        self.accelerator = acc = make_accelerator(cfg.distributed.timeout_s)
         self.rank, self.world = acc.process_index, acc.num_processes
         set_seed(cfg.seed)
         train, validation = split_conversations(cfg)  # bad data fails before the model loads

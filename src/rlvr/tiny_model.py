@@ -79,8 +79,50 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) 
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    # Sampling defaults like those Qwen2.5-Instruct ships: vLLM would apply them to every
+    # request that does not set its own, so every test against this model checks that the
+    # trainer's sampling parity holds (vf-vllm's --generation-config vllm, neutral filters).
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos,
+        pad_token_id=pad,
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.8,
+        repetition_penalty=1.3,
+    )
     with atomic_directory(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+    return out
+
+
+def build_tiny_adapter(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    rank: int = 8,
+    seed: int = 0,
+    targets: tuple[str, ...] = ("q_proj", "v_proj"),
+) -> Path:
+    """Write a LoRA adapter for the model at `model_dir` (with its tokenizer) to `out_dir`,
+    atomically, and return it. A fresh adapter's B matrices are zero (it changes nothing);
+    these are random, so serving or merging the adapter visibly changes what the model says."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out_dir)
+    if (out / "adapter_config.json").is_file():
+        return out
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets))
+    peft = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    with atomic_directory(out) as tmp:
+        peft.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(tmp)
     return out

@@ -24,18 +24,20 @@ from typing import Any
 import torch
 
 from rlvr.advantages import group_advantages
-from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches
-from rlvr.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches, slot_count
+from rlvr.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
 from rlvr.client import make_client
 from rlvr.config import Config, ConfigError, save_config, to_yaml
+from rlvr.cores import pin_to_cores
 from rlvr.logprobs import MaskLogits, sequence_scores
 from rlvr.lora import MergedWeightSource
 from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
-from rlvr.optimization import Optimization
-from rlvr.policy import load_model, load_policy, save_final
+from rlvr.optimization import Optimization, make_accelerator
+from rlvr.policy import load_model, load_policy, reference_mode, save_final
 from rlvr.reasoning_vocab import row_cosines
-from rlvr.rollouts import RolloutWorker, StepBatch, prompt_length_filter
+from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
+from rlvr.sampling import SamplingFilterError, build_sampling_args
 from rlvr.schedule import Schedule, run_steps
 from rlvr.think_gate import ThinkGate
 
@@ -72,7 +74,12 @@ def build_samples(
 ) -> tuple[list[Sample], dict[str, float], list]:
     """Advantages per group -> samples; the batch's rollout metrics (with a reasoning
     vocabulary's `gate`, its use in the sampled tokens); sample-table rows."""
-    groups = [g for g in batch.groups if g.rollouts]
+    limit = cfg.batch.max_errored_frac
+
+    def too_errored(group: GroupResult) -> bool:
+        return group.errored > limit * (len(group.rollouts) + group.errored)
+
+    groups = [g for g in batch.groups if g.rollouts and not too_errored(g)]
     advantages, flat = group_advantages(
         [[r.reward for r in g.rollouts] for g in groups], cfg.loss.scale_rewards
     )
@@ -98,6 +105,7 @@ def build_samples(
         "rollouts/truncated": sum(r.truncated for r in rollouts),
         "rollouts/zero_variance_groups": sum(flat),
         "rollouts/dropped_groups": dropped,
+        "rollouts/dropped_errored_groups": sum(map(too_errored, batch.groups)),
         "rollouts/skipped_long_prompts": batch.skipped_prompts,
         "rollouts/samples": len(samples),
         "rollouts/completion_tokens": gen_tokens,
@@ -135,16 +143,19 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.worker: RolloutWorker | None = None
         self.sync = None
+        self.pushes = 0
+        """Weight pushes this rank took part in (every rank joins every push)."""
         self.logger: RunLogger | None = None
 
     # ---- set-up ---------------------------------------------------------------------
 
     def setup(self) -> None:
-        from accelerate import Accelerator
         from accelerate.utils import DistributedType, set_seed
 
         cfg = self.cfg
-        self.accelerator = acc = Accelerator()
+        if cfg.batch.trainer_cores is not None:
+            pin_to_cores(cfg.batch.trainer_cores)
+        self.accelerator = acc = make_accelerator(cfg.distributed.timeout_s)
         self.ds = acc.distributed_type == DistributedType.DEEPSPEED
         self.rank, self.world = acc.process_index, acc.num_processes
         set_seed(cfg.seed)
@@ -153,6 +164,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
             print(f"# rlvr GRPO config (saved to {self.out / 'config.yaml'})\n{to_yaml(cfg)}")
+        if acc.is_main_process:  # a bad environment or sampling setting fails before loading
+            self._load_env()
         self._load_policy()
         self.opt = Optimization(
             acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size
@@ -160,6 +173,10 @@ class Trainer:
         self.model = self.opt.model
         resume = resolve_resume(cfg.checkpoint.resume, cfg.output_dir)
         state = load_checkpoint(acc, resume, self.model, self.ds) if resume else {}
+        self.in_flight = load_in_flight(resume) if resume and acc.is_main_process else []
+        if any(len(b.groups) != cfg.examples_per_step for b in self.in_flight):
+            log.warning("the checkpoint's in-flight batches have another batch size; regenerating")
+            self.in_flight = []
         self.start_step = int(state.get("step", 0))
         self.data_position = int(state.get("data_position", 0))
         self.version = self.start_step
@@ -179,7 +196,7 @@ class Trainer:
 
     def _load_policy(self) -> None:
         cfg, acc = self.cfg, self.accelerator
-        policy = load_policy(cfg.model, cfg.lora, acc)
+        policy = load_policy(cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0)
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.reasoning_vocab = policy.reasoning_vocab
         self.gate = None
@@ -196,24 +213,91 @@ class Trainer:
             self.ref_model.requires_grad_(False).eval().to(acc.device)
 
     def _connect_server(self) -> None:
+        """Rank 0 picks how weights reach the server (asking it how it runs) and tells the
+        others; all ranks then connect together (the others only join the trainer-side
+        gathers of ZeRO-3 shards)."""
+        from rlvr.adapter_sync import AdapterSync
         from rlvr.weights import WeightSync
 
-        cfg = self.cfg
-        self.sync = WeightSync(
-            cfg.server.base_url,
-            backend=cfg.server.backend,
-            api_key=cfg.server.api_key,
-            timeout_s=cfg.server.timeout_s,
+        server = self.cfg.server
+        merged = WeightSync(
+            server.base_url,
+            backend=server.backend,
+            api_key=server.api_key,
+            timeout_s=server.timeout_s,
+            transfer_timeout_s=server.transfer_timeout_s,
+            transfer_host=server.transfer_host,
+            transfer_port=server.transfer_port,
             rank=self.rank,
         )
-        self.sync.connect(MergedWeightSource(self.accelerator.unwrap_model(self.model)))
+        push = self._choose_push(merged) if self.accelerator.is_main_process else None
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
 
-    def _start_worker(self) -> None:
+            push = broadcast_object_list([push])[0]
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if push == "adapter":
+            self.sync = AdapterSync(merged.control, server.base_url, server.adapter_name, self.rank)
+            self.sync.connect(unwrapped)
+            self.rollout_model = server.adapter_name
+        else:
+            self.sync = merged
+            self.sync.connect(MergedWeightSource(unwrapped), push)
+            self.rollout_model = self.cfg.served_model
+        self.logger.print(f"weight push: {push}; rollouts request model {self.rollout_model!r}")
+
+    def _choose_push(self, merged: Any) -> str:
+        """`adapter` (push the LoRA adapter, served by vLLM on its frozen base) or the
+        transfer of merged weights. `server.lora_sync=auto` takes the adapter whenever the
+        server can serve it; otherwise says why in the log and pushes merged weights."""
+        cfg, server = self.cfg, self.cfg.server
+        mode = server.lora_sync
+        if not cfg.lora.enabled:
+            if mode == "adapter":
+                raise ConfigError("server.lora_sync=adapter needs lora.enabled=true")
+            return self._check_frozen_helpers(merged.resolve())
+        if mode == "merged":
+            return self._check_frozen_helpers(merged.resolve())
+        from rlvr.adapter_sync import adapter_sync_problem
+
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        problem = adapter_sync_problem(unwrapped, merged.control.max_lora_rank())
+        if problem is None:
+            return "adapter"
+        if mode == "adapter":
+            raise ConfigError(f"server.lora_sync=adapter: {problem}")
+        self.logger.print(f"pushing merged weights, not the adapter: {problem}")
+        return self._check_frozen_helpers(merged.resolve())
+
+    def _check_frozen_helpers(self, push: str) -> str:
+        """Refuse merged pushes into a server whose base model the environment uses as a
+        frozen helper (vf_planner's worker without worker_base_url): the helper would train
+        along with the policy."""
+        if getattr(self.env, "frozen_model_on_policy_server", False):
+            raise ConfigError(
+                f"environment {self.cfg.env.id} uses the policy's server as a frozen model "
+                "(e.g. vf_planner's worker), but this run pushes merged weights into it, so "
+                "that model would train too. Use LoRA adapter sync (lora.enabled=true, "
+                "server.lora_sync=auto or adapter, vf-vllm --enable-lora) or give the "
+                "environment its own server with worker_base_url in env.args."
+            )
+        return push
+
+    def _load_env(self) -> None:
+        """The environment (rank 0 only), with its sampling defaults checked against what the
+        trainer can reproduce."""
         import verifiers as vf
 
         cfg = self.cfg
         if self.env is None:
             self.env = vf.load_environment(cfg.env.id, **cfg.env.args)
+        try:
+            build_sampling_args(cfg.sampling, self.env.sampling_args)
+        except SamplingFilterError as e:
+            raise ConfigError(f"environment {cfg.env.id}: {e}") from None
+
+    def _start_worker(self) -> None:
+        cfg = self.cfg
         self.env.set_max_seq_len(cfg.batch.max_seq_len)
         fits = prompt_length_filter(
             self.tokenizer, cfg.batch.max_prompt_len, getattr(self.env, "tool_defs", None)
@@ -232,6 +316,8 @@ class Trainer:
             version=self.version,
             data_position=self.data_position,
             prompt_fits=fits,
+            preloaded=self.in_flight,
+            model=self.rollout_model,
         ).start()
 
     # ---- the loop -------------------------------------------------------------------
@@ -259,13 +345,19 @@ class Trainer:
         """The main process takes the worker's batch and builds samples; all ranks get them."""
         payload = None
         if self.accelerator.is_main_process:
-            batch = self.worker.get(step)
+            batch = self.worker.get(step, timeout_s=self._rank0_deadline_s)
             payload = (*build_samples(batch, self.cfg, self.gate), batch.data_position)
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
             payload = broadcast_object_list([payload])[0]
         return payload
+
+    @property
+    def _rank0_deadline_s(self) -> float:
+        """How long rank 0 waits for work the other ranks wait on in a collective: shorter
+        than their timeout, so the error a user sees is rank 0's, which says what is slow."""
+        return 0.9 * self.cfg.distributed.timeout_s
 
     def train_step(self, step: int) -> dict[str, float]:
         began = time.perf_counter()
@@ -304,6 +396,8 @@ class Trainer:
                 "time/weight_push": push_s,
                 "time/step": step_s,
                 "throughput/train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
+                "throughput/padded_frac": 1
+                - train_tokens / max(stats.get("slots", train_tokens), 1),
                 "throughput/tokens_per_s": metrics["rollouts/completion_tokens"] / step_s,
             }
         )
@@ -338,7 +432,7 @@ class Trainer:
                     self.model, mb, cfg, global_tokens, self.world, reference, mask
                 )
                 self.opt.backward(loss, last)
-            acc.add(stats)
+            acc.add({**stats, "slots": slot_count(chunk)})
         if self.world > 1:
             from accelerate.utils import gather_object
 
@@ -354,8 +448,8 @@ class Trainer:
     ) -> torch.Tensor:
         if self.ref_model is not None:
             model, context = self.ref_model, contextlib.nullcontext()
-        else:  # LoRA: the base model is the reference
-            model, context = self.model, self.accelerator.unwrap_model(self.model).disable_adapter()
+        else:  # LoRA: the initial policy, see `reference_mode`
+            model, context = self.model, reference_mode(self.accelerator.unwrap_model(self.model))
         with context:
             temperature = self.cfg.sampling.temperature
             return sequence_scores(model, mb, temperature, mask_logits=mask_logits).logprobs
@@ -365,6 +459,7 @@ class Trainer:
         seconds = 0.0
         if initial or self.cfg.server.push_weights:
             seconds = self.sync.push()
+            self.pushes += 1
         self.version = version
         if self.worker is not None:
             self.worker.set_version(version)
@@ -390,7 +485,9 @@ class Trainer:
             return None
         cfg = self.cfg.eval
         began = time.perf_counter()
-        result = self.worker.evaluate(cfg.num_examples, cfg.rollouts_per_example)
+        result = self.worker.evaluate(
+            cfg.num_examples, cfg.rollouts_per_example, timeout_s=self._rank0_deadline_s
+        )
         metrics = {
             "eval/reward": result.reward,
             **{f"eval/{k}": v for k, v in result.metrics.items()},
@@ -410,8 +507,11 @@ class Trainer:
             "weight_version": self.version,
             "wandb_run_id": self.logger.run_id if self.logger else None,
         }
+        in_flight = []
+        if self.worker is not None and self.cfg.batch.async_level:
+            in_flight = self.worker.in_flight(step, timeout_s=self._rank0_deadline_s)
         path = save_checkpoint(
-            self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last
+            self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last, in_flight
         )
         self.logger.print(f"checkpoint saved: {path}")
         return path

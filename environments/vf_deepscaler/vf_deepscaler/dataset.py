@@ -12,23 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import datasets.config
 from datasets import Dataset, load_dataset
 
 from vf_deepscaler.generator import generate_problems
+from vf_deepscaler.hub import hub_reachable, offline_requested
 
 logger = logging.getLogger("vf_deepscaler")
 
 DEFAULT_DATASET = "agentica-org/DeepScaleR-Preview-Dataset"
 GENERATED_DEFAULT_ROWS = 2_000
-HUB_PROBE_TIMEOUT_S = 3.0
 REQUIRED_FIELDS = ("problem", "answer")
 
 DataFiles = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -143,45 +140,13 @@ def _hub_rows(name: str, split: str) -> Iterator[tuple[int, Any]] | None:
         except OSError as exc:
             logger.warning("vf_deepscaler: offline and %s is not in the cache (%s)", name, exc)
             return None
-    if _env_flag("HF_HUB_OFFLINE") or _env_flag("HF_DATASETS_OFFLINE"):
+    if offline_requested():
         # Set after `datasets` was imported, so it would ignore it; respect it here instead.
         logger.warning("vf_deepscaler: offline mode requested, not contacting the hub")
         return None
-    if not _hub_reachable():
+    if not hub_reachable():
         return None
     return enumerate(load_dataset(name, split=split))
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
-    """Can we open a TCP connection to the hub endpoint within ``timeout_s``?
-
-    Name resolution can hang past any socket timeout, so the probe runs in a daemon thread
-    that is abandoned when it is late.
-    """
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host = endpoint.hostname or "huggingface.co"
-    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    outcome: list[OSError | None] = []
-
-    def connect() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout_s).close()
-            outcome.append(None)
-        except OSError as exc:
-            outcome.append(exc)
-
-    probe = threading.Thread(target=connect, daemon=True)
-    probe.start()
-    probe.join(timeout_s)
-    if outcome == [None]:
-        return True
-    reason = repr(outcome[0]) if outcome else f"no answer in {timeout_s:.0f}s"
-    logger.warning("vf_deepscaler: hub %s:%d unreachable (%s)", host, port, reason)
-    return False
 
 
 def _generated(max_examples: int | None, seed: int, stream: str, requested: str) -> Dataset:

@@ -12,9 +12,10 @@ from typing import Any
 
 import verifiers as vf
 
+from vf_deepscaler.replies import THINK_CLOSE, THINK_OPEN, last_reply_text, strip_reasoning
+
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _BARE_ARGUMENT = re.compile(r"[^\s$]+")
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def last_boxed(text: str) -> str | None:
@@ -54,16 +55,12 @@ def _braced(text: str, open_at: int) -> str:
 
 
 def answer_region(text: str, use_think: bool) -> str:
-    """The part of a reply that may hold the answer.
-
-    After the last ``</think>`` when there is one; nothing when a ``<think>`` never closes;
-    nothing when ``use_think`` demands a think block that is missing; otherwise the whole text.
-    """
-    if THINK_CLOSE in text:
-        return text.rsplit(THINK_CLOSE, 1)[1]
-    if THINK_OPEN in text or use_think:
+    """The part of a reply that may hold the answer: what `strip_reasoning` leaves (after the
+    last `</think>`; nothing from an unclosed `<think>` on), and nothing at all when `use_think`
+    demands a think block whose `</think>` is missing."""
+    if use_think and THINK_CLOSE not in text.lower():
         return ""
-    return text
+    return strip_reasoning(text)
 
 
 def follows_think_format(text: str) -> bool:
@@ -91,14 +88,5 @@ class BoxedAnswerParser(vf.Parser):
     def parse(self, text: str) -> str:
         return last_boxed(answer_region(text, self.use_think)) or ""
 
-    def reply_text(self, completion: Any) -> str:
-        """Text of the last assistant message (messages may be pydantic objects or dicts)."""
-        if isinstance(completion, str):
-            return completion
-        replies = self.get_assistant_messages(completion or [])
-        if not replies:
-            return ""
-        return self._content_to_text(self._message_field(replies[-1], "content", "") or "")
-
     def parse_answer(self, completion: Any) -> str:
-        return self.parse(self.reply_text(completion))
+        return self.parse(last_reply_text(completion))

@@ -13,6 +13,7 @@ import verifiers as vf
 
 from vf_deepscaler.parser import BoxedAnswerParser, follows_think_format
 from vf_deepscaler.pool import VerifierPool
+from vf_deepscaler.replies import last_reply_text
 from vf_deepscaler.verifier import MAX_ANSWER_CHARS
 
 _CORRECT_KEY = "vf_deepscaler_correct"
@@ -75,11 +76,11 @@ class DeepScaleRRubric(vf.Rubric):
 
     async def format(self, completion: Any, **kwargs: Any) -> float:
         """1.0 for one non-empty ``<think>`` block followed by a non-empty answer."""
-        return float(follows_think_format(self.parser.reply_text(completion)))
+        return float(follows_think_format(last_reply_text(completion)))
 
     async def completion_chars(self, completion: Any, **kwargs: Any) -> float:
         """Length of the reply in characters (tokens depend on the model's tokenizer)."""
-        return float(len(self.parser.reply_text(completion)))
+        return float(len(last_reply_text(completion)))
 
     @vf.teardown
     async def close_pool(self) -> None:

@@ -12,12 +12,13 @@ from .dataset import (
     MusiqueDataError,
     load_raw,
     prepare,
+    weight_by_hops,
 )
 from .env import MuSiQueEnv
 from .prompts import system_prompt
 from .retrieval import RETRIEVERS, IndexCache, Retriever
-from .rubric import DEFAULT_WEIGHTS, MuSiQueRubric
-from .tools import MAX_TOP_N
+from .rubric import DEFAULT_WEIGHTS, MuSiQueRubric, answerability
+from .tools import DEFAULT_TOP_N, MAX_TOP_N
 
 __all__ = [
     "DEFAULT_WEIGHTS",
@@ -25,7 +26,9 @@ __all__ = [
     "MuSiQueRubric",
     "MusiqueDataError",
     "UNANSWERABLE",
+    "answerability",
     "load_environment",
+    "weight_by_hops",
 ]
 
 
@@ -38,7 +41,7 @@ def load_environment(
     eval_data_files: DataFiles | None = None,
     eval_split: str = "validation",
     retriever: Retriever = "bm25",
-    top_n: int = 3,
+    top_n: int = DEFAULT_TOP_N,
     max_turns: int = 10,
     noise_rate: float = 1.0,
     seed: int = 0,
@@ -50,9 +53,9 @@ def load_environment(
     """Build the MuSiQue tool environment (see README.md for every argument).
 
     `data_files` (a local MuSiQue jsonl) skips the Hub; the eval set then comes from
-    `eval_data_files` or, if absent, is the same rows. Without `data_files` both sets come from
-    `dataset_name` on the Hub (`split`, `eval_split`); with no network that raises
-    MusiqueDataError explaining how to pass a local file.
+    `eval_data_files` or, if absent, is the same rows (each once, also with `hop_weighting`).
+    Without `data_files` both sets come from `dataset_name` on the Hub (`split`, `eval_split`);
+    with no network that raises MusiqueDataError explaining how to pass a local file.
     """
     _check_args(retriever, top_n, max_turns, max_tool_calls_per_turn)
 
@@ -63,18 +66,19 @@ def load_environment(
     dataset = rows(data_files, split)
     if eval_data_files is not None:
         eval_dataset = rows(eval_data_files, eval_split)
+    elif data_files is not None:
+        eval_dataset = dataset if hop_weighting else None  # unweighted: each question once
     else:
-        eval_dataset = None if data_files is not None else rows(None, eval_split)
-    rubric = MuSiQueRubric(reward_weights=reward_weights, hop_weighting=hop_weighting)
+        eval_dataset = rows(None, eval_split)
     return MuSiQueEnv(
         retriever=retriever,
         top_n=top_n,
         max_tool_calls_per_turn=max_tool_calls_per_turn,
         index_cache=IndexCache(),
-        dataset=dataset,
+        dataset=weight_by_hops(dataset) if hop_weighting else dataset,
         eval_dataset=eval_dataset,
         system_prompt=system_prompt(dataset_config, max_turns),
-        rubric=rubric,
+        rubric=MuSiQueRubric(reward_weights=reward_weights, top_n=top_n),
         max_turns=max_turns,
         **kwargs,
     )

@@ -8,14 +8,13 @@ through the rollout state; the prompt holds only the question.
 
 from __future__ import annotations
 
-import os
 import random
-import socket
 from pathlib import Path
 from typing import Any, Literal, get_args
-from urllib.parse import urlparse
 
 from datasets import Dataset, load_dataset
+
+from .hub import hub_reachable, offline_requested
 
 DEFAULT_DATASET = "bdsaglam/musique"
 DatasetConfig = Literal["answerable", "full"]
@@ -40,26 +39,9 @@ def _local_file_hint() -> str:
     )
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hub's host answers, so that an offline machine fails in seconds instead of
-    after the datasets library's retries."""
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
-    try:
-        with socket.create_connection((host or "huggingface.co", 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _hub_offline_mode() -> bool:
-    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE ask datasets to use its local cache only."""
-    flags = (os.environ.get(name, "") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-    return any(flag.strip().lower() in {"1", "true", "yes", "on"} for flag in flags)
-
-
 def _load_from_hub(dataset_name: str, dataset_config: str, split: str) -> Dataset:
     where = f"{dataset_name!r} (config {dataset_config!r}, split {split!r})"
-    if not _hub_offline_mode() and not hub_reachable():
+    if not offline_requested() and not hub_reachable():
         raise MusiqueDataError(
             f"Cannot load MuSiQue {where}: the Hugging Face Hub is not reachable from this "
             f"machine. {_local_file_hint()}"
@@ -154,3 +136,11 @@ def prepare(
     if max_examples > 0:
         raw = raw.select(range(min(max_examples, len(raw))))
     return raw.map(lambda row: to_example(row, noise_rate, seed), remove_columns=raw.column_names)
+
+
+def weight_by_hops(dataset: Dataset) -> Dataset:
+    """Each training row repeated n_hops times, so a question is drawn in proportion to its hop
+    count (2:3:4): a sampling weight, which survives the per-group reward normalisation of GRPO
+    where scaling a question's rewards by a constant would not."""
+    repeats = [i for i, info in enumerate(dataset["info"]) for _ in range(int(info["n_hops"]))]
+    return dataset.select(repeats)

@@ -1,5 +1,5 @@
-"""Read chat messages in every form they reach us: verifiers 0.1.14 pydantic objects during a
-rollout, plain dicts and JSON strings in saved results.
+"""Read tool calls in every form they reach us: verifiers 0.1.14 pydantic objects during a
+rollout, plain dicts and JSON strings in saved results (message text: see replies.py).
 
 verifiers 0.1.14 tool calls are flat: ``vf.ToolCall(id, name, arguments: str)``; saved results
 store each one as a JSON string of that flat dict. There is no nested ``function`` field, and code
@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .replies import get_field
+
 
 @dataclass(frozen=True)
 class ParsedToolCall:
@@ -20,23 +22,6 @@ class ParsedToolCall:
     id: str
     name: str
     arguments: str
-
-
-def get_field(obj: Any, name: str, default: Any = None) -> Any:
-    """Attribute or key access, so pydantic messages and dicts read the same way."""
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
-def message_text(message: Any) -> str:
-    """Text content of a message: a string, or the text parts of a content list."""
-    content = get_field(message, "content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(get_field(part, "text", "") or "") for part in content)
-    return ""
 
 
 def _arguments_text(arguments: Any) -> str:

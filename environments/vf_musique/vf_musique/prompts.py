@@ -8,7 +8,8 @@ from .dataset import UNANSWERABLE, DatasetConfig
 def system_prompt(dataset_config: DatasetConfig, max_turns: int) -> str:
     """Instructions: search hop by hop, then one short answer with citations."""
     unanswerable = (
-        f' If the documents do not contain what the question needs, submit "{UNANSWERABLE}".'
+        " If, after searching for every hop, the documents do not contain what the question "
+        f'needs, submit "{UNANSWERABLE}".'
         if dataset_config == "full"
         else ""
     )

@@ -1,19 +1,28 @@
-"""The MuSiQue rubric: answer (EM, F1), evidence (retrieval, citations), format, combined reward.
+"""The MuSiQue rubric: the answerability decision, answer (EM, F1), evidence (citations,
+retrieval), format, combined reward.
 
 Everything is read from the completion and the row's `info`, never from live rollout state, so
 saved results (dict messages, tool calls as JSON strings) score the same as fresh rollouts.
 
-combined = format * hop_weight * (0.35 EM + 0.35 F1 + 0.20 citation F1 + 0.10 retrieval recall)
+    answerable row, answer given:         0.35 EM + 0.35 F1 + 0.20 citation F1 + 0.10 retrieval
+    answerable row, "unanswerable":       0
+    unanswerable row, "unanswerable":     1 if the agent searched at least n_hops distinct
+                                          queries first ("earned"), else 0
+    unanswerable row, answer given:       0
+    no accepted submit_answer call:       0
 
-* format is 1 only when a `submit_answer` call was accepted; without one the reward is 0.
 * EM and F1 use SQuAD normalisation, best over the answer and its aliases.
-* citation F1 is the harmonic mean of citation precision and recall against the supporting
-  paragraphs, so citing every document scores lower than citing the right ones.
-* retrieval recall is the share of supporting paragraphs that appeared in tool outputs.
-* hop_weight is 1, or with hop weighting on, n_hops / 4 (2-hop 0.5, 3-hop 0.75, 4-hop 1.0): it
-  scales a question's whole reward, i.e. its weight in the policy gradient.
+* citation precision and recall count a cited paragraph as right only when it supports the answer
+  and a search showed it in this episode: citing a paragraph never shown costs precision, not the
+  answer. Citation F1 is their harmonic mean, so citing everything scores lower than citing the
+  right ones.
+* retrieval = recall x min(1, budget / shown): recall is the share of supporting paragraphs that
+  searches showed; `shown` counts the distinct paragraphs shown; the budget is top_n (the
+  environment's default) per hop. Searching hop by hop with the default top_n keeps the factor at
+  1; showing every paragraph (two searches with top_n=10) divides the term by about three.
 
-The reward lies in [0, 1]; every term is also logged as a metric.
+The reward lies in [0, 1]; every term is also logged as a metric, and so is the answerability
+decision (see `answerability`).
 """
 
 from __future__ import annotations
@@ -21,22 +30,39 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import verifiers as vf
 
-from .messages import get_field, message_text, tool_calls
-from .scoring import best_over_golds, exact_match, f_score, precision_recall, token_f1
-from .tools import ERROR_PREFIX, SUBMITTED_MESSAGE, Submission, ToolUseError, parse_submission
+from .dataset import UNANSWERABLE
+from .messages import ParsedToolCall, tool_calls
+from .replies import get_field, message_text
+from .retrieval import tokenize
+from .scoring import (
+    best_over_golds,
+    exact_match,
+    f_score,
+    normalize_answer,
+    precision_recall,
+    token_f1,
+)
+from .tools import (
+    DEFAULT_TOP_N,
+    ERROR_PREFIX,
+    SUBMITTED_MESSAGE,
+    Submission,
+    ToolUseError,
+    parse_submission,
+)
 
 DEFAULT_WEIGHTS: dict[str, float] = {
     "exact_match": 0.35,
     "f1": 0.35,
     "citation_f1": 0.20,
-    "retrieval_recall": 0.10,
+    "retrieval_score": 0.10,
 }
-MAX_HOPS = 4
 _DOC_ID_LINE = re.compile(r"^Document ID: (\d+)$", re.MULTILINE)
 
 
@@ -46,78 +72,119 @@ class RolloutFacts:
 
     submission: Submission | None
     retrieved: frozenset[int]
+    searches: int
     tool_errors: int
 
 
-def _accepted_submission(completion: list[Any], accepted_ids: set[str]) -> Submission | None:
-    """The submit_answer call whose tool reply was the acceptance message."""
-    for message in completion:
-        for call in tool_calls(message):
-            if call.name != "submit_answer" or call.id not in accepted_ids:
-                continue
-            try:
-                args = json.loads(call.arguments)
-                return parse_submission(args.get("answer"), args.get("cited_doc_ids"))
-            except (json.JSONDecodeError, AttributeError, ToolUseError):
-                return None
-    return None
+def _arguments(call: ParsedToolCall) -> dict[str, Any]:
+    try:
+        args = json.loads(call.arguments)
+    except json.JSONDecodeError:
+        return {}
+    return args if isinstance(args, dict) else {}
+
+
+def _distinct_searches(calls: Iterable[ParsedToolCall]) -> int:
+    """Answered searches with different queries (as bags of non-stopword terms, so a reworded or
+    repeated query is one search, and a query of stopwords alone is none)."""
+    queries = {frozenset(tokenize(str(_arguments(c).get("query", "")))) for c in calls}
+    return len(queries - {frozenset()})
 
 
 def read_rollout(completion: Any) -> RolloutFacts:
-    """Accepted submission, documents shown by the tools, and the number of error replies."""
+    """Accepted submission, documents shown by the tools, distinct answered searches, and the
+    number of error replies."""
     messages = completion if isinstance(completion, list) else []
-    tool_replies = [m for m in messages if get_field(m, "role") == "tool"]
-    errors = [m for m in tool_replies if message_text(m).startswith(ERROR_PREFIX)]
-    results = [
-        message_text(m) for m in tool_replies if not message_text(m).startswith(ERROR_PREFIX)
-    ]
-    accepted = {
-        str(get_field(m, "tool_call_id"))
-        for m in tool_replies
-        if message_text(m) == SUBMITTED_MESSAGE
+    replies = {
+        str(get_field(m, "tool_call_id")): message_text(m)
+        for m in messages
+        if get_field(m, "role") == "tool"
     }
-    retrieved = frozenset(int(i) for text in results for i in _DOC_ID_LINE.findall(text))
-    return RolloutFacts(_accepted_submission(messages, accepted), retrieved, len(errors))
+    calls = [call for m in messages for call in tool_calls(m) if call.id in replies]
+    answered = [c for c in calls if not replies[c.id].startswith(ERROR_PREFIX)]
+    submission = None
+    for call in answered:
+        if call.name == "submit_answer" and replies[call.id].startswith(SUBMITTED_MESSAGE):
+            args = _arguments(call)
+            try:
+                submission = parse_submission(args.get("answer"), args.get("cited_doc_ids"))
+            except ToolUseError:
+                submission = None
+            break
+    searches = [c for c in answered if c.name == "retrieve_documents"]
+    shown = frozenset(int(i) for c in searches for i in _DOC_ID_LINE.findall(replies[c.id]))
+    errors = sum(1 for text in replies.values() if text.startswith(ERROR_PREFIX))
+    return RolloutFacts(submission, shown, _distinct_searches(searches), errors)
 
 
-def hop_weight(info: dict[str, Any], enabled: bool) -> float:
-    """n_hops / 4 clipped to [0.5, 1] when hop weighting is on, else 1."""
-    if not enabled:
-        return 1.0
-    hops = min(max(int(info.get("n_hops", 2)), 2), MAX_HOPS)
-    return hops / MAX_HOPS
-
-
-def score_components(completion: Any, info: dict[str, Any]) -> dict[str, float]:
-    """Every rubric term for one rollout, each in [0, 1] (tool_errors is a count)."""
+def score_components(
+    completion: Any, info: Mapping[str, Any], top_n: int = DEFAULT_TOP_N
+) -> dict[str, float]:
+    """Every rubric term for one rollout (rewarded terms in [0, 1]; counts are logged only);
+    `top_n` is the environment's default documents per search (the retrieval budget per hop)."""
     facts = read_rollout(completion)
-    gold_docs = set(info.get("supporting_ids") or [])
-    answer = facts.submission.answer if facts.submission else None
-    cited = set(facts.submission.cited_doc_ids) if facts.submission else set()
-    retrieval_p, retrieval_r = precision_recall(set(facts.retrieved), gold_docs)
-    citation_p, citation_r = precision_recall(cited, gold_docs)
-    golds = info.get("answers") or []
     submitted = facts.submission is not None
+    gold_docs = set(info.get("supporting_ids") or [])
+    answer = facts.submission.answer if submitted else None
+    cited = set(facts.submission.cited_doc_ids) if submitted else set()
+    retrieval_p, retrieval_r = precision_recall(set(facts.retrieved), gold_docs)
+    citation_p, citation_r = precision_recall(cited, gold_docs, credited=set(facts.retrieved))
+    budget = int(info.get("n_hops", 2)) * top_n
+    economy = min(1.0, budget / len(facts.retrieved)) if facts.retrieved else 1.0
+    claimed = submitted and normalize_answer(answer or "") == UNANSWERABLE
+    answerable = bool(info.get("answerable", True))
+    golds = info.get("answers") or []
     return {
         "exact_match": best_over_golds(exact_match, answer, golds),
         "f1": best_over_golds(token_f1, answer, golds),
         "retrieval_recall": retrieval_r,
         "retrieval_precision": retrieval_p,
+        "retrieval_score": retrieval_r * economy,
+        "docs_shown": float(len(facts.retrieved)),
         "citation_recall": citation_r if submitted else 0.0,
         "citation_precision": citation_p if submitted else 0.0,
         "citation_f1": f_score(citation_p, citation_r) if submitted else 0.0,
         "format": float(submitted),
+        "searches": float(facts.searches),
+        "said_unanswerable": float(claimed),
+        "unanswerable_hit": float(claimed and not answerable),
+        "unanswerable_miss": float(not claimed and not answerable),
+        "unanswerable_earned": float(claimed and facts.searches >= int(info.get("n_hops", 2))),
         "tool_errors": float(facts.tool_errors),
     }
 
 
-def combine(components: dict[str, float], weights: dict[str, float], hop_w: float) -> float:
-    """format * hop_weight * weighted sum of the weighted terms."""
+def combine(
+    components: Mapping[str, float], weights: Mapping[str, float], answerable: bool
+) -> float:
+    """The combined reward (module docstring): the answerability decision first, then the
+    weighted answer and evidence terms on answerable rows."""
+    if not components["format"]:
+        return 0.0
+    if not answerable:
+        return components["unanswerable_earned"]
+    if components["said_unanswerable"]:
+        return 0.0
     weighted = math.fsum(weight * components[name] for name, weight in weights.items())
-    return min(1.0, components["format"] * hop_w * weighted)
+    return min(1.0, weighted)
 
 
-def check_weights(weights: dict[str, float]) -> dict[str, float]:
+def answerability(rollouts: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Precision and recall of the "unanswerable" decision over rollouts' metrics (or over the
+    means a trainer logs: the ratios are the same). NaN where nothing was claimed / missed."""
+    totals = {"said_unanswerable": 0.0, "unanswerable_hit": 0.0, "unanswerable_miss": 0.0}
+    for metrics in rollouts:
+        for name in totals:
+            totals[name] += metrics[name]
+    hit, said = totals["unanswerable_hit"], totals["said_unanswerable"]
+    relevant = hit + totals["unanswerable_miss"]
+    return {
+        "precision": hit / said if said else math.nan,
+        "recall": hit / relevant if relevant else math.nan,
+    }
+
+
+def check_weights(weights: Mapping[str, float]) -> dict[str, float]:
     """Known terms, non-negative, summing to 1, so the reward stays within [0, 1]."""
     unknown = sorted(set(weights) - set(DEFAULT_WEIGHTS))
     if unknown:
@@ -137,37 +204,40 @@ class MuSiQueRubric(vf.Rubric):
         "f1",
         "retrieval_recall",
         "retrieval_precision",
+        "retrieval_score",
+        "docs_shown",
         "citation_recall",
         "citation_precision",
         "citation_f1",
         "format",
+        "searches",
+        "said_unanswerable",
+        "unanswerable_hit",
+        "unanswerable_miss",
+        "unanswerable_earned",
         "tool_errors",
     )
 
     def __init__(
         self,
-        reward_weights: dict[str, float] | None = None,
-        hop_weighting: bool = False,
+        reward_weights: Mapping[str, float] | None = None,
+        top_n: int = DEFAULT_TOP_N,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.reward_weights = check_weights(reward_weights or DEFAULT_WEIGHTS)
-        self.hop_weighting = hop_weighting
+        self.top_n = top_n
         self.add_reward_func(self.combined_reward, weight=1.0)
         for name in self.METRICS:
             self.add_metric(self._metric(name))
-        self.add_metric(self.hop_weight)
 
     def _metric(self, name: str):
         async def metric(completion: Any, info: dict[str, Any]) -> float:
-            return score_components(completion, info)[name]
+            return score_components(completion, info, self.top_n)[name]
 
         metric.__name__ = name
         return metric
 
-    async def hop_weight(self, info: dict[str, Any]) -> float:
-        return hop_weight(info, self.hop_weighting)
-
     async def combined_reward(self, completion: Any, info: dict[str, Any]) -> float:
-        components = score_components(completion, info)
-        return combine(components, self.reward_weights, hop_weight(info, self.hop_weighting))
+        components = score_components(completion, info, self.top_n)
+        return combine(components, self.reward_weights, bool(info.get("answerable", True)))

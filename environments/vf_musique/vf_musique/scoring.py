@@ -51,10 +51,13 @@ def best_over_golds(metric, prediction: str | None, golds: Iterable[str]) -> flo
     return max((metric(prediction, gold) for gold in golds), default=0.0)
 
 
-def precision_recall(predicted: set[int], gold: set[int]) -> tuple[float, float]:
+def precision_recall(
+    predicted: set[int], gold: set[int], credited: set[int] | None = None
+) -> tuple[float, float]:
     """Set precision and recall; an empty gold set is fully recalled, and only an empty
-    prediction is precise against it (so citing documents for nothing still costs)."""
-    hits = len(predicted & gold)
+    prediction is precise against it (so citing documents for nothing still costs). With
+    `credited`, only predictions in it can be hits (a citation of a paragraph never shown)."""
+    hits = len(predicted & gold & (predicted if credited is None else credited))
     recall = hits / len(gold) if gold else 1.0
     if predicted:
         precision = hits / len(predicted)

@@ -32,6 +32,7 @@ def load_environment(
     model_player: int | str = "alternate",
     max_illegal_moves: int = 2,
     max_turns: int = 200,
+    truncation_reward: float = 0.0,
     seed: int = 0,
     system_prompt: str = SYSTEM_PROMPT,
 ) -> OpenSpielEnv:
@@ -46,6 +47,7 @@ def load_environment(
     _check_at_least("max_random_steps", max_random_steps, 0)
     _check_at_least("max_illegal_moves", max_illegal_moves, 0)
     _check_at_least("max_turns", max_turns, 1)
+    _check_unit_interval("truncation_reward", truncation_reward)
     player = _model_player(model_player)
     case_list = resolve_cases(cases, game_list, game_configs, game_types)
     games = {case: load_case(case) for case in case_list}
@@ -80,7 +82,7 @@ def load_environment(
         eval_dataset=rows,
         system_prompt=system_prompt,
         parser=parser,
-        rubric=OpenSpielRubric(reward_mode, parser),
+        rubric=OpenSpielRubric(reward_mode, parser, float(truncation_reward)),
     )
 
 
@@ -92,6 +94,11 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
 def _check_at_least(name: str, value: int, low: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_unit_interval(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
 
 
 def _model_player(value: int | str) -> int | str:

@@ -138,7 +138,7 @@ class OpenSpielEnv(vf.MultiTurnEnv):
                 state,
                 "turn_limit",
                 f"You played {played}. Turn limit of {self.max_moves} moves reached: the game "
-                "stops unfinished and is scored by the current position's returns.",
+                "stops unfinished.",
             )
         return [vf.UserMessage(content=turn_text(played, events, session))]
 

@@ -2,9 +2,9 @@
 
 - outcome in [0, 1]: the model seat's return mapped with the game's own min/max utility. A loss by
   illegal moves ("forfeit") or a rollout stopped by verifiers ("aborted") scores 0, the minimum.
-  A game cut by the turn limit is scored by the returns of the position reached (0 in all the
-  default games, i.e. 0.5): reaching the limit takes legal moves, so it cannot be gamed by stalling
-  with illegal replies.
+  A game cut by the turn limit scores `truncation_reward` (default 0, the minimum): the returns of
+  an unfinished position are 0 in most games (0.5 once mapped), which would pay a losing model
+  for surviving until the limit.
 - legal_rate in [0, 1]: legal replies / replies the environment answered.
 """
 
@@ -37,8 +37,9 @@ def result(record: dict[str, Any] | None) -> str:
 class OpenSpielRubric(vf.Rubric):
     """Reward = outcome or legal_rate (per `reward_mode`); the rest are weight-0 metrics."""
 
-    def __init__(self, reward_mode: str, parser: vf.Parser):
+    def __init__(self, reward_mode: str, parser: vf.Parser, truncation_reward: float = 0.0):
         super().__init__(parser=parser)
+        self.truncation_reward = truncation_reward
         metrics = [
             self.outcome,
             self.legal_rate,
@@ -62,6 +63,8 @@ class OpenSpielRubric(vf.Rubric):
         record = _record(state)
         if record is None or record["ended_by"] in LOSSES:
             return 0.0
+        if record["ended_by"] == "turn_limit":
+            return self.truncation_reward
         return normalized(
             record["returns"][record["seat"]], record["min_utility"], record["max_utility"]
         )

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import verifiers as vf
 
+from .replies import message_text
+
 LEGAL_LINE = re.compile(r"^(\d+): (.+)$", re.M)
 LEGAL_HEADER = "legal moves (id: move):"
 Policy = Callable[[list[vf.Message]], str]
@@ -18,8 +20,7 @@ Policy = Callable[[list[vf.Message]], str]
 
 def legal_from_prompt(prompt: list[vf.Message]) -> list[tuple[str, str]]:
     """(id, text) pairs listed in the last user message."""
-    content = prompt[-1].content if not isinstance(prompt[-1], dict) else prompt[-1]["content"]
-    return LEGAL_LINE.findall(str(content).rsplit(LEGAL_HEADER, 1)[-1])
+    return LEGAL_LINE.findall(message_text(prompt[-1]).rsplit(LEGAL_HEADER, 1)[-1])
 
 
 def random_mover(seed: int) -> Policy:

@@ -1,9 +1,10 @@
 """vf_planner: a trained planner decomposes GSM8K problems, a frozen worker model solves the parts.
 
 The policy is the planner: one reply with a JSON plan (single turn). The rubric runs the worker
-pipeline on that plan (worker replies never enter the policy's trajectory, so they get no loss)
-and scores correctness, token efficiency against a per-problem direct-solve baseline, and the
-independence of the subproblems. See README.md for the formula and its range.
+pipeline on that plan (worker replies never enter the policy's trajectory, so they get no loss;
+the worker sees only what the plan gives it) and scores correctness, token efficiency against a
+per-problem direct-solve baseline, and independence: the share of subproblems that computed a new
+intermediate result. See README.md for the formula, its range and a worked example.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import verifiers as vf
 
 from vf_planner.dataset import load_planner_dataset
+from vf_planner.independence import Independence, independence
 from vf_planner.pipeline import Outcome, PlannerPipeline
 from vf_planner.plan import Plan, PlanError, PlanParser, parse_plan
 from vf_planner.prompts import planner_system
@@ -35,7 +37,6 @@ def load_environment(
     correctness_weight: float = 1.0,
     token_weight: float = 0.2,
     independence_weight: float = 0.3,
-    min_relevance: float = 0.3,
     seed: int | None = None,
 ) -> vf.Environment:
     """The planner environment (a SingleTurnEnv whose rubric runs the frozen worker).
@@ -51,7 +52,7 @@ def load_environment(
             "worker_max_tokens, worker_timeout and max_concurrent_worker_calls must be positive, "
             f"got {worker_max_tokens}, {worker_timeout}, {max_concurrent_worker_calls}"
         )
-    weights = RewardWeights(correctness_weight, token_weight, independence_weight, min_relevance)
+    weights = RewardWeights(correctness_weight, token_weight, independence_weight)
     dataset = load_planner_dataset(
         dataset_name, dataset_config, data_files, split, max_examples, seed
     )
@@ -67,15 +68,21 @@ def load_environment(
         )
     )
     parser = PlanParser(max_subproblems)
-    return vf.SingleTurnEnv(
+    env = vf.SingleTurnEnv(
         dataset=dataset,
         system_prompt=planner_system(max_subproblems),
         parser=parser,
         rubric=PlannerRubric(PlannerPipeline(parser, workers), weights),
     )
+    # Read by trainers (rlvr): without worker_base_url the frozen worker is the base model of
+    # the policy's own server, which stays frozen only if training pushes an adapter (served
+    # under its own name) rather than merged weights into that server.
+    env.frozen_model_on_policy_server = worker_base_url is None
+    return env
 
 
 __all__ = [
+    "Independence",
     "Outcome",
     "Plan",
     "PlanError",
@@ -88,6 +95,7 @@ __all__ = [
     "WorkerPool",
     "WorkerSettings",
     "efficiency",
+    "independence",
     "load_environment",
     "load_planner_dataset",
     "parse_plan",

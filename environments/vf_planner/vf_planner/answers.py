@@ -1,15 +1,19 @@
-"""Reading numbers out of GSM8K gold solutions and worker replies.
+"""Reading numbers out of GSM8K gold solutions, problems and worker replies.
 
 Correctness is a number comparison, so every path that turns text into a number lives here:
 thousands separators ("1,450,000"), currency and units ("$18", "18 dollars", "50%"), signs
 ("-10", "-$5", "$-5", "−3"), decimals, and a final answer of 0, which must count as an answer
-(never confused with "no answer").
+(never confused with "no answer"). The independence term also needs the numbers a problem
+states (digits and number words) and the intermediate results of its reference solution (GSM8K's
+calculator annotations `<<16-3-4=9>>`).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 # A number not glued to a preceding digit or dot ("5-3" yields 5 and 3, not -3). Thousands
 # separators only in groups of three so "3,4" stays two numbers.
@@ -22,6 +26,20 @@ _FINAL_MARKERS = re.compile(
     r"####|final\s+answer\s+is|(?:final\s+)?answer\s*(?:is\s*)?:", re.IGNORECASE
 )
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+# GSM8K's calculator annotations: <<expression=result>>.
+_CALCULATION = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
+# Number words GSM8K problems use for stated quantities ("She eats three ...", "twice as many").
+_WORD_VALUES = {
+    word: float(value)
+    for value, word in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen nineteen twenty".split()
+    )
+}
+_WORD_VALUES |= {w: 10.0 * t for t, w in enumerate("x x thirty forty fifty sixty".split()) if t > 1}
+_WORD_VALUES |= {"hundred": 100.0, "thousand": 1000.0, "dozen": 12.0, "twice": 2.0}
+_WORD_VALUES |= {"double": 2.0, "triple": 3.0, "thrice": 3.0}
+_WORD = re.compile(r"\b(" + "|".join(_WORD_VALUES) + r")\b", re.IGNORECASE)
 
 
 def _to_float(match: re.Match[str]) -> float:
@@ -33,6 +51,39 @@ def _to_float(match: re.Match[str]) -> float:
 def numbers_in(text: str) -> list[float]:
     """All numbers in `text`, in order, with separators, currency and signs resolved."""
     return [_to_float(m) for m in _NUMBER.finditer(text)]
+
+
+def stated_numbers(text: str) -> set[float]:
+    """Every number a text states, in digits or as a number word ("three", "twice", "dozen")."""
+    words = {_WORD_VALUES[m.group(1).lower()] for m in _WORD.finditer(text)}
+    return set(numbers_in(text)) | words
+
+
+@dataclass(frozen=True)
+class CalculatorStep:
+    """One annotated step of a GSM8K solution: the numbers it combines and its result."""
+
+    operands: tuple[float, ...]
+    value: float
+
+
+def calculator_steps(solution: str) -> list[CalculatorStep]:
+    """The solution's `<<expression=result>>` steps in order (none when it has no annotations)."""
+    steps = []
+    for expression, result in _CALCULATION.findall(solution):
+        value = parse_number(result)
+        if value is not None:
+            steps.append(CalculatorStep(tuple(numbers_in(expression)), value))
+    return steps
+
+
+def intermediate_values(solution: str) -> list[float]:
+    """The results a reference solution computes on its way: its calculator annotations, or, in a
+    solution without them, every number of its text before `####`."""
+    steps = calculator_steps(solution)
+    if steps:
+        return [step.value for step in steps]
+    return numbers_in(solution.rpartition("####")[0] if "####" in solution else solution)
 
 
 def parse_number(text: str) -> float | None:
@@ -72,6 +123,11 @@ def numbers_match(predicted: float | None, gold: float | None) -> bool:
     if predicted is None or gold is None:
         return False
     return math.isclose(predicted, gold, rel_tol=1e-6, abs_tol=1e-6)
+
+
+def among(value: float | None, values: Iterable[float]) -> bool:
+    """Whether `value` matches one of `values` (numbers_match: None matches nothing)."""
+    return any(numbers_match(value, other) for other in values)
 
 
 def format_number(value: float) -> str:

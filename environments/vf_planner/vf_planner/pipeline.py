@@ -1,15 +1,15 @@
 """One rollout's worker pipeline: parse the plan, run the worker, and record what happened.
 
 An atomic plan is the worker's direct solve of the problem. A decomposed plan has the worker solve
-every subproblem concurrently, then combine the results; the subproblem embeddings are computed
-in a thread at the same time. The direct-solve baseline (the efficiency reference) is measured
+every subproblem concurrently, each seeing only its own text, then combine the results from the
+plan alone (prompts.py); which subproblems computed a new intermediate result is then read off
+their results (independence.py). The direct-solve baseline (the efficiency reference) is measured
 once per problem with the same worker; at temperature 0 an atomic plan sends exactly the baseline
 request, so it reuses the cached reply instead of asking again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +17,9 @@ from typing import Any
 import verifiers as vf
 
 from vf_planner.answers import final_number, numbers_match, parse_number
-from vf_planner.embeddings import score_subproblems_async
-from vf_planner.plan import Plan, PlanError, PlanParser, last_assistant_text
+from vf_planner.independence import independence
+from vf_planner.plan import Plan, PlanError, PlanParser
+from vf_planner.replies import last_reply_text
 from vf_planner.worker import Worker, WorkerError, WorkerPool, estimate_tokens
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ class Outcome:
     decomposed: bool = False
     subproblems: list[str] = field(default_factory=list)
     subproblem_replies: list[str] = field(default_factory=list)
+    subproblem_results: list[float | None] = field(default_factory=list)
+    counted: list[bool] = field(default_factory=list)
     final_reply: str = ""
     predicted: float | None = None
     correct: bool = False
@@ -40,14 +43,27 @@ class Outcome:
     worker_tokens: int = 0
     baseline_tokens: int = 0
     independence: float = 0.0
-    relevance: float = 0.0
 
 
 def planner_tokens(state: vf.State) -> int:
     """Tokens the planner generated in this rollout (server usage, else an estimate)."""
     usage = state.get("usage") or {}
     generated = int(usage.get("output_tokens", 0) or 0)
-    return generated or estimate_tokens(last_assistant_text(state.get("completion")))
+    return generated or estimate_tokens(last_reply_text(state.get("completion")))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the pipeline knows about the row: the question, its reference solution, the gold."""
+
+    question: str
+    solution: str
+    gold: float | None
+
+    @classmethod
+    def of(cls, state: vf.State) -> Problem:
+        info = state["info"]
+        return cls(info["question"], info.get("solution", ""), parse_number(str(state["answer"])))
 
 
 class PlannerPipeline:
@@ -58,7 +74,7 @@ class PlannerPipeline:
         self.workers = workers
 
     async def run(self, state: vf.State) -> Outcome:
-        question = state["info"]["question"]
+        problem = Problem.of(state)
         outcome = Outcome(planner_tokens=planner_tokens(state))
         try:
             plan = self.parser.parse_plan(state.get("completion"))
@@ -70,34 +86,36 @@ class PlannerPipeline:
         outcome.subproblems = plan.subproblems
         try:
             worker = await self.workers.worker_for(state["client"], state["model"])
-            await self._solve(worker, question, plan, outcome)
+            await self._solve(worker, problem, plan, outcome)
         except WorkerError as e:
             logger.warning("worker failed (scored 0): %s", e)
             outcome.worker_error = str(e)
             return outcome
         outcome.predicted = final_number(outcome.final_reply)
-        outcome.correct = numbers_match(outcome.predicted, parse_number(str(state["answer"])))
+        outcome.correct = numbers_match(outcome.predicted, problem.gold)
         return outcome
 
-    async def _solve(self, worker: Worker, question: str, plan: Plan, outcome: Outcome) -> None:
-        baseline = await self.workers.baseline(worker, question)
+    async def _solve(self, worker: Worker, problem: Problem, plan: Plan, outcome: Outcome) -> None:
+        baseline = await self.workers.baseline(worker, problem.question)
         outcome.baseline_tokens = baseline.tokens
         if not plan.should_decompose:
             deterministic = worker.settings.temperature == 0
-            final = baseline if deterministic else await worker.solve_direct(question)
+            final = baseline if deterministic else await worker.solve_direct(problem.question)
             outcome.worker_tokens = final.tokens
             outcome.final_reply = final.text
             return
-        replies, scores = await asyncio.gather(
-            worker.solve_subproblems(question, plan.subproblems),
-            score_subproblems_async(question, plan.subproblems),
+        replies = await worker.solve_subproblems(plan.subproblems)
+        final = await worker.combine(plan.plan, plan.subproblems, replies)
+        results = [final_number(r.text) for r in replies]
+        scored = independence(
+            problem.question, problem.solution, problem.gold, plan.subproblems, results
         )
-        final = await worker.combine(question, plan.plan, plan.subproblems, replies)
         outcome.subproblem_replies = [r.text for r in replies]
+        outcome.subproblem_results = results
+        outcome.counted = scored.counted
         outcome.worker_tokens = sum(r.tokens for r in replies) + final.tokens
         outcome.final_reply = final.text
-        outcome.independence = scores.independence
-        outcome.relevance = scores.relevance
+        outcome.independence = scored.score
 
 
 def outcome_from_state(state: dict[str, Any]) -> Outcome | None:

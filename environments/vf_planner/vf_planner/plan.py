@@ -1,23 +1,25 @@
 """The planner's output format and its parser.
 
 The planner answers with one JSON object `{"should_decompose": bool, "subproblems": [...],
-"plan": str}`, bare or in a ``` fence, possibly after reasoning. Parsing is lenient about where
-the object sits and how subproblems are spelled, and strict about what it means: a plan that asks
-for decomposition without subproblems, or with more than allowed, is malformed (scored 0), because
-guessing what the planner meant would reward plans it did not make.
+"plan": str}`, bare or in a ``` fence, possibly after reasoning (only the text after it is read,
+see replies.strip_reasoning). Parsing is lenient about where the object sits and how subproblems
+are spelled, and strict about what it means: a plan that asks for decomposition without
+subproblems, or with more than allowed, is malformed (scored 0), because guessing what the
+planner meant would reward plans it did not make.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import verifiers as vf
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+from vf_planner.replies import last_reply_text, strip_reasoning
+
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 # Keys under which a subproblem given as an object may carry its text.
 _SUBPROBLEM_KEYS = ("question", "subproblem", "problem", "text", "description", "task")
@@ -34,30 +36,6 @@ class Plan:
     should_decompose: bool
     subproblems: list[str] = field(default_factory=list)
     plan: str = ""
-
-
-def message_text(message: Any) -> str:
-    """Text content of a message given as a verifiers pydantic object or a plain dict."""
-    content = message.get("content") if isinstance(message, Mapping) else message.content
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        texts = [
-            p.get("text") if isinstance(p, Mapping) else getattr(p, "text", None) for p in content
-        ]
-        return "".join(t for t in texts if isinstance(t, str))
-    return ""
-
-
-def last_assistant_text(completion: Any) -> str:
-    """Text of the last assistant message of a completion (chat list or plain string)."""
-    if isinstance(completion, str):
-        return completion
-    for message in reversed(completion or []):
-        role = message.get("role") if isinstance(message, Mapping) else message.role
-        if role == "assistant":
-            return message_text(message)
-    return ""
 
 
 def _json_objects(text: str) -> list[dict[str, Any]]:
@@ -96,7 +74,7 @@ def parse_plan(text: str, max_subproblems: int) -> Plan:
     The last JSON object that has a `should_decompose` key wins (fenced objects first), so an
     example restated in the reasoning does not shadow the final answer.
     """
-    text = _THINK.sub("", text)
+    text = strip_reasoning(text)
     candidates = [obj for block in _FENCE.findall(text) for obj in _json_objects(block)]
     candidates = candidates or _json_objects(text)
     plans = [obj for obj in candidates if "should_decompose" in obj]
@@ -126,7 +104,7 @@ class PlanParser(vf.Parser):
 
     def parse_plan(self, completion: vf.Messages) -> Plan:
         """The plan in the last assistant message; raises PlanError when malformed."""
-        return parse_plan(last_assistant_text(completion), self.max_subproblems)
+        return parse_plan(last_reply_text(completion), self.max_subproblems)
 
     def parse_answer(self, completion: vf.Messages) -> str | None:
         try:

@@ -1,5 +1,11 @@
 """Prompt texts for the planner (the policy) and the frozen worker.
 
+The worker sees only what the plan gives it: a subproblem call gets the subproblem's text alone,
+and the combination call gets the planner's `plan` text and the subproblems with their results,
+never the problem. The full problem reaches the worker only in a direct solve (an atomic plan,
+and the baseline). So the facts a decomposed plan needs travel in its own words, and a plan that
+does not decompose the reasoning cannot lean on the worker reading the problem.
+
 Each worker request kind has its own system prompt, so logs (and scripted test servers) can tell
 a direct solve, a subproblem and a combination step apart.
 """
@@ -7,29 +13,38 @@ a direct solve, a subproblem and a combination step apart.
 from __future__ import annotations
 
 PLANNER_SYSTEM = """You plan how a separate solver model will answer a math word problem.
-Decide whether the problem should be split into subproblems that the solver answers in parallel
-(each one on its own, with the full problem as context), after which the solver combines their
-results. Decomposing costs extra solver calls; it pays off when the parts are easier than the whole.
+You may split the problem into subproblems that the solver answers in parallel, one call each;
+a last call then combines their results. The solver sees only what you give it:
+- a subproblem call sees that subproblem's text and nothing else (not the problem, not the other
+  subproblems, not their results), so write each one as a self-contained question that states
+  every number it needs;
+- the combining call sees your plan and the subproblems with their results, not the problem, so
+  the plan must say how to combine the results and give any number still needed.
+A subproblem is worth its call when it computes a new intermediate quantity: not a number stated
+in the problem and not the final answer. Copying or restating the problem earns nothing.
 
 Reply with exactly one JSON object and nothing else:
 {{"should_decompose": true, "subproblems": ["...", "..."], "plan": "how to combine the results"}}
-or, to let the solver answer directly:
-{{"should_decompose": false, "subproblems": [], "plan": "..."}}
+or, to let the solver answer the whole problem directly:
+{{"should_decompose": false, "subproblems": [], "plan": ""}}
 
-Use at most {max_subproblems} subproblems. Each subproblem is one self-contained question about
-this problem, not a restatement of the whole problem."""
+Use at most {max_subproblems} subproblems."""
 
 ANSWER_FORMAT = "Finish with a last line of the form 'Answer: <number>'."
+ONLY_WHAT_IS_GIVEN = (
+    "Use only the information given; if it is not enough, say so instead of guessing."
+)
 
 WORKER_DIRECT_SYSTEM = f"You solve math word problems step by step. {ANSWER_FORMAT}"
 
 WORKER_SUBPROBLEM_SYSTEM = (
-    "You solve one subproblem of a math word problem. The full problem is given for context; "
-    f"answer only the subproblem. {ANSWER_FORMAT}"
+    f"You answer one self-contained math question step by step. {ONLY_WHAT_IS_GIVEN} "
+    f"{ANSWER_FORMAT}"
 )
 
 WORKER_COMBINE_SYSTEM = (
-    f"You answer a math word problem using the results of its solved subproblems. {ANSWER_FORMAT}"
+    "You finish a math word problem from a plan and the results of its solved parts; the problem "
+    f"itself is not shown to you. {ONLY_WHAT_IS_GIVEN} {ANSWER_FORMAT}"
 )
 
 
@@ -38,12 +53,8 @@ def planner_system(max_subproblems: int) -> str:
     return PLANNER_SYSTEM.format(max_subproblems=max_subproblems)
 
 
-def subproblem_prompt(question: str, subproblem: str) -> str:
-    return f"Problem: {question}\n\nSubproblem: {subproblem}"
-
-
-def combine_prompt(question: str, plan: str, results: list[tuple[str, str]]) -> str:
-    """The combination request: the problem, the planner's plan, and each subproblem's result."""
+def combine_prompt(plan: str, results: list[tuple[str, str]]) -> str:
+    """The combination request: the planner's plan and each subproblem with its result."""
     lines = [f"{i}. {sub}\n   Result: {result}" for i, (sub, result) in enumerate(results, 1)]
     solved = "\n".join(lines)
-    return f"Problem: {question}\n\nPlan: {plan or '(none)'}\n\nSolved subproblems:\n{solved}"
+    return f"Plan: {plan or '(none)'}\n\nSolved parts:\n{solved}"

@@ -1,20 +1,19 @@
 """The planner's reward: correctness, then efficiency and independence for correct answers only.
 
-    reward = w_c * C + w_t * C * E + w_i * C * I * [rel >= min_relevance]
+    reward = w_c * C + w_t * C * E + w_i * C * I
 
     C   = 1 if the worker's final number equals the gold number, else 0
     E   = B / (B + W + P)                  efficiency against the direct-solve baseline, in (0, 1)
           B = worker tokens of the direct solve of this problem (measured once, same worker)
           W = worker tokens this plan spent (direct solve, or subproblems + combination)
           P = tokens the planner generated
-    I   = 1 - mean pairwise cosine of the subproblems (MiniLM), in [0, 1]; 0 for an atomic plan
-    rel = lowest cosine between a subproblem and the problem, in [0, 1]; 0 for an atomic plan
+    I   = share of the subproblems whose result is a new intermediate result of the reference
+          solution (independence.py), in [0, 1]; 0 for an atomic plan
 
 Range: [0, w_c + w_t + w_i] ([0, 1.5] with the defaults). Malformed plans and worker failures
-score 0. An atomic plan and a decomposition that are both correct and spend the same tokens
-differ by exactly w_i * I * [rel >= min_relevance]: nothing penalises decomposing as such, and
-nothing is given to a plan for not decomposing. Unrelated filler subproblems (high I, low rel)
-earn no independence.
+score 0. I is read from what the worker computed from each subproblem alone, so copying,
+restating or paraphrasing the problem, or padding with unrelated questions, earns none of it; an
+atomic plan is not charged for being atomic (it only forgoes w_i * I).
 """
 
 from __future__ import annotations
@@ -32,14 +31,11 @@ class RewardWeights:
     correctness: float = 1.0
     token: float = 0.2
     independence: float = 0.3
-    min_relevance: float = 0.3
 
     def __post_init__(self) -> None:
         for name in ("correctness", "token", "independence"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}_weight must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.min_relevance <= 1.0:
-            raise ValueError(f"min_relevance must be in [0, 1], got {self.min_relevance}")
 
 
 def efficiency(baseline_tokens: int, worker_tokens: int, planner_tokens: int) -> float:
@@ -48,15 +44,14 @@ def efficiency(baseline_tokens: int, worker_tokens: int, planner_tokens: int) ->
     return baseline_tokens / total if total > 0 else 0.0
 
 
-def reward_components(outcome: Outcome, min_relevance: float) -> dict[str, float]:
+def reward_components(outcome: Outcome) -> dict[str, float]:
     """The three weighted terms of the reward, each in [0, 1]."""
     correct = float(outcome.correct)
-    relevant = float(outcome.relevance >= min_relevance)
     return {
         "correct": correct,
         "efficiency_bonus": correct
         * efficiency(outcome.baseline_tokens, outcome.worker_tokens, outcome.planner_tokens),
-        "independence_bonus": correct * outcome.independence * relevant,
+        "independence_bonus": correct * outcome.independence,
     }
 
 
@@ -64,12 +59,12 @@ def reward_components(outcome: Outcome, min_relevance: float) -> dict[str, float
 METRICS: dict[str, Callable[[Outcome], float]] = {
     "decomposed": lambda o: float(o.decomposed),
     "num_subproblems": lambda o: float(len(o.subproblems)),
+    "counted_subproblems": lambda o: float(sum(o.counted)),
     "planner_tokens": lambda o: float(o.planner_tokens),
     "worker_tokens": lambda o: float(o.worker_tokens),
     "baseline_tokens": lambda o: float(o.baseline_tokens),
     "efficiency": lambda o: efficiency(o.baseline_tokens, o.worker_tokens, o.planner_tokens),
     "independence": lambda o: o.independence,
-    "relevance": lambda o: o.relevance,
     "parse_failure": lambda o: float(o.parse_error is not None),
     "worker_error": lambda o: float(o.worker_error is not None),
 }
@@ -92,8 +87,9 @@ class PlannerRubric(vf.Rubric):
         for name, read in METRICS.items():
             self.add_metric(self._scorer(name, read))
 
-    def _component(self, name: str) -> Callable[[Outcome], float]:
-        return lambda o: reward_components(o, self.weights_config.min_relevance)[name]
+    @staticmethod
+    def _component(name: str) -> Callable[[Outcome], float]:
+        return lambda o: reward_components(o)[name]
 
     async def outcome(self, state: vf.State) -> Outcome:
         """The rollout's pipeline outcome, computed on first use and kept in state["planner"]."""

@@ -23,7 +23,6 @@ from vf_planner.prompts import (
     WORKER_DIRECT_SYSTEM,
     WORKER_SUBPROBLEM_SYSTEM,
     combine_prompt,
-    subproblem_prompt,
 )
 
 logger = logging.getLogger(__name__)
@@ -94,24 +93,24 @@ class Worker:
     async def solve_direct(self, question: str) -> WorkerReply:
         return await self.ask(WORKER_DIRECT_SYSTEM, question)
 
-    async def solve_subproblem(self, question: str, subproblem: str) -> WorkerReply:
-        return await self.ask(WORKER_SUBPROBLEM_SYSTEM, subproblem_prompt(question, subproblem))
+    async def solve_subproblem(self, subproblem: str) -> WorkerReply:
+        """The subproblem's text is the whole request: the worker is not shown the problem."""
+        return await self.ask(WORKER_SUBPROBLEM_SYSTEM, subproblem)
 
-    async def solve_subproblems(self, question: str, subproblems: list[str]) -> list[WorkerReply]:
+    async def solve_subproblems(self, subproblems: list[str]) -> list[WorkerReply]:
         """All subproblems at once: wall time of one call, not k (see bench/planner_worker.py)."""
-        return list(
-            await asyncio.gather(*(self.solve_subproblem(question, s) for s in subproblems))
-        )
+        return list(await asyncio.gather(*(self.solve_subproblem(s) for s in subproblems)))
 
     async def combine(
-        self, question: str, plan: str, subproblems: list[str], replies: list[WorkerReply]
+        self, plan: str, subproblems: list[str], replies: list[WorkerReply]
     ) -> WorkerReply:
-        """Final answer from the subproblem results (their numbers, or their text if none)."""
+        """Final answer from the plan and the subproblem results (their numbers, or their text if
+        none); the problem itself is not sent."""
         results = []
         for sub, reply in zip(subproblems, replies, strict=True):
             number = final_number(reply.text)
             results.append((sub, reply.text.strip() if number is None else format_number(number)))
-        return await self.ask(WORKER_COMBINE_SYSTEM, combine_prompt(question, plan, results))
+        return await self.ask(WORKER_COMBINE_SYSTEM, combine_prompt(plan, results))
 
 
 def _parent_of(card: Any) -> str | None:

@@ -22,7 +22,6 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import ClassVar, Self
 
@@ -36,6 +35,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferInitInfo,
 )
 
+from rlvr.rendezvous import GlooGroup, Meeting, with_deadline
 from rlvr.server.packing import (
     PackedUpdateInfo,
     checked,
@@ -86,36 +86,16 @@ class CPUTrainerInitInfo(TrainerInitInfo):
     master_address: str = "127.0.0.1"
     master_port: int = 0
     world_size: int = 2
+    """1 (this trainer) + the server's TP x PP x DP workers."""
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     timeout_s: float = DEFAULT_TIMEOUT_S
+    server: str = "127.0.0.1"
+    """The server's address as the trainer sees it (named in rendezvous errors)."""
 
 
 @dataclass
 class CPUUpdateInfo(PackedUpdateInfo):
     path: str | None = None  # shm: the file holding this push's bytes
-
-
-def _open_group(address: str, port: int, rank: int, world_size: int, timeout_s: float):
-    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
-
-    return stateless_init_torch_distributed_process_group(
-        address, port, rank, world_size, backend="gloo", timeout=timedelta(seconds=timeout_s)
-    )
-
-
-def _broadcast(group, buffer: torch.Tensor) -> None:
-    # Called on the ProcessGroup object itself: root 0 is the group rank, whatever the
-    # (unrelated) global torch.distributed state of either process.
-    group.broadcast(buffer, 0).wait()
-
-
-def _close_group(group) -> None:
-    from vllm.distributed.utils import stateless_destroy_torch_distributed_process_group
-
-    try:
-        stateless_destroy_torch_distributed_process_group(group)
-    except Exception as e:  # a dead peer can make teardown fail; the group is gone anyway
-        log.warning("closing the previous gloo group failed: %s", e)
 
 
 class CPUWeightTransferEngine(WeightTransferEngine[CPUWorkerInitInfo, CPUUpdateInfo]):
@@ -135,7 +115,7 @@ class CPUWeightTransferEngine(WeightTransferEngine[CPUWorkerInitInfo, CPUUpdateI
         if init_info.transport == "gloo":
             pc = self.parallel_config
             rank = init_info.rank_offset + pc.data_parallel_index * pc.world_size + pc.rank
-            self.group = _open_group(
+            self.group = GlooGroup(
                 init_info.master_address,
                 init_info.master_port,
                 rank,
@@ -193,13 +173,13 @@ class CPUWeightTransferEngine(WeightTransferEngine[CPUWorkerInitInfo, CPUUpdateI
         weights: list[tuple[str, torch.Tensor]] = []
         for chunk in plan_chunks(metas, self.info.chunk_bytes):
             buffer = torch.empty(sum(map(nbytes, chunk)), dtype=torch.uint8)
-            _broadcast(self.group, buffer)
+            self.group.broadcast(buffer)
             weights.extend(unpack(buffer, chunk))
         return weights
 
     def shutdown(self) -> None:
         if self.group is not None:
-            _close_group(self.group)
+            self.group.close()
             self.group = None
         self.info = None
 
@@ -244,17 +224,29 @@ class CPUTrainerWeightTransferEngine(TrainerWeightTransferEngine[CPUTrainerInitI
             engine.path = Path(init_info.directory) / name
             client.init_weight_transfer_engine(asdict(worker_info))
             return engine
-        # The workers block in the rendezvous inside the HTTP call, so it runs beside ours.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
-            engine.group = _open_group(
-                init_info.master_address,
-                init_info.master_port,
-                0,
-                init_info.world_size,
-                init_info.timeout_s,
-            )
-            pending.result()
+        # The workers block in the rendezvous inside the HTTP call, so both sides run at once.
+        meeting = Meeting(
+            init_info.master_address,
+            init_info.master_port,
+            init_info.world_size,
+            init_info.server,
+            init_info.timeout_s,
+        )
+        _, engine.group = with_deadline(
+            meeting,
+            "the gloo weight-transfer rendezvous",
+            [
+                lambda: client.init_weight_transfer_engine(asdict(worker_info)),
+                lambda: GlooGroup(
+                    init_info.master_address,
+                    init_info.master_port,
+                    0,
+                    init_info.world_size,
+                    init_info.timeout_s,
+                    local_address=init_info.master_address,
+                ),
+            ],
+        )
         return engine
 
     def send_weights(self) -> None:
@@ -292,7 +284,7 @@ class CPUTrainerWeightTransferEngine(TrainerWeightTransferEngine[CPUTrainerInitI
             for chunk in plan_chunks(metas, self.info.chunk_bytes):
                 buffer = torch.empty(sum(map(nbytes, chunk)), dtype=torch.uint8)
                 pack_into(buffer, (next(tensors) for _ in chunk))
-                _broadcast(self.group, buffer)
+                self.group.broadcast(buffer)
             pending.result()
         finally:
             # Never join a worker call that waits on a broadcast that will not come.
@@ -300,7 +292,7 @@ class CPUTrainerWeightTransferEngine(TrainerWeightTransferEngine[CPUTrainerInitI
 
     def shutdown(self) -> None:
         if self.group is not None:
-            _close_group(self.group)
+            self.group.close()
             self.group = None
         self.buffer = None
         if self.path is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import signal
 import socket
@@ -24,11 +25,13 @@ import urllib.request
 from rlvr.models import resolve_model
 from rlvr.reasoning_vocab import ReasoningVocab
 from rlvr.server.plugin import REASONING_VOCAB_PROCESSOR, REASONING_VOCAB_TOKENIZER_MODE
+from rlvr.vllm_lora import lora_rank_limit
 
 LOG_TAIL_LINES = 60
-CPU_KVCACHE_GIB = "2"
+CPU_KVCACHE_GIB = 2
 CPU_MEMORY_FRACTION = "0.5"
 CHUNKED_PREFILL_FLAGS = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
+WORKER_EXTENSION = "rlvr.server.worker_extension.WorkerExtension"
 
 
 class LaunchError(RuntimeError):
@@ -149,6 +152,14 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
     ]
     if args.api_key:
         cmd += ["--api-key", args.api_key]
+    if not has_flag(passthrough, "--generation-config"):
+        # vLLM otherwise applies the model's generation_config.json (top_k, top_p, min_p,
+        # repetition_penalty) to every request that does not set them, and the trainer, which
+        # sets every sampling field itself, would train against a distribution it cannot see.
+        cmd += ["--generation-config", "vllm"]
+    if not has_flag(passthrough, "--worker-extension-cls"):
+        # Lets the trainer ask where the workers run (rlvr.server.worker_extension).
+        cmd += ["--worker-extension-cls", WORKER_EXTENSION]
     if not has_flag(passthrough, "--logprobs-mode"):
         # Sampling logprobs after temperature: the distribution the tokens were drawn from,
         # which the trainer's importance ratio compares against (vLLM's default is raw).
@@ -162,20 +173,86 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
         # trainer seeds every request.
         cmd += ["--no-enable-chunked-prefill"]
     cmd += reasoning_vocab_args(model_path, passthrough)
-    return cmd + passthrough
+    return cmd + lora_defaults(passthrough) + passthrough
+
+
+DEFAULT_MAX_LORA_RANK = 64
+DEFAULT_MAX_LORAS = 2
+
+
+def lora_flags(rank: int = DEFAULT_MAX_LORA_RANK, max_loras: int = DEFAULT_MAX_LORAS) -> list[str]:
+    """vf-vllm flags that let the server load adapters of `rank` at run time (adapter sync;
+    the policy's adapter plus one more, e.g. an evaluated checkpoint)."""
+    limit = lora_rank_limit(rank)
+    return ["--enable-lora", "--max-lora-rank", str(limit), "--max-loras", str(max_loras)]
+
+
+def lora_defaults(passthrough: list[str]) -> list[str]:
+    """With --enable-lora: a max rank that fits common adapters (vLLM's own default, 16, is
+    smaller than many runs use) and room for two adapters, unless given."""
+    if not has_flag(passthrough, "--enable-lora"):
+        return []
+    out = []
+    if not has_flag(passthrough, "--max-lora-rank"):
+        out += ["--max-lora-rank", str(DEFAULT_MAX_LORA_RANK)]
+    if not has_flag(passthrough, "--max-loras"):
+        out += ["--max-loras", str(DEFAULT_MAX_LORAS)]
+    return out
 
 
 def weight_backend(cmd: list[str]) -> str:
     return json.loads(cmd[cmd.index("--weight-transfer-config") + 1])["backend"]
 
 
-def engine_env(cuda: bool, backend: str) -> dict[str, str]:
+def flag_value(passthrough: list[str], names: tuple[str, ...], default: str) -> str:
+    """The value of the last of `names` in `passthrough` (`--x 2` or `--x=2`), else default."""
+    value = default
+    for i, arg in enumerate(passthrough):
+        for name in names:
+            if arg == name and i + 1 < len(passthrough):
+                value = passthrough[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def local_workers(passthrough: list[str]) -> int:
+    """How many worker processes vLLM runs here: data x pipeline x tensor parallel."""
+    sizes = (
+        ("--data-parallel-size", "-dp"),
+        ("--pipeline-parallel-size", "-pp"),
+        ("--tensor-parallel-size", "-tp"),
+    )
+    return math.prod(int(flag_value(passthrough, names, "1")) for names in sizes)
+
+
+def cpu_thread_binding(workers: int, cores: list[int]) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` for `workers` CPU workers: disjoint slices of `cores`
+    (`0|1` for two workers on two cores), or one core each, reused, when there are fewer
+    cores than workers. vLLM binds several CPU workers only by NUMA node otherwise, and
+    refuses to start with more workers than nodes, which is every single-socket machine."""
+    cores = sorted(cores)
+    if len(cores) < workers:
+        return "|".join(str(cores[i % len(cores)]) for i in range(workers))
+    share = len(cores) // workers
+    slices = [cores[i * share : (i + 1) * share] for i in range(workers)]
+    return "|".join(",".join(map(str, s)) for s in slices)
+
+
+def engine_env(cuda: bool, backend: str, workers: int = 1, lora: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if lora:  # /v1/load_lora_adapter: how the trainer pushes an adapter (rlvr.adapter_sync)
+        env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
     if backend == "ipc":  # CUDA IPC handles travel pickled over HTTP
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if not cuda:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+        # Per worker: tensor-parallel workers each cache only their share of the heads.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, CPU_KVCACHE_GIB // workers)))
+        if workers > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(
+                workers, list(os.sched_getaffinity(0))
+            )
     return env
 
 
@@ -226,7 +303,12 @@ def run(argv: list[str] | None = None) -> int:
     cmd = vllm_command(args, passthrough, cuda)
     proc = subprocess.Popen(
         cmd,
-        env=engine_env(cuda, weight_backend(cmd)),
+        env=engine_env(
+            cuda,
+            weight_backend(cmd),
+            local_workers(passthrough),
+            lora=has_flag(passthrough, "--enable-lora"),
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

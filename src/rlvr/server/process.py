@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from rlvr.weights import free_port
+from rlvr.rendezvous import free_port
 
 
 def _stop_when_parent_dies() -> None:
@@ -30,6 +30,8 @@ class VLLMServer:
 
     `model` is what clients send as the model name (the served name); `base_url` is the OpenAI
     base URL (".../v1"). The server's log goes to `log_path` so failures can be shown.
+    `host` is the address it binds and is reached at; `prefix` runs the launcher under another
+    command, e.g. `["ip", "netns", "exec", "ns1"]` for a server on "another host".
     """
 
     def __init__(
@@ -37,12 +39,16 @@ class VLLMServer:
         model: str,
         *,
         port: int | None = None,
+        host: str = "127.0.0.1",
+        prefix: list[str] | None = None,
         extra_args: list[str] | None = None,
         log_path: str | Path | None = None,
         ready_timeout: float = 900.0,
         env: dict[str, str] | None = None,
     ):
         self.model = model
+        self.host = host
+        self.prefix = prefix or []
         self.port = port or free_port()
         self.extra_args = extra_args or []
         self.log_path = Path(log_path or f"/tmp/vf-vllm-{self.port}.log")
@@ -52,15 +58,15 @@ class VLLMServer:
 
     @property
     def root_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
         return f"{self.root_url}/v1"
 
     def start(self) -> VLLMServer:
-        cmd = [sys.executable, "-m", "rlvr.server.launcher", "--model", self.model]
-        cmd += ["--port", str(self.port), *self.extra_args]
+        cmd = [*self.prefix, sys.executable, "-m", "rlvr.server.launcher", "--model", self.model]
+        cmd += ["--host", self.host, "--port", str(self.port), *self.extra_args]
         env = {**os.environ, **(self.env or {})}
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(

@@ -1,0 +1,68 @@
+"""The independence term: the share of a plan's subproblems that did a distinct piece of the work.
+
+A subproblem counts when it is not a verbatim copy of the problem's text and the worker, seeing
+only that subproblem, computed a result that
+
+- is an intermediate result of the reference solution (GSM8K's `<<...=result>>` annotations),
+- is not a number the problem states, nor a number the subproblem itself states (the worker must
+  have computed it, not copied it),
+- is not the final answer (a subproblem that alone yields the answer did not decompose anything),
+- and no earlier subproblem of the plan already produced it.
+
+    I = counted subproblems / subproblems         in [0, 1]; 0 for an atomic plan
+
+Apart from the copy check, the term is read from what the worker computed, not from the wording
+of the subproblems: restating the whole problem (its result is the final answer), sentences that
+only state facts (the worker can only restate their numbers), or unrelated questions (their
+results are no step of the solution) earn nothing, however they are paraphrased. A paraphrased
+sentence counts only where it holds a whole computation step of the solution and the worker does
+that step, i.e. where it is a real subproblem.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from vf_planner.answers import among, intermediate_values, stated_numbers
+
+_WORDS = re.compile(r"\w+")
+
+
+def copied_from(subproblem: str, question: str) -> bool:
+    """Whether the subproblem's words appear, in order and adjacent, in the problem's text."""
+    words = " ".join(_WORDS.findall(subproblem.lower()))
+    text = " ".join(_WORDS.findall(question.lower()))
+    return bool(words) and f" {words} " in f" {text} "
+
+
+@dataclass(frozen=True)
+class Independence:
+    score: float
+    counted: list[bool]
+
+
+def independence(
+    question: str,
+    solution: str,
+    gold: float | None,
+    subproblems: list[str],
+    results: list[float | None],
+) -> Independence:
+    """I for a decomposed plan, with which subproblems counted (see the module docstring)."""
+    intermediates = intermediate_values(solution)
+    given = stated_numbers(question) | ({gold} if gold is not None else set())
+    counted: list[bool] = []
+    found: list[float] = []
+    for subproblem, result in zip(subproblems, results, strict=True):
+        new = (
+            not copied_from(subproblem, question)
+            and among(result, intermediates)
+            and not among(result, given | stated_numbers(subproblem))
+            and not among(result, found)
+        )
+        counted.append(new)
+        if new and result is not None:
+            found.append(result)
+    score = sum(counted) / len(subproblems) if subproblems else 0.0
+    return Independence(score=score, counted=counted)

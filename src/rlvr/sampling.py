@@ -1,0 +1,104 @@
+"""The sampling arguments of every training request, and the rule that keeps the sampler's
+distribution the one the trainer computes.
+
+The importance ratio compares the trainer's log-probability of each sampled token with the
+sampler's. The trainer's is the temperature-scaled softmax of its logits. vLLM's
+(`processed_logprobs`) are taken after everything that reshapes the distribution: top-k,
+top-p, min-p, repetition/presence/frequency penalties, logit bias, min_tokens, allowed or
+banned tokens. Any of those at a non-neutral value makes the two distributions differ, which
+biases every ratio and looks like a failed weight push. So a run that asks for one is refused
+at start, and every request states the neutral values explicitly: vLLM would otherwise fill
+unset fields from the model's `generation_config.json` (vf-vllm also starts vLLM with
+`--generation-config vllm`, for servers started by hand this is the second guard).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlvr.config import SamplingConfig
+
+# Sampling fields that make vLLM return what training needs: token ids of prompt and
+# completion, and the sampler's log-probability of every generated token.
+TOKEN_SAMPLING_ARGS: dict[str, Any] = {"logprobs": True, "extra_body": {"return_token_ids": True}}
+
+# Fields that reshape the distribution, with their neutral value; each request sends these
+# (OpenAI's own fields at the top level, vLLM's in extra_body).
+NEUTRAL_OPENAI = {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+NEUTRAL_VLLM = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+# Fields that reshape it whenever they are set to anything but empty/zero.
+REFUSED_WHEN_SET = ("logit_bias", "min_tokens", "allowed_token_ids", "bad_words")
+
+
+class SamplingFilterError(ValueError):
+    """A sampling field the trainer's log-probabilities cannot reproduce."""
+
+
+def _is_neutral(key: str, value: Any) -> bool:
+    if value is None:
+        return True
+    if key == "top_k":
+        return value in (-1, 0)
+    neutral = {**NEUTRAL_OPENAI, **NEUTRAL_VLLM}[key]
+    return float(value) == neutral
+
+
+def unreproducible(args: dict[str, Any]) -> dict[str, Any]:
+    """The fields of request `args` (top level or extra_body) that reshape the distribution."""
+    found: dict[str, Any] = {}
+    for source in (args, args.get("extra_body") or {}):
+        for key in (*NEUTRAL_OPENAI, *NEUTRAL_VLLM):
+            if key in source and not _is_neutral(key, source[key]):
+                found[key] = source[key]
+        for key in REFUSED_WHEN_SET:
+            if source.get(key):
+                found[key] = source[key]
+    return found
+
+
+def check_reproducible(args: dict[str, Any], where: str) -> None:
+    """Raise SamplingFilterError naming each field `where` asks for that the trainer cannot
+    reproduce in its log-probabilities."""
+    found = unreproducible(args)
+    if found:
+        fields = ", ".join(f"{k}={v!r}" for k, v in found.items())
+        raise SamplingFilterError(
+            f"{where} asks for {fields}: the trainer's log-probabilities are the full "
+            "temperature-scaled distribution, so a sampler that filters or penalises tokens "
+            "would bias every importance ratio. Remove these (use sampling.temperature to "
+            "sharpen or flatten the distribution)."
+        )
+
+
+def build_sampling_args(
+    cfg: SamplingConfig, env_defaults: dict[str, Any] | None = None, seed: int | None = None
+) -> dict[str, Any]:
+    """The environment's own sampling defaults, then ours, then the neutral filters and the
+    token-return fields (those must win: training cannot run without them). `extra_body` is
+    merged key by key. Raises SamplingFilterError for a filter the trainer cannot reproduce."""
+    env_defaults = env_defaults or {}
+    check_reproducible(env_defaults, "the environment's sampling_args")
+    check_reproducible({"top_p": cfg.top_p, "extra_body": cfg.extra_body}, "sampling")
+    args: dict[str, Any] = {k: v for k, v in env_defaults.items() if k != "extra_body"}
+    args.update(temperature=cfg.temperature, max_tokens=cfg.max_tokens, **NEUTRAL_OPENAI)
+    args.pop("n", None)
+    if seed is not None:
+        args["seed"] = seed
+    args["logprobs"] = True
+    args["extra_body"] = {
+        **env_defaults.get("extra_body", {}),
+        **cfg.extra_body,
+        **NEUTRAL_VLLM,
+        **TOKEN_SAMPLING_ARGS["extra_body"],
+    }
+    return args
+
+
+def request_seed(seed: int, step: int, position: int, rollout: int) -> int:
+    """A per-rollout sampling seed: distinct across rollouts of a group (else they would be
+    identical), identical across reruns of the same step (so a resumed run samples the same)."""
+    value = seed
+    for part in (step, position, rollout):
+        value = (value * 1_000_003 + part + 1) % 2_147_483_647
+    return value

@@ -1,0 +1,64 @@
+"""Methods vf-vllm adds to every vLLM worker (`--worker-extension-cls`), reached through the
+dev-mode `/collective_rpc` route: questions vLLM's own routes do not answer.
+
+- Where the workers run: CUDA IPC handles open only on the GPU that made them, and NCCL
+  refuses two ranks on one GPU, so a trainer sharing the server's GPU must use `ipc` and one on
+  other GPUs `nccl`. vLLM reports its world size but not its devices.
+- Adapter files for a trainer on another host (rlvr.adapter_sync): the bytes come in the
+  call and land in this host's shared memory, where vLLM's LoRA loader reads them.
+- Whether a weight update is open: a trainer that died between `start_weight_update` and
+  `update_weights` leaves one open, and vLLM refuses every later start. Asking beats provoking
+  the "without a matching start" error: with several workers, a call that fails on some of
+  them leaves the others' replies queued, and the next call reads those.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+ADAPTER_ROOT = Path(os.environ.get("RLVR_ADAPTER_DIR", "/dev/shm/rlvr-adapters"))
+KEEP_VERSIONS = 2
+
+
+class WorkerExtension:
+    def rlvr_device_info(self) -> dict[str, Any]:
+        """This worker's device, the physical GPU's UUID (None on the CPU) and its host."""
+        import torch
+
+        device = getattr(self, "device", None)
+        uuid = None
+        if isinstance(device, torch.device) and device.type == "cuda":
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+        return {"device": str(device), "gpu_uuid": uuid, "host": socket.gethostname()}
+
+    def rlvr_weight_update_state(self) -> dict[str, bool]:
+        """A mapping, not a bare bool: the RPC route turns other values into strings."""
+        return {"active": bool(getattr(self, "_weight_update_active", False))}
+
+    def rlvr_store_adapter(self, payload: str) -> dict[str, str]:
+        """Write one adapter version (`{"run", "version", "files": {name: base64}}`) to this
+        host's adapter directory and return its path; keep the run's newest versions only.
+        Workers on one host write the same files: each into its own temporary directory,
+        renamed into place by whichever finishes first."""
+        data = json.loads(payload)
+        run = ADAPTER_ROOT / Path(data["run"]).name
+        final = run / Path(data["version"]).name
+        if not final.is_dir():
+            tmp = run / f".tmp-{final.name}-{os.getpid()}"
+            tmp.mkdir(parents=True, exist_ok=True)
+            for name, content in data["files"].items():
+                (tmp / Path(name).name).write_bytes(base64.b64decode(content))
+            try:
+                tmp.rename(final)
+            except OSError:  # another worker of this host got there first
+                shutil.rmtree(tmp, ignore_errors=True)
+        versions = sorted(p for p in run.iterdir() if not p.name.startswith("."))
+        for old in versions[:-KEEP_VERSIONS]:
+            shutil.rmtree(old, ignore_errors=True)
+        return {"path": str(final)}

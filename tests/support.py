@@ -1,0 +1,129 @@
+"""Helpers shared by the integration tests: served vs trainer log-probabilities, the trainer
+config every test starts from, and launching the trainer in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import torch
+from transformers import AutoTokenizer
+
+from rlvr.config import load_config, save_config
+
+LORA_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
+
+
+def server_logprobs(server, token_ids: list[int]) -> torch.Tensor:
+    """vLLM's logprob of each token given its prefix (prompt_logprobs), for tokens 1..n-1."""
+    body = {
+        "model": server.model,
+        "prompt": token_ids,
+        "max_tokens": 1,
+        "temperature": 0,
+        "prompt_logprobs": 0,
+    }
+    response = httpx.post(f"{server.base_url}/completions", json=body, timeout=120)
+    response.raise_for_status()
+    entries = response.json()["choices"][0]["prompt_logprobs"][1:]
+    return torch.tensor(
+        [entry[str(tok)]["logprob"] for entry, tok in zip(entries, token_ids[1:], strict=True)]
+    )
+
+
+def trainer_logprobs(model, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(token_ids[1:])[:, None])[:, 0]
+
+
+def target_id(model_dir) -> int:
+    return AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("42")
+
+
+def config(server, out, *extra):
+    return load_config(
+        overrides=[
+            f"model.name={server.model_dir}",
+            f"server.base_url={server.base_url}",
+            f"server.served_model={server.model}",
+            "batch.batch_size=32",
+            "batch.rollouts_per_example=8",
+            "batch.micro_batch_size=8",
+            "batch.async_level=0",
+            "sampling.max_tokens=16",
+            "optim.lr=2e-2",
+            f"lora.target_modules={LORA_TARGETS}",
+            "seed=0",
+            "wandb.mode=disabled",
+            "logging.progress_bar=false",
+            "checkpoint.every=0",
+            f"output_dir={out}",
+            *extra,
+        ]
+    )
+
+
+RANK_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from toy_env import target_share_env
+from rlvr.config import load_config
+from rlvr.trainer import Trainer
+
+trainer = Trainer(load_config({config!r}), env=target_share_env({target}))
+history = trainer.run(stop_after={stop_after!r})
+info = {{"rank": trainer.rank, "world": trainer.world, "pushes": trainer.pushes,
+         "type": str(trainer.accelerator.distributed_type), "history": history}}
+with open(f"{{sys.argv[1]}}.{{trainer.rank}}.json", "w") as f:
+    json.dump(info, f)
+"""
+
+ROOT = Path(__file__).resolve().parents[1]
+ZERO3_CPU = ROOT / "configs" / "zero3_cpu.yaml"
+
+
+def launch(
+    server, workdir: Path, command: list[str], extra: list[str], env=None, stop_after=None
+) -> list[dict]:
+    """Run the trainer (output in `workdir/run`) in fresh processes (`command` + a script);
+    return each rank's report: rank, world, weight pushes it took part in, history."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    run_config = workdir / "run.yaml"
+    save_config(config(server, workdir / "run", *extra), run_config)
+    script = workdir / "rank.py"
+    tests = str(Path(__file__).resolve().parent)
+    target = target_id(server.model_dir)
+    script.write_text(
+        RANK_SCRIPT.format(
+            tests=tests, config=str(run_config), target=target, stop_after=stop_after
+        )
+    )
+    for old in workdir.glob("report.*.json"):
+        old.unlink()
+    result = subprocess.run(
+        [*command, str(script), str(workdir / "report")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **(env or {})},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return [json.loads(p.read_text()) for p in sorted(workdir.glob("report.*.json"))]
+
+
+def restore_base_weights(server) -> None:
+    """Push the server's original model back: tests on the shared server push other weights
+    (merged training steps), and a test that compares served log-probabilities with a model it
+    builds from the model directory must start from those."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.weights import WeightSync
+
+    model = AutoModelForCausalLM.from_pretrained(server.model_dir, dtype=torch.float32)
+    with WeightSync(server.base_url, backend="shm") as sync:
+        sync.connect(model)
+        sync.push()

@@ -1,0 +1,39 @@
+"""batch.trainer_cores: the trainer process and every thread it has or starts run on the given
+cores, with as many torch threads; cores the process may not use are refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rlvr.cores import pin_to_cores
+
+PINNED = """
+import os, threading, torch
+from rlvr.cores import pin_to_cores
+seen = []
+def look(delay):
+    threading.Event().wait(delay)
+    seen.append(os.sched_getaffinity(0))
+early = threading.Thread(target=look, args=(0.5,))
+early.start()
+pin_to_cores([0])
+late = threading.Thread(target=look, args=(0,))
+late.start()
+late.join()
+early.join()
+print(sorted(os.sched_getaffinity(0)), torch.get_num_threads(), [sorted(s) for s in seen])
+"""
+
+
+def test_every_thread_moves_to_the_cores_and_torch_uses_as_many_threads():
+    done = subprocess.run([sys.executable, "-c", PINNED], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "[0] 1 [[0], [0]]"
+
+
+def test_cores_the_process_may_not_use_are_refused():
+    with pytest.raises(ValueError, match=r"batch.trainer_cores=\[100000\]"):
+        pin_to_cores([100000])

@@ -1,0 +1,241 @@
+"""Predictions (rlvr.predict, rlvr.serving, scripts/predict.py).
+
+Unit tests cover reading prompt files and the vf-vllm flags an adapter directory needs; the
+integration tests run the script against a real vf-vllm that serves the tiny model with a LoRA
+adapter on top (vLLM's LoRA support on its CPU backend): the adapter's greedy answers are the
+merged model's, and environment rows come back scored by the environment's rubric.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rlvr.predict import PredictError, final_text, output_row, read_prompts
+from rlvr.serving import served_model
+from rlvr.tiny_model import build_tiny_adapter
+from rlvr.vllm_lora import lora_rank_limit, lora_serving_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "predict.py"
+
+
+def write_lines(path: Path, *lines: str) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_predict_reads_prompt_files_and_names_bad_lines(tmp_path: Path):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    good = write_lines(
+        tmp_path / "p.jsonl",
+        json.dumps({"prompt": "hello", "id": 7}),
+        "",
+        json.dumps({"messages": messages}),
+    )
+    prompts = read_prompts(good)
+    assert prompts.rows == [
+        {"prompt": [{"role": "user", "content": "hello"}], "example_id": 0},
+        {"prompt": messages, "example_id": 1},
+    ]
+    assert prompts.lines[0] == {"prompt": "hello", "id": 7}
+    for number, bad in enumerate(
+        ["{not json", json.dumps({"text": "hi"}), json.dumps({"prompt": [{"role": "user"}]})]
+    ):
+        path = write_lines(tmp_path / f"bad{number}.jsonl", json.dumps({"prompt": "ok"}), bad)
+        with pytest.raises(PredictError, match=rf"bad{number}.jsonl:2: "):
+            read_prompts(path)
+    with pytest.raises(PredictError, match="no prompts"):
+        read_prompts(write_lines(tmp_path / "empty.jsonl", ""))
+
+
+def test_predict_output_lines_carry_rewards_only_when_scored():
+    completion = [
+        {"role": "assistant", "content": "", "tool_calls": ['{"name": "search"}']},
+        {"role": "tool", "content": "doc"},
+        {"role": "assistant", "content": "\\boxed{4}"},
+    ]
+    output = {
+        "example_id": 3, "prompt": [], "completion": completion, "reward": 1.0,
+        "metrics": {"correct": 1.0}, "answer": "4", "error": None, "is_truncated": False,
+    }  # fmt: skip
+    assert final_text(completion) == "\\boxed{4}" and final_text("plain") == "plain"
+    scored = output_row(output, scored=True)
+    assert (scored["text"], scored["reward"], scored["answer"]) == ("\\boxed{4}", 1.0, "4")
+    assert "reward" not in output_row(output, scored=False)
+
+
+def test_predict_serves_an_adapter_on_its_base_with_lora(tmp_path: Path):
+    adapter = tmp_path / "run" / "final"
+    adapter.mkdir(parents=True)
+    config = {"base_model_name_or_path": "/models/base", "r": 12, "rank_pattern": {}}
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    served = served_model(str(adapter))
+    assert (served.model, served.name) == ("/models/base", str(adapter))
+    assert served.server_args == (
+        "--enable-lora", "--lora-modules", f"{adapter}={adapter.resolve()}",
+        "--max-lora-rank", "16",
+    )  # fmt: skip
+    config["rank_pattern"] = {"q_proj": 40}
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    assert served_model(str(adapter), name="tuned").server_args[-1] == "64"
+    assert served_model("smollm2-135m").server_args == ("--served-model-name", "smollm2-135m")
+    assert [lora_rank_limit(r) for r in (1, 2, 8, 9, 300)] == [1, 8, 8, 16, 320]
+    with pytest.raises(ValueError, match="above vLLM's largest"):
+        lora_rank_limit(1024)
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    with pytest.raises(ValueError, match="names no base_model_name_or_path"):
+        served_model(str(adapter))
+
+
+def test_predict_merges_an_adapter_vllm_cannot_apply(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    """vLLM's LoRA does not cover lm_head or the embeddings: such an adapter is served as its
+    merged copy, made once in RLVR_CACHE."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert lora_serving_problem({"target_modules": ["q_proj", "v_proj"]}) is None
+    assert "lm_head" in lora_serving_problem({"target_modules": ["q_proj", "lm_head"]})
+    modules_to_save = {"target_modules": ["q_proj"], "modules_to_save": ["embed_tokens"]}
+    assert "modules_to_save" in lora_serving_problem(modules_to_save)
+    assert "lm_head" in lora_serving_problem({"target_modules": ".*(q_proj|lm_head)"})
+    assert "--max-lora-rank 8" in lora_serving_problem({"r": 16, "target_modules": ["q_proj"]}, 8)
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    adapter = build_tiny_adapter(tiny_model_dir, tmp_path / "final", targets=("q_proj", "lm_head"))
+    served = served_model(str(adapter), name="trained")
+    assert served.server_args == ("--served-model-name", "trained")
+    merged = Path(served.model)
+    assert merged.parent == tmp_path / "cache" / "merged"
+    ids = torch.tensor([[1, 5, 9, 3]])
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, str(adapter))
+    with torch.no_grad():
+        expected = peft(input_ids=ids).logits
+        got = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)(ids).logits
+    assert torch.allclose(got, expected, atol=1e-5)
+    weights = merged / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert served_model(str(adapter)).model == str(merged) and weights.stat().st_mtime_ns == stamp
+
+
+def run_predict(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def served_answer(
+    server, messages: list[dict], max_tokens: int
+) -> tuple[str, list[int], list[float]]:
+    """The adapter's greedy answer straight from the server, with its token ids and logprobs."""
+    body = {
+        "model": server.adapter,
+        "messages": messages,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "logprobs": True,
+        "return_tokens_as_token_ids": True,
+    }
+    response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120)
+    response.raise_for_status()
+    choice = response.json()["choices"][0]
+    entries = choice["logprobs"]["content"]
+    ids = [int(entry["token"].removeprefix("token_id:")) for entry in entries]
+    return choice["message"]["content"], ids, [entry["logprob"] for entry in entries]
+
+
+def answer_logprobs(model, prompt_ids: list[int], answer_ids: list[int]):
+    """Each answer token's logprob under `model`, and the best logprob at its position."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + answer_ids])).logits[0].float()
+    logprobs = logits[len(prompt_ids) - 1 : -1].log_softmax(-1)
+    chosen = logprobs.gather(-1, torch.tensor(answer_ids)[:, None])[:, 0]
+    return chosen, logprobs.max(-1).values
+
+
+@pytest.mark.integration
+def test_predict_with_an_adapter_answers_as_the_merged_model(tiny_lora_server, tmp_path: Path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = write_lines(
+        tmp_path / "prompts.jsonl",
+        json.dumps({"prompt": "Write a line about item 3.", "id": "a"}),
+        json.dumps({"messages": [{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "What is 2+2?"}], "id": "b"}),
+    )  # fmt: skip
+    out = tmp_path / "answers.jsonl"
+    proc = run_predict(
+        "--model", tiny_lora_server.adapter, "--base-url", tiny_lora_server.base_url,
+        "--prompts", prompts, "--out", out, "-T", "0", "-t", "8", "--batch-size", "2",
+        "-S", json.dumps(tiny_lora_server.sampling_args),  # min_tokens: no empty answers
+    )  # fmt: skip
+    assert "2 rows, 0 errored; written to" in proc.stderr
+    lines = read_jsonl(out)
+    assert [line["input"]["id"] for line in lines] == ["a", "b"]
+    assert all("reward" not in line for line in lines)
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lora_server.model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_lora_server.model_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_lora_server.model_dir, dtype=torch.float32),
+        str(tiny_lora_server.adapter_dir),
+    ).merge_and_unload()
+    for line in lines:
+        text, answer_ids, served = served_answer(tiny_lora_server, line["prompt"], 8)
+        assert line["text"] == text  # predict asked for the adapter, greedily
+        prompt_ids = tokenizer.apply_chat_template(
+            line["prompt"], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        chosen, best = answer_logprobs(merged, prompt_ids, answer_ids)
+        # The random tiny model has near-ties, so "greedy" is checked up to float noise
+        assert torch.allclose(chosen, best, atol=1e-4), (chosen, best)
+        # vLLM normalises over its own vocabulary rows: a near-uniform random model shows it
+        # as a constant offset of about 1e-3
+        assert torch.allclose(chosen, torch.tensor(served), atol=5e-3), (chosen, served)
+        base_chosen, _ = answer_logprobs(base, prompt_ids, answer_ids)
+        assert (base_chosen - chosen).abs().max() > 2e-2  # the adapter was applied
+
+
+@pytest.mark.integration
+def test_predict_scores_environment_rows(tiny_lora_server, shared_data: Path, tmp_path: Path):
+    data = shared_data / "deepscaler" / "preview_first803.jsonl"
+    problems = read_jsonl(data)[:3]
+    out = tmp_path / "predictions.jsonl"
+    proc = run_predict(
+        "--model", tiny_lora_server.model, "--base-url", tiny_lora_server.base_url,
+        "--env", "vf-deepscaler", "--env-args", json.dumps({"data_files": str(data)}),
+        "-n", "3", "--batch-size", "2", "-t", "16",
+        "-S", json.dumps(tiny_lora_server.sampling_args),
+        "--out", out,
+    )  # fmt: skip
+    lines = read_jsonl(out)
+    assert [line["example_id"] for line in lines] == [0, 1, 2]
+    for line, problem in zip(lines, problems, strict=True):
+        assert line["prompt"][-1]["content"] == problem["problem"]
+        assert line["answer"] == problem["answer"]
+        # the rubric scored this very completion
+        assert line["metrics"]["completion_chars"] == len(line["text"]) > 0
+        if "\\boxed{" not in line["text"]:
+            assert line["metrics"]["has_boxed"] == line["reward"] == 0.0
+        assert line["reward"] == line["metrics"]["math_reward"]
+    mean = sum(line["reward"] for line in lines) / 3
+    assert f"3 rows, 0 errored, mean reward {mean:.4f}" in proc.stderr
