@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -187,6 +188,32 @@ def test_reasoning_vocab_lora_trains_only_the_new_rows_and_merges(tiny_model_dir
     original, _ = load_tiny(tiny_model_dir)
     v = vocab.base_vocab_size
     assert torch.equal(merged.model.embed_tokens.weight[:v], original.model.embed_tokens.weight)
+
+
+def test_reasoning_vocab_lora_pushes_merged_weights_not_the_adapter(tiny_model_dir, tmp_path):
+    """vLLM's LoRA cannot serve the trained reasoning rows: `auto` falls back to merged pushes
+    and says why, `adapter` is refused, even on a server that loads adapters (rank 16)."""
+    from rlvr.adapter_sync import adapter_sync_problem
+    from rlvr.trainer import Trainer
+
+    lora = LoraConfig(rank=4, target_modules=["q_proj"])
+    cfg = ModelConfig(name=str(tiny_model_dir), reasoning_vocab_size=40)
+    policy = load_policy(cfg, lora, Accelerator(cpu=True))
+    assert "reasoning vocabulary" in adapter_sync_problem(policy.model, 16)
+    plain = load_policy(ModelConfig(name=str(tiny_model_dir)), lora, Accelerator(cpu=True))
+    assert adapter_sync_problem(plain.model, 16) is None  # the same adapter without the rows
+
+    printed = []
+    trainer = Trainer.__new__(Trainer)  # only what choosing the push reads
+    trainer.accelerator, trainer.model, trainer.env = Accelerator(cpu=True), policy.model, None
+    trainer.logger = SimpleNamespace(print=printed.append)
+    server = SimpleNamespace(control=SimpleNamespace(max_lora_rank=lambda: 16), resolve=lambda: "x")
+    trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}", "server.lora_sync=auto"])
+    assert trainer._choose_push(server) == "x"  # the merged transfer
+    assert "reasoning vocabulary" in printed[0] and "merged" in printed[0]
+    trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}", "server.lora_sync=adapter"])
+    with pytest.raises(ConfigError, match="lora_sync=adapter: .*reasoning vocabulary"):
+        trainer._choose_push(server)
 
 
 # ---- the think-span rule ----------------------------------------------------------------
