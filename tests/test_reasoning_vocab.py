@@ -216,6 +216,28 @@ def test_reasoning_vocab_lora_pushes_merged_weights_not_the_adapter(tiny_model_d
         trainer._choose_push(server)
 
 
+@pytest.mark.parametrize("policy_has_it", [True, False], ids=["policy", "server"])
+def test_reasoning_vocab_on_one_side_only_is_refused(tiny_model_dir, tmp_path, policy_has_it):
+    """A policy with copies against a server without them (its pushes could not land, its
+    samples would never think in them), or the reverse, fails before the first push."""
+    from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE
+    from rlvr.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}"])
+    vocab = ReasoningVocab(100, (1, 2, 3))
+    trainer.reasoning_vocab = vocab if policy_has_it else None
+    served = SimpleNamespace(tokenizer_mode=lambda: REASONING_VOCAB_TOKENIZER_MODE)
+    plain = SimpleNamespace(tokenizer_mode=lambda: "auto")
+    silent = SimpleNamespace(tokenizer_mode=lambda: None)
+    good, bad = (served, plain) if policy_has_it else (plain, served)
+    trainer._check_served_vocabulary(good)
+    trainer._check_served_vocabulary(silent)
+    match = "expand_vocab.py" if policy_has_it else "train the directory it serves"
+    with pytest.raises(ConfigError, match=match):
+        trainer._check_served_vocabulary(bad)
+
+
 # ---- the think-span rule ----------------------------------------------------------------
 
 

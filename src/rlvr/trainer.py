@@ -230,7 +230,10 @@ class Trainer:
             transfer_port=server.transfer_port,
             rank=self.rank,
         )
-        push = self._choose_push(merged) if self.accelerator.is_main_process else None
+        push = None
+        if self.accelerator.is_main_process:
+            self._check_served_vocabulary(merged.control)
+            push = self._choose_push(merged)
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -245,6 +248,29 @@ class Trainer:
             self.sync.connect(MergedWeightSource(unwrapped), push)
             self.rollout_model = self.cfg.served_model
         self.logger.print(f"weight push: {push}; rollouts request model {self.rollout_model!r}")
+
+    def _check_served_vocabulary(self, control: Any) -> None:
+        """The server must sample from the policy's vocabulary: a reasoning vocabulary needs
+        vf-vllm serving the expanded directory (with its gate and folding tokenizer), and a
+        server with one needs a policy that has it. A server that does not say is trusted."""
+        from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE
+
+        mode = control.tokenizer_mode()
+        if mode is None:
+            return
+        vocab, name = self.reasoning_vocab, self.cfg.model.name
+        if vocab is not None and mode != REASONING_VOCAB_TOKENIZER_MODE:
+            raise ConfigError(
+                f"model {name} has a reasoning vocabulary ({vocab.size} ids) but the server at "
+                f"{self.cfg.server.base_url} serves a model without one (tokenizer mode {mode!r}): "
+                "write the expanded model with scripts/expand_vocab.py, serve that directory "
+                "(vf-vllm switches its gate on) and set model.name to it"
+            )
+        if vocab is None and mode == REASONING_VOCAB_TOKENIZER_MODE:
+            raise ConfigError(
+                f"the server at {self.cfg.server.base_url} serves a model with a reasoning "
+                f"vocabulary but model {name} has none: train the directory it serves"
+            )
 
     def _choose_push(self, merged: Any) -> str:
         """`adapter` (push the LoRA adapter, served by vLLM on its frozen base) or the
