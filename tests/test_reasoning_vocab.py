@@ -260,6 +260,9 @@ def test_reasoning_vocab_think_span_rule():
     tracker = ThinkTracker("<think>", "</think>")
     assert tracker.peek("<think>") and not tracker.inside
     assert tracker.feed("x<think>y") and not tracker.feed("</think>")
+    # a delimiter split over short pieces while less text than it has been seen
+    tracker = ThinkTracker("<think>", "</think>", inside=True)
+    assert [tracker.feed(p) for p in ["a", " b", " </", "think", ">"]] == [True] * 4 + [False]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -63,7 +63,7 @@ class ThinkTracker:
             start_end = start_at + len(self.start) if start_at >= 0 else -1
             end_end = end_at + len(self.end) if end_at >= 0 else -1
             inside = start_end > end_end
-        return inside, text[len(text) - self.keep :] if self.keep else ""
+        return inside, text[-self.keep :] if self.keep else ""
 
     def feed(self, piece: str) -> bool:
         self.inside, self.tail = self._after(piece)
