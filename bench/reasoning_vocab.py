@@ -70,6 +70,7 @@ def think_share(tokenizer: Any, completions: list[str], start: str, end: str) ->
 
     inside = total = 0
     for text in completions:
+        text = text.removeprefix("assistant: ")  # the sample table's role label
         tracker = ThinkTracker(start, end, inside=True)
         for token in tokenizer.encode(text, add_special_tokens=False):
             inside += tracker.inside
