@@ -18,7 +18,7 @@ a PNG (--out/reasoning_vocab.png). No gain is claimed: a few steps show whether 
 used and what they do to length and reward, not which run learns better.
 
 Run:  .venv/bin/python bench/reasoning_vocab.py [--size 4096] [--steps 4] [max_tokens=...]
-(trailing dotted overrides go to both trainers). About 10 minutes on two idle cores.
+(trailing dotted overrides go to both trainers). About 10-15 minutes on two idle cores.
 """
 
 from __future__ import annotations
