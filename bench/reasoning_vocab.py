@@ -134,9 +134,7 @@ def summarise(runs: dict[str, list[dict]], args, out: Path) -> dict:
         print(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in means.items()))
     base, expanded = (result[n]["mean_over_steps"] for n in runs)
     result["ratios_expanded_over_baseline"] = {
-        key: expanded[key] / base[key]
-        for key in (*KEYS[:3], SPEED)
-        if base.get(key)
+        key: expanded[key] / base[key] for key in (*KEYS[:3], SPEED) if base.get(key)
     }
     print("expanded / baseline:", result["ratios_expanded_over_baseline"])
     return result

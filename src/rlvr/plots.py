@@ -197,10 +197,11 @@ def plot_runs_compared(
     fig = Figure(figsize=(6.0 * ncols, 3.6 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, key in zip(axes, panels, strict=False):
-        for name, records in runs.items():
+        for i, (name, records) in enumerate(runs.items()):  # one colour per run throughout
             steps, values = metric_series(records, key)
             if values:
-                ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, ms=3, label=name)
+                marker = "o" if len(steps) <= 30 else None
+                ax.plot(steps, values, marker=marker, ms=3, color=f"C{i}", label=name)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(metric_label(key))
         ax.set_title(key)
