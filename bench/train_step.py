@@ -18,8 +18,13 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
        pipeline efficiency = training-time generation tokens/s / raw tokens/s
 
    and the bench names the fastest setting.
+3. Sync. Two runs at async_level 1 against the same LoRA-enabled server: the trainer pushes
+   only the adapter (`server.lora_sync=adapter`, rollouts request the adapter's name) or the
+   merged model (`merged`, rollouts request the base name): step time, push time and
+   generation tokens/s, so a LoRA serving cost that eats the push gain shows in the step time.
 
 Run:  .venv/bin/python bench/train_step.py [--steps 4] [--batch-size 16] [--max-tokens 128]
+          [--parts layouts overlap sync]
 """
 
 from __future__ import annotations
@@ -193,6 +198,8 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
         (f"async 1, trainer on core {free_core}",
          ["batch.async_level=1", f"batch.trainer_cores=[{free_core}]"]),
     ]  # fmt: skip
+    syncs = [(f"async 1, {mode} sync", ["batch.async_level=1", f"server.lora_sync={mode}"])
+             for mode in ("adapter", "merged")]  # fmt: skip
     payload: dict = {"raw": raw}
     with tempfile.TemporaryDirectory() as tmp:
         if "layouts" in args.parts:
@@ -207,6 +214,22 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
             for r in runs:
                 r["pipeline_efficiency"] = r["pipeline_tokens_per_s"] / raw["tokens_per_s"]
             payload.update(runs=runs, fastest=print_overlap(runs))
+        if "sync" in args.parts:
+            runs = [
+                overlap_run(base_url, args, name, Path(tmp) / f"sync{i}", *extra)
+                for i, (name, extra) in enumerate(syncs)
+            ]
+            for r in runs:
+                r["pipeline_efficiency"] = r["pipeline_tokens_per_s"] / raw["tokens_per_s"]
+            adapter, merged = runs
+            payload.update(
+                sync_runs=runs,
+                adapter_push_speedup=merged["time/weight_push"] / adapter["time/weight_push"],
+                adapter_step_speedup=merged["step_s"] / adapter["step_s"],
+            )
+            print_overlap(runs)
+            print(f"adapter vs merged sync: push {payload['adapter_push_speedup']:.1f}x faster, "
+                  f"step {payload['adapter_step_speedup']:.2f}x")  # fmt: skip
     return payload
 
 
@@ -242,17 +265,19 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--parts", nargs="+", choices=["layouts", "overlap"],
-                        default=["layouts", "overlap"])  # fmt: skip
+    parser.add_argument("--parts", nargs="+", choices=["layouts", "overlap", "sync"],
+                        default=["layouts", "overlap", "sync"])  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     if args.base_url:
         payload = run(args.base_url, args)
     else:
+        from rlvr.server.launcher import lora_flags
         from rlvr.server.process import VLLMServer
 
-        with VLLMServer("smollm2-135m", extra_args=SERVER_FLAGS) as server:
+        flags = [*SERVER_FLAGS, *(lora_flags(16) if "sync" in args.parts else [])]
+        with VLLMServer("smollm2-135m", extra_args=flags) as server:
             payload = run(server.base_url, args)
     save("train_step", {"model": "smollm2-135m", "env": "vf-deepscaler", **vars(args), **payload})
 

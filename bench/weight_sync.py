@@ -8,9 +8,10 @@
   (vLLM's `reload_weights` through /collective_rpc), as a trainer without a transfer engine
   would.
 
-Every path pauses generation and resets the prefix cache. It also reports the worker's own load
-time for merged pushes (from the server log), which no transport removes, and prints
-`adapter_speedup_vs_merged=<p50 merged (shm) / p50 adapter>`. Run:
+Merged pushes go into a server without LoRA (as `merged` sync runs), the adapter into one
+started with `--enable-lora`. Every path pauses generation and resets the prefix cache. It also
+reports the worker's own load time for merged pushes (from the server log), which no transport
+removes, and prints `adapter_speedup_vs_merged=<p50 merged (shm) / p50 adapter>`. Run:
 
     .venv/bin/python bench/weight_sync.py [--repeats 5]
 """
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save, summary  # noqa: E402
 
 from rlvr.adapter_sync import AdapterSync  # noqa: E402
+from rlvr.lora import MergedWeightSource  # noqa: E402
 from rlvr.models import ensure_embedded_model  # noqa: E402
 from rlvr.server.launcher import lora_flags  # noqa: E402
 from rlvr.server.process import VLLMServer  # noqa: E402
@@ -69,6 +71,36 @@ def worker_load_seconds(server_log: str) -> list[float]:
     return loads
 
 
+SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
+
+
+def merged_pushes(policy, model, repeats: int, times: dict[str, list[float]]) -> list[float]:
+    """shm, gloo and the disk baseline into a server without LoRA, as merged sync runs (vLLM's
+    reload_weights cannot load into LoRA-wrapped layers); returns the worker's load times."""
+    with (
+        VLLMServer("smollm2-135m", extra_args=SERVER_FLAGS) as server,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        for transport in ("shm", "gloo"):
+            with WeightSync(server.base_url, backend=transport) as sync:
+                sync.connect(MergedWeightSource(policy))
+                sync.push()  # warm-up: the first push allocates the buffers on both sides
+                for i in range(repeats):
+                    times[transport].append(timed(sync.push))
+                    folder = Path(tmp) / f"{transport}{i}"
+                    times["disk"].append(reload_from_disk(sync.control, model, folder))
+        return worker_load_seconds(server.log_path.read_text(errors="replace"))
+
+
+def adapter_pushes(policy, repeats: int) -> list[float]:
+    """Adapter sync into a LoRA-enabled server (vf-vllm --enable-lora)."""
+    with VLLMServer("smollm2-135m", extra_args=[*SERVER_FLAGS, *lora_flags(16)]) as server:
+        with AdapterSync(ServerControl(server.base_url), server.base_url, "policy") as sync:
+            sync.connect(policy)
+            sync.push()  # warm-up: vLLM allocates the adapter's slot
+            return [timed(sync.push) for _ in range(repeats)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
@@ -77,33 +109,18 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from rlvr.config import LoraConfig
-    from rlvr.lora import MergedWeightSource
     from rlvr.policy import apply_lora
 
     model_dir = ensure_embedded_model()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    # the disk baseline saves a plain copy: apply_lora wraps `model`'s layers in place
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     policy = apply_lora(model, LoraConfig(rank=16))  # every projection, as the trainer's default
     adapter_mb = sum(p.numel() * 4 for p in policy.parameters() if p.requires_grad) / 2**20
-    flags = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048", *lora_flags(16)]
     times: dict[str, list[float]] = {"adapter": [], "shm": [], "gloo": [], "disk": []}
-    with (
-        VLLMServer("smollm2-135m", extra_args=flags) as server,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        for transport in ("shm", "gloo"):
-            with WeightSync(server.base_url, backend=transport) as sync:
-                sync.connect(MergedWeightSource(policy))
-                sync.push()  # warm-up: the first push allocates the buffers on both sides
-                for i in range(args.repeats):
-                    times[transport].append(timed(sync.push))
-                    folder = Path(tmp) / f"{transport}{i}"
-                    times["disk"].append(reload_from_disk(sync.control, model, folder))
-        with AdapterSync(ServerControl(server.base_url), server.base_url, "policy") as sync:
-            sync.connect(policy)
-            sync.push()  # warm-up: vLLM allocates the adapter's slot
-            times["adapter"] = [timed(sync.push) for _ in range(args.repeats)]
-        loads = worker_load_seconds(server.log_path.read_text(errors="replace"))
+    times["adapter"] = adapter_pushes(policy, args.repeats)
+    loads = merged_pushes(policy, plain, args.repeats, times)
     stats = {name: summary(values) for name, values in times.items()}
     speedups = {t: stats["disk"]["p50"] / stats[t]["p50"] for t in ("adapter", "shm", "gloo")}
     adapter_vs_merged = stats["shm"]["p50"] / stats["adapter"]["p50"]

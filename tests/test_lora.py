@@ -53,6 +53,20 @@ def test_merged_stream_equals_peft_merge_under_base_names(tie):
     )
 
 
+def test_merged_stream_merges_embedding_and_head_adapters_of_untied_models():
+    peft = trained_lora(tiny_model(), ("embed_tokens", "lm_head", "q_proj"))
+    with torch.no_grad():  # PEFT starts an embedding's A at zero, a linear's B
+        for name, p in peft.named_parameters():
+            if "lora_embedding" in name:
+                p.normal_(std=0.1)
+    streamed = dict(iter(MergedWeightSource(peft)))
+    reference = dict(peft.merge_and_unload().named_parameters())
+    original = dict(tiny_model().named_parameters())
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        assert torch.allclose(streamed[name], reference[name], atol=1e-6), name
+        assert not torch.allclose(streamed[name], original[name]), name
+
+
 def test_stream_reads_current_values_on_every_pass():
     peft = trained_lora(tiny_model())
     source = MergedWeightSource(peft)

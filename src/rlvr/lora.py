@@ -1,14 +1,13 @@
-"""The weight stream the GRPO trainer pushes into vf-vllm (LoRA merged in). The LoRA set-up
-and merging an adapter into a saved model are in `rlvr.policy`, which needs no vLLM.
+"""The weight stream the GRPO trainer pushes into vf-vllm when it pushes whole weights: full
+fine-tuning, and LoRA runs with `server.lora_sync=merged` (a server without LoRA support, or an
+adapter vLLM's LoRA layers cannot serve; `rlvr.adapter_sync` pushes the adapter alone
+otherwise). The LoRA set-up and merging an adapter into a saved model are in `rlvr.policy`,
+which needs no vLLM.
 
-Why stream merged weights instead of loading the adapter through vLLM's LoRA support: the
-merged stream (W + scale * B @ A, computed one module at a time and sent under the base model's
-Hugging Face names) needs no server flags, works with every transfer engine we have (gloo on
-CPU, nccl, ipc), serves at full base-model speed (no LoRA kernels in every forward) and never
-touches the disk. vLLM's LoRA path instead writes an adapter directory each step and asks the
-server to load it, and its CPU backend's LoRA kernels are slow. The server's copy is a merged
-model; the trainer's is base + adapter, and the two agree to float rounding (the mismatch-KL
-metric checks this every step).
+Each LoRA module goes out as W + scale * B @ A under the base model's Hugging Face name,
+computed one module at a time, so the server runs a plain model at full base-model speed and
+the trainer's base + adapter agrees with it to float rounding (the mismatch-KL metric checks
+this every step).
 
 Memory: no rank ever holds more than one module's merged weight beyond the model itself. Under
 ZeRO-3 each module's parameters are gathered (on all ranks, in lockstep, as vLLM's
@@ -59,6 +58,40 @@ class TensorMeta:
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
+
+
+def adapter_factors(layer: torch.nn.Module, adapter: str) -> list[torch.nn.Parameter]:
+    """A LoRA layer's A and B for `adapter` (PEFT keeps an embedding's apart from a linear's),
+    or [] where the layer does not carry it."""
+    if adapter in layer.lora_A:
+        return [layer.lora_A[adapter].weight, layer.lora_B[adapter].weight]
+    if adapter in getattr(layer, "lora_embedding_A", {}):
+        return [layer.lora_embedding_A[adapter], layer.lora_embedding_B[adapter]]
+    return []
+
+
+def merged_weight(
+    weight: torch.Tensor, layer: torch.nn.Module, adapters: list[str]
+) -> torch.Tensor:
+    """A new tensor W + scale * B @ A over `adapters`. For plain linear LoRA one fused addmm
+    (PEFT's get_delta_weight materialises the delta and a transposed copy: on a CPU that was
+    most of a merged push's time); PEFT's own delta for everything else (embeddings,
+    fan_in_fan_out, low-precision CPU weights)."""
+    merged = weight.clone() if not adapters else None
+    for a in adapters:
+        base = weight if merged is None else merged
+        A, B = adapter_factors(layer, a)
+        fused = (
+            a in layer.lora_A
+            and isinstance(layer.lora_A[a], torch.nn.Linear)
+            and not getattr(layer, "fan_in_fan_out", False)
+            and A.dtype == B.dtype == weight.dtype
+        )
+        if fused:
+            merged = torch.addmm(base, B, A, alpha=layer.scaling[a])
+        else:
+            merged = base + layer.get_delta_weight(a).to(weight.dtype)
+    return merged
 
 
 @dataclass
@@ -124,15 +157,12 @@ class MergedWeightSource:
                     # before the engine has consumed it: hand out a copy.
                     yield entry.name, tensor.clone() if hasattr(entry.param, "ds_id") else tensor
                 continue
-            adapters = [a for a in layer.active_adapters if a in layer.lora_A]
+            adapters = [a for a in layer.active_adapters if adapter_factors(layer, a)]
             params = [entry.param]
             for a in adapters:
-                params += [layer.lora_A[a].weight, layer.lora_B[a].weight]
+                params += adapter_factors(layer, a)
             with self.gather(params), torch.no_grad():
-                merged = entry.param.detach().clone()
-                for a in adapters:
-                    merged += layer.get_delta_weight(a).to(merged.dtype)
-                yield entry.name, merged
+                yield entry.name, merged_weight(entry.param.detach(), layer, adapters)
 
     def _with_trained_rows(self, entry: _Entry) -> torch.Tensor:
         layer = entry.tokens_layer
