@@ -17,6 +17,7 @@ from rlvr.plots import (
     plot_estimate_bars,
     plot_pass_at_k,
     plot_run_curves,
+    plot_runs_compared,
     read_metrics,
     run_curve_keys,
 )
@@ -113,3 +114,16 @@ def test_sweep_plots_plot_run_cli(tmp_path: Path):
         [*script, str(run), "--keys", "val/loss"], capture_output=True, text=True, timeout=120
     )
     assert missing.returncode == 1 and missing.stderr.startswith("error: none of ['val/loss']")
+
+
+def test_reasoning_vocab_plots_compare_runs_on_shared_panels(tmp_path: Path):
+    """bench/reasoning_vocab.py's figure: baseline and variant on one panel per metric; a key
+    only one run logged still gets its panel, keys nobody logged get none."""
+    variant = [{**r, "reasoning/reasoning_id_share": 0.5} for r in RECORDS]
+    runs = {"baseline": RECORDS, "expanded": variant}
+    one = plot_runs_compared(runs, tmp_path / "one.png", ["reward/mean", "not/logged"])
+    two = plot_runs_compared(runs, tmp_path / "two.png",
+                             ["reward/mean", "reasoning/reasoning_id_share"])  # fmt: skip
+    assert png_size(two) == (2 * png_size(one)[0], png_size(one)[1])
+    with pytest.raises(ValueError, match="no run logged any of"):
+        plot_runs_compared(runs, tmp_path / "none.png", ["not/logged"])

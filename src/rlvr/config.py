@@ -46,6 +46,27 @@ class ModelConfig:
     checkpointing_min_params: int = 500_000_000
     attn_implementation: str | None = None
     """Passed to transformers (e.g. `sdpa`, `flash_attention_2`); None lets it choose."""
+    reasoning_vocab_size: int = 0
+    """A reasoning vocabulary (rlvr.reasoning_vocab): N extra ids, V + j a copy of the j-th
+    non-special token of the tokenizer (-1: a copy of every one), usable only inside think
+    spans. 0: none, unless the model directory already carries one (reasoning_vocab.json),
+    which is always restored."""
+    reasoning_start: str = "<think>"
+    """Opens a think span (matched in the decoded text, see rlvr.think_gate)."""
+    reasoning_end: str = "</think>"
+    """Closes a think span."""
+
+    def validate(self) -> None:
+        _require(self.reasoning_vocab_size >= -1, "model.reasoning_vocab_size",
+                 self.reasoning_vocab_size, "must be -1 (all), 0 (off) or a count")  # fmt: skip
+        start, end = self.reasoning_start, self.reasoning_end
+        _require(delimiters_ok(start, end), "model.reasoning_start/end", (start, end),
+                 "must be non-empty and neither may contain the other")  # fmt: skip
+
+
+def delimiters_ok(start: str, end: str) -> bool:
+    """Think delimiters are told apart only when neither contains the other."""
+    return bool(start and end) and start not in end and end not in start
 
 
 @dataclass
@@ -295,6 +316,7 @@ class Config:
         _require(0 <= low < 1 < high, "loss.ratio_mask_low/high", (low, high),
                  "need 0 <= low < 1 < high")  # fmt: skip
         _require(self.loss.beta >= 0, "loss.beta", self.loss.beta)
+        self.model.validate()
         self.lora.validate()
         self.checkpoint.validate()
 
@@ -400,6 +422,7 @@ class SFTConfig:
         _require(t.micro_batch_size >= 1, "train.micro_batch_size", t.micro_batch_size)
         _require(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
         self.optim.validate()
+        self.model.validate()
         self.lora.validate()
         self.checkpoint.validate()
         self.distributed.validate()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.policy import zero3_gather
+from rlvr.reasoning_vocab import trained_rows_params, with_trained_rows
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -38,14 +39,15 @@ def full_shape(param: torch.Tensor) -> tuple[int, ...]:
 
 def hf_name(peft_name: str) -> str | None:
     """The base model's parameter name for a parameter of a LoRA-injected model, or None for
-    parameters that do not exist in the base checkpoint (adapter weights, saved originals)."""
-    if ".lora_" in peft_name or ".original_module." in peft_name:
+    parameters that do not exist in the base checkpoint (adapter weights, saved originals,
+    trainable token rows)."""
+    if any(s in peft_name for s in (".lora_", ".original_module.", ".trainable_tokens_")):
         return None
     parts = peft_name.split(".")
     if "modules_to_save" in parts:
         i = parts.index("modules_to_save")
         parts = parts[:i] + parts[i + 2 :]
-    return ".".join(p for p in parts if p != "base_layer")
+    return ".".join(p for p in parts if p not in ("base_layer", "token_adapter"))
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ class _Entry:
     param: torch.nn.Parameter
     lora_layer: torch.nn.Module | None
     """Set for a LoRA-wrapped module's base weight: its value is merged on the fly."""
+    tokens_layer: torch.nn.Module | None = None
+    """Set for the base weight of PEFT trainable token rows (a reasoning vocabulary's rows):
+    the trained rows replace the base ones on the fly."""
 
 
 class MergedWeightSource:
@@ -119,6 +124,7 @@ class MergedWeightSource:
     @staticmethod
     def _plan(model: torch.nn.Module) -> list[_Entry]:
         from peft.tuners.lora import LoraLayer
+        from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 
         modules = dict(model.named_modules())
         entries = []
@@ -131,7 +137,8 @@ class MergedWeightSource:
             lora = owner if isinstance(owner, LoraLayer) and name.endswith("weight") else None
             if lora is not None and any(lora.use_dora.get(a) for a in lora.active_adapters):
                 raise NotImplementedError("streaming merged weights does not support DoRA")
-            entries.append(_Entry(target, param, lora))
+            tokens = owner if isinstance(owner, TrainableTokensLayer) else None
+            entries.append(_Entry(target, param, lora, tokens))
         return entries
 
     def metadata(self) -> list[TensorMeta]:
@@ -139,6 +146,9 @@ class MergedWeightSource:
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for entry in self.entries:
+            if entry.tokens_layer is not None:
+                yield entry.name, self._with_trained_rows(entry)
+                continue
             layer = entry.lora_layer
             if layer is None:
                 with self.gather([entry.param]):
@@ -153,3 +163,8 @@ class MergedWeightSource:
                 params += adapter_factors(layer, a)
             with self.gather(params), torch.no_grad():
                 yield entry.name, merged_weight(entry.param.detach(), layer, adapters)
+
+    def _with_trained_rows(self, entry: _Entry) -> torch.Tensor:
+        layer = entry.tokens_layer
+        with self.gather(trained_rows_params(layer)), torch.no_grad():
+            return with_trained_rows(layer).detach().clone()

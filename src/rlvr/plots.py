@@ -44,6 +44,10 @@ METRIC_LABELS: dict[str, str] = {
     "train/loss": "training loss (nats/token)",
     "val/loss": "validation loss (nats/token)",
     "throughput/tokens_per_s": "completion tokens/s",
+    "rollouts/completion_len": "completion length (tokens)",
+    "reasoning/think_tokens": "thinking share of sampled tokens",
+    "reasoning/reasoning_id_share": "reasoning-id share of thinking tokens",
+    "reasoning/embedding_cosine": "cosine(reasoning row, original)",
 }
 
 # Companion series drawn on a metric's panel: (key, legend label, style).
@@ -163,6 +167,41 @@ def plot_run_curves(
                 ax.plot(other_steps, other_values, "s--", ms=5, label=label)
         if min(values) > 0 and max(values) / min(values) >= LOG_SCALE_RANGE:
             ax.set_yscale("log")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(metric_label(key))
+        ax.set_title(key)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, out)
+
+
+def plot_runs_compared(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    out: str | Path,
+    keys: Sequence[str],
+    *,
+    title: str | None = None,
+) -> Path:
+    """One panel per metric, one line per run (name -> its metric records) against the
+    optimizer step: runs of one comparison (a baseline and a variant) on shared axes. A run
+    that did not log a key has no line on that panel; keys no run logged get no panel."""
+    panels = [k for k in keys if any(metric_series(r, k)[1] for r in runs.values())]
+    if not panels:
+        raise ValueError(f"no run logged any of {list(keys)}")
+    ncols = min(2, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(6.0 * ncols, 3.6 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, key in zip(axes, panels, strict=False):
+        for i, (name, records) in enumerate(runs.items()):  # one colour per run throughout
+            steps, values = metric_series(records, key)
+            if values:
+                marker = "o" if len(steps) <= 30 else None
+                ax.plot(steps, values, marker=marker, ms=3, color=f"C{i}", label=name)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(metric_label(key))
         ax.set_title(key)

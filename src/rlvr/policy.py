@@ -22,6 +22,8 @@ import torch
 
 from rlvr.atomic import atomic_directory
 from rlvr.config import ConfigError, LoraConfig, ModelConfig
+from rlvr.reasoning_vocab import ReasoningVocab, expand_model, load_tokenizer
+from rlvr.reasoning_vocab import attach as attach_reasoning_vocab
 
 
 @dataclass
@@ -33,6 +35,8 @@ class Policy:
     """The tokenizer's pad token, or its EOS where it has none (padding is masked anyway)."""
     path: str
     """Where the weights came from (a local directory or a hub id)."""
+    reasoning_vocab: ReasoningVocab | None = None
+    """The model's reasoning vocabulary (`tokenizer` is then the expanded one), or None."""
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -46,15 +50,21 @@ def num_parameters(model: torch.nn.Module) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
-def load_model(path: str, cfg: ModelConfig) -> torch.nn.Module:
+def load_model(
+    path: str, cfg: ModelConfig, reasoning_vocab: ReasoningVocab | None = None
+) -> torch.nn.Module:
     """The plain Hugging Face model at `path` in `cfg`'s dtype and attention implementation
-    (also used for the frozen reference of a full fine-tune)."""
+    (also used for the frozen reference of a full fine-tune), expanded by `reasoning_vocab`
+    when it does not carry it yet."""
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype)}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if reasoning_vocab is not None and ReasoningVocab.load(path) is None:
+        expand_model(model, reasoning_vocab)
+    return model
 
 
 # The frozen copy of a resumed adapter that serves as the KL reference (see `reference_mode`).
@@ -78,12 +88,20 @@ def check_lora_targets(model: torch.nn.Module, targets: list[str]) -> None:
 
 
 def apply_lora(
-    model: torch.nn.Module, cfg: LoraConfig, keep_reference: bool = False
+    model: torch.nn.Module,
+    cfg: LoraConfig,
+    keep_reference: bool = False,
+    reasoning_vocab: ReasoningVocab | None = None,
 ) -> torch.nn.Module:
     """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s.
 
     `keep_reference` (for a KL penalty) also loads a resumed adapter a second time, frozen,
-    as the reference: the initial policy is base + that adapter, not the bare base."""
+    as the reference: the initial policy is base + that adapter, not the bare base.
+
+    With a reasoning vocabulary, its rows (and only those) of the input embedding and of an
+    untied output head train in full beside the adapter (PEFT's trainable tokens; a tied head
+    shares the embedding's rows): a low-rank update could not move N new rows independently
+    of the originals they copy."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
@@ -100,8 +118,27 @@ def apply_lora(
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
         task_type="CAUSAL_LM",
+        trainable_token_indices=trainable_rows(model, reasoning_vocab, cfg.target_modules),
     )
     return get_peft_model(model, peft_config)
+
+
+def trainable_rows(
+    model: torch.nn.Module, reasoning_vocab: ReasoningVocab | None, lora_targets: list[str]
+) -> dict[str, list[int]] | None:
+    """PEFT's `trainable_token_indices` for the reasoning rows, by module name. An untied head
+    that LoRA already targets is left to LoRA (PEFT cannot wrap it twice; its LoRA update
+    gives each output row, the new ones included, its own coefficients)."""
+    if reasoning_vocab is None:
+        return None
+    rows = list(range(reasoning_vocab.base_vocab_size, reasoning_vocab.total_vocab_size))
+    names = {module: name.rsplit(".", 1)[-1] for name, module in model.named_modules()}
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    indices = {names[embedding]: rows}
+    untied = head is not None and head.weight is not embedding.weight
+    if untied and names[head] not in lora_targets:
+        indices[names[head]] = rows
+    return indices
 
 
 @contextlib.contextmanager
@@ -134,15 +171,14 @@ def load_policy(
 ) -> Policy:
     """Everything a trainer needs to start training the model `model_cfg.name`
     (`keep_reference`: see `apply_lora`)."""
-    from transformers import AutoTokenizer
-
     from rlvr.models import resolve_model
 
     with accelerator.main_process_first():  # the embedded model is converted once, by one process
         path = resolve_model(model_cfg.name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     pad = tokenizer.pad_token_id
     model = load_model(path, model_cfg)
+    tokenizer, reasoning_vocab = attach_reasoning_vocab(model, tokenizer, model_cfg, path)
     model.config.use_cache = False
     checkpointing = model_cfg.gradient_checkpointing
     if checkpointing is None:
@@ -150,7 +186,7 @@ def load_policy(
     if checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
     if lora_cfg.enabled:
-        model = apply_lora(model, lora_cfg, keep_reference)
+        model = apply_lora(model, lora_cfg, keep_reference, reasoning_vocab)
     if accelerator.is_main_process:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         kind = "LoRA" if lora_cfg.enabled else "full"
@@ -158,8 +194,10 @@ def load_policy(
             f"model {path}: {num_parameters(model) / 1e6:.1f}M parameters, "
             f"{trainable / 1e6:.2f}M trainable ({kind}), dtype {model.dtype}, "
             f"gradient checkpointing {checkpointing}"
+            + (f", reasoning vocabulary {reasoning_vocab.size}" if reasoning_vocab else "")
         )
-    return Policy(model, tokenizer, pad if pad is not None else tokenizer.eos_token_id, path)
+    pad_id = pad if pad is not None else tokenizer.eos_token_id
+    return Policy(model, tokenizer, pad_id, path, reasoning_vocab)
 
 
 def zero3_gather(params: list[torch.nn.Parameter]):
@@ -171,10 +209,17 @@ def zero3_gather(params: list[torch.nn.Parameter]):
     return contextlib.nullcontext()
 
 
-def save_final(accelerator: Any, model: Any, tokenizer: Any, out_dir: Path, lora: bool) -> Path:
-    """The trained adapter (LoRA) or full model in Hugging Face format, with the tokenizer, in
-    `out_dir/final` (written atomically). ZeRO-3 gathers only the adapter for LoRA. Every
-    process must call this; the main one writes."""
+def save_final(
+    accelerator: Any,
+    model: Any,
+    tokenizer: Any,
+    out_dir: Path,
+    lora: bool,
+    reasoning_vocab: ReasoningVocab | None = None,
+) -> Path:
+    """The trained adapter (LoRA) or full model in Hugging Face format, with the tokenizer (and
+    the reasoning vocabulary's mapping), in `out_dir/final` (written atomically). ZeRO-3
+    gathers only the adapter for LoRA. Every process must call this; the main one writes."""
     unwrapped = accelerator.unwrap_model(model)
     state = trainable_state(unwrapped) if lora else accelerator.get_state_dict(model)
     final = Path(out_dir) / "final"
@@ -185,6 +230,8 @@ def save_final(accelerator: Any, model: Any, tokenizer: Any, out_dir: Path, lora
             else:
                 unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
+            if reasoning_vocab is not None:
+                reasoning_vocab.save(tmp)
     accelerator.wait_for_everyone()
     return final
 
@@ -200,9 +247,13 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
     """The trained adapter (`trainable_state`) in PEFT format: adapter_config.json +
     adapter_model.safetensors, as vLLM's `--lora-modules` and `load_lora_adapter` read it.
-    Only the trained adapter, never the frozen KL reference copy."""
+    Only the trained adapter, never the frozen KL reference copy. An adapter with a reasoning
+    vocabulary holds the rows it trained, not whole embedding matrices: loading expands the
+    base again (PEFT would otherwise save both in full)."""
+    rows = getattr(model.peft_config["default"], "trainable_token_indices", None)
+    extra = {"save_embedding_layers": False} if rows else {}
     model.save_pretrained(
-        directory, state_dict=state, safe_serialization=True, selected_adapters=["default"]
+        directory, state_dict=state, safe_serialization=True, selected_adapters=["default"], **extra
     )
 
 
@@ -212,11 +263,12 @@ def merge_adapter(
     """Write base model + adapter as one plain Hugging Face model (safetensors + tokenizer).
 
     `base` defaults to the adapter's recorded base model (short names, local directories and
-    hub ids all resolve). Written to a temporary directory and renamed, so `out_dir` is either
-    complete or absent.
+    hub ids all resolve). An adapter trained with a reasoning vocabulary expands a base that
+    lacks one first, and the merged model carries the mapping. Written to a temporary
+    directory and renamed, so `out_dir` is either complete or absent.
     """
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from rlvr.models import resolve_model
 
@@ -228,11 +280,16 @@ def merge_adapter(
     base_path = resolve_model(base)
     torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
+    reasoning_vocab = ReasoningVocab.load(adapter_dir) or ReasoningVocab.load(base_path)
+    if reasoning_vocab is not None and ReasoningVocab.load(base_path) is None:
+        expand_model(model, reasoning_vocab)
     merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
-    tokenizer = AutoTokenizer.from_pretrained(adapter_dir if has_tokenizer else base_path)
+    tokenizer = load_tokenizer(adapter_dir if has_tokenizer else base_path)
     out = Path(out_dir)
     with atomic_directory(out, replace=True) as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if reasoning_vocab is not None:
+            reasoning_vocab.save(tmp)
     return out

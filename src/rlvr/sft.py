@@ -32,6 +32,7 @@ from rlvr.loss import normalised_loss
 from rlvr.metrics import RunLogger
 from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_policy, save_final
+from rlvr.reasoning_vocab import row_cosines
 from rlvr.schedule import Schedule, run_steps
 from rlvr.sft_data import (
     Conversation,
@@ -41,12 +42,15 @@ from rlvr.sft_data import (
     read_conversations,
     tokenize,
 )
+from rlvr.think_gate import ThinkGate
 
 
-def nll_sum(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+def nll_sum(model: torch.nn.Module, mb: MicroBatch, gate: ThinkGate | None = None) -> torch.Tensor:
     """Summed negative log-likelihood of the micro-batch's loss tokens (not averaged: the
-    caller divides by the step's global count)."""
-    return -(sequence_scores(model, mb).logprobs * mb.loss_mask).sum()
+    caller divides by the step's global count). With a reasoning vocabulary's `gate`, the
+    likelihood of the text: a thinking token counts as itself or its reasoning copy."""
+    mask = gate.logit_mask(mb, fold=True) if gate is not None else None
+    return -(sequence_scores(model, mb, mask_logits=mask).logprobs * mb.loss_mask).sum()
 
 
 def split_conversations(
@@ -102,6 +106,10 @@ class SFTTrainer:
             print(f"# rlvr SFT config (saved to {self.out / 'config.yaml'})\n{to_yaml(cfg)}")
         policy = load_policy(cfg.model, cfg.lora, acc)
         self.tokenizer, self.pad_id = policy.tokenizer, policy.pad_id
+        self.reasoning_vocab = policy.reasoning_vocab
+        self.gate = None
+        if policy.reasoning_vocab is not None:
+            self.gate = ThinkGate.from_tokenizer(policy.reasoning_vocab, policy.tokenizer)
         stats = self._tokenize(train, validation)
         self.opt = Optimization(
             acc, policy.model, cfg.optim, self.total_steps, cfg.train.micro_batch_size
@@ -166,7 +174,12 @@ class SFTTrainer:
             if not run_steps(schedule, self.start_step, stop_after, self.history, *steps):
                 return self.history
             final = save_final(
-                self.accelerator, self.model, self.tokenizer, self.out, self.cfg.lora.enabled
+                self.accelerator,
+                self.model,
+                self.tokenizer,
+                self.out,
+                self.cfg.lora.enabled,
+                self.reasoning_vocab,
             )
             self.logger.print(f"final {'adapter' if self.cfg.lora.enabled else 'model'}: {final}")
             return self.history
@@ -196,6 +209,9 @@ class SFTTrainer:
             "train/truncated": sum(e.truncated for e in examples),
             "time/step": seconds,
         }
+        if self.reasoning_vocab is not None:  # every rank: ZeRO-3 gathers the rows
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            metrics.update(row_cosines(unwrapped, self.reasoning_vocab))
         self.logger.log(step + 1, metrics)
         self.logger.print(
             f"step {step + 1}/{self.total_steps} | epoch {metrics['train/epoch']:.2f} | "
@@ -220,11 +236,11 @@ class SFTTrainer:
         for i, chunk in enumerate(mine):
             mb = collate(chunk, self.pad_id).to(self.accelerator.device)
             if not train:
-                total += nll_sum(self.model, mb)
+                total += nll_sum(self.model, mb, self.gate)
                 continue
             last = i == len(mine) - 1
             with self.opt.accumulating(last):
-                loss_sum = nll_sum(self.model, mb)
+                loss_sum = nll_sum(self.model, mb, self.gate)
                 self.opt.backward(normalised_loss(loss_sum, global_tokens, self.world), last)
             total += loss_sum.detach()
         return float(self.accelerator.reduce(total, "sum"))

@@ -14,6 +14,8 @@ One step:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
 from pathlib import Path
@@ -33,9 +35,11 @@ from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_model, load_policy, reference_mode, save_final
+from rlvr.reasoning_vocab import row_cosines
 from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
 from rlvr.sampling import SamplingFilterError, build_sampling_args
 from rlvr.schedule import Schedule, run_steps
+from rlvr.think_gate import ThinkGate
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +69,11 @@ def micro_batch_loss(
     return normalised_loss(terms.loss_sum, global_tokens, world_size), terms.stats
 
 
-def build_samples(batch: StepBatch, cfg: Config) -> tuple[list[Sample], dict[str, float], list]:
-    """Advantages per group -> samples; the batch's rollout metrics; sample-table rows."""
+def build_samples(
+    batch: StepBatch, cfg: Config, gate: ThinkGate | None = None
+) -> tuple[list[Sample], dict[str, float], list]:
+    """Advantages per group -> samples; the batch's rollout metrics (with a reasoning
+    vocabulary's `gate`, its use in the sampled tokens); sample-table rows."""
     limit = cfg.batch.max_errored_frac
 
     def too_errored(group: GroupResult) -> bool:
@@ -108,6 +115,8 @@ def build_samples(batch: StepBatch, cfg: Config) -> tuple[list[Sample], dict[str
         "time/generate": batch.generate_s,
         "throughput/gen_tokens_per_s": gen_tokens / max(batch.generate_s, 1e-9),
     }
+    if gate is not None:
+        metrics.update(gate.rollout_metrics(s for r in rollouts for s in r.samples))
     rows = [
         {
             "example_id": r.example_id,
@@ -189,6 +198,10 @@ class Trainer:
         cfg, acc = self.cfg, self.accelerator
         policy = load_policy(cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0)
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
+        self.reasoning_vocab = policy.reasoning_vocab
+        self.gate = None
+        if policy.reasoning_vocab is not None:
+            self.gate = ThinkGate.from_tokenizer(policy.reasoning_vocab, policy.tokenizer)
         self.ref_model = None
         if cfg.loss.beta > 0 and not cfg.lora.enabled:
             if self.ds:
@@ -196,7 +209,7 @@ class Trainer:
                     "loss.beta > 0 with full fine-tuning under DeepSpeed is not supported; "
                     "use LoRA (its reference is the base model, adapter disabled)"
                 )
-            self.ref_model = load_model(policy.path, cfg.model)
+            self.ref_model = load_model(policy.path, cfg.model, policy.reasoning_vocab)
             self.ref_model.requires_grad_(False).eval().to(acc.device)
 
     def _connect_server(self) -> None:
@@ -217,7 +230,10 @@ class Trainer:
             transfer_port=server.transfer_port,
             rank=self.rank,
         )
-        push = self._choose_push(merged) if self.accelerator.is_main_process else None
+        push = None
+        if self.accelerator.is_main_process:
+            self._check_served_vocabulary(merged.control)
+            push = self._choose_push(merged)
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -232,6 +248,29 @@ class Trainer:
             self.sync.connect(MergedWeightSource(unwrapped), push)
             self.rollout_model = self.cfg.served_model
         self.logger.print(f"weight push: {push}; rollouts request model {self.rollout_model!r}")
+
+    def _check_served_vocabulary(self, control: Any) -> None:
+        """The server must sample from the policy's vocabulary: a reasoning vocabulary needs
+        vf-vllm serving the expanded directory (with its gate and folding tokenizer), and a
+        server with one needs a policy that has it. A server that does not say is trusted."""
+        from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE
+
+        mode = control.tokenizer_mode()
+        if mode is None:
+            return
+        vocab, name = self.reasoning_vocab, self.cfg.model.name
+        if vocab is not None and mode != REASONING_VOCAB_TOKENIZER_MODE:
+            raise ConfigError(
+                f"model {name} has a reasoning vocabulary ({vocab.size} ids) but the server at "
+                f"{self.cfg.server.base_url} serves a model without one (tokenizer mode {mode!r}): "
+                "write the expanded model with scripts/expand_vocab.py, serve that directory "
+                "(vf-vllm switches its gate on) and set model.name to it"
+            )
+        if vocab is None and mode == REASONING_VOCAB_TOKENIZER_MODE:
+            raise ConfigError(
+                f"the server at {self.cfg.server.base_url} serves a model with a reasoning "
+                f"vocabulary but model {name} has none: train the directory it serves"
+            )
 
     def _choose_push(self, merged: Any) -> str:
         """`adapter` (push the LoRA adapter, served by vLLM on its frozen base) or the
@@ -333,7 +372,7 @@ class Trainer:
         payload = None
         if self.accelerator.is_main_process:
             batch = self.worker.get(step, timeout_s=self._rank0_deadline_s)
-            payload = (*build_samples(batch, self.cfg), batch.data_position)
+            payload = (*build_samples(batch, self.cfg, self.gate), batch.data_position)
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -388,6 +427,9 @@ class Trainer:
                 "throughput/tokens_per_s": metrics["rollouts/completion_tokens"] / step_s,
             }
         )
+        if self.reasoning_vocab is not None:  # every rank: ZeRO-3 gathers the rows
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            metrics.update(row_cosines(unwrapped, self.reasoning_vocab))
         self._report(step + 1, metrics, rows)
         return metrics
 
@@ -409,9 +451,11 @@ class Trainer:
         for i, chunk in enumerate(mine):
             last = i == len(mine) - 1
             mb = collate(chunk, self.pad_id).to(self.accelerator.device)
+            mask = self.gate.logit_mask(mb) if self.gate else None
+            reference = functools.partial(self._reference_logprobs, mask_logits=mask)
             with self.opt.accumulating(last):
                 loss, stats = micro_batch_loss(
-                    self.model, mb, cfg, global_tokens, self.world, self._reference_logprobs
+                    self.model, mb, cfg, global_tokens, self.world, reference, mask
                 )
                 self.opt.backward(loss, last)
             acc.add({**stats, "slots": slot_count(chunk)})
@@ -425,12 +469,16 @@ class Trainer:
         return acc.summary()
 
     @torch.no_grad()
-    def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        temperature = self.cfg.sampling.temperature
+    def _reference_logprobs(
+        self, mb: MicroBatch, mask_logits: MaskLogits | None = None
+    ) -> torch.Tensor:
         if self.ref_model is not None:
-            return sequence_scores(self.ref_model, mb, temperature).logprobs
-        with reference_mode(self.accelerator.unwrap_model(self.model)):
-            return sequence_scores(self.model, mb, temperature).logprobs
+            model, context = self.ref_model, contextlib.nullcontext()
+        else:  # LoRA: the initial policy, see `reference_mode`
+            model, context = self.model, reference_mode(self.accelerator.unwrap_model(self.model))
+        with context:
+            temperature = self.cfg.sampling.temperature
+            return sequence_scores(model, mb, temperature, mask_logits=mask_logits).logprobs
 
     def push_weights(self, version: int, initial: bool = False) -> float:
         """Send the current weights to vf-vllm (all ranks take part) and record the version."""
@@ -503,7 +551,12 @@ class Trainer:
 
     def save_final(self) -> Path:
         final = save_final(
-            self.accelerator, self.model, self.tokenizer, self.out, self.cfg.lora.enabled
+            self.accelerator,
+            self.model,
+            self.tokenizer,
+            self.out,
+            self.cfg.lora.enabled,
+            self.reasoning_vocab,
         )
         self.logger.print(f"final {'adapter' if self.cfg.lora.enabled else 'model'}: {final}")
         return final

@@ -5,7 +5,8 @@ the trainer pushes its adapter (rlvr.adapter_sync). Plain data: no vLLM import.
 vLLM's LoRA layers cover the linear projections only. An adapter that trains `lm_head` or the
 input embedding (as targets or as fully trained `modules_to_save`) is refused with "expected
 target modules in {q_proj, ..., down_proj}", and a refused runtime load kills the engine; DoRA
-is not served either.
+is not served either. Nor are embedding and head rows trained as PEFT's trainable tokens (a
+reasoning vocabulary's): vLLM has no LoRA form for them.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def lora_serving_problem(config: dict[str, Any], max_lora_rank: int | None = Non
         return f"vLLM's LoRA layers do not cover {unservable} (lora.target_modules)"
     if config.get("modules_to_save"):
         return f"modules_to_save {config['modules_to_save']} are full weights, not LoRA"
+    if config.get("trainable_token_indices"):
+        return (
+            "the adapter trains embedding/lm_head rows (a reasoning vocabulary's, PEFT "
+            "trainable tokens): full weights, not LoRA"
+        )
     if config.get("use_dora"):
         return "vLLM does not serve DoRA adapters"
     if max_lora_rank is not None and adapter_rank(config) > max_lora_rank:

@@ -96,15 +96,24 @@ class ServerControl:
         body = {"method": method, "kwargs": kwargs or {}}
         return self.post("/collective_rpc", json=body)["results"]
 
-    def max_lora_rank(self) -> int | None:
-        """The largest adapter rank the server can load at run time, or None when it cannot
-        load adapters (started without --enable-lora, or without runtime loading)."""
+    def vllm_config(self) -> dict[str, Any]:
+        """The server's vLLM config as JSON ({} when it does not describe it)."""
         try:
             config = self.get("/server_info", params={"config_format": "json"})["vllm_config"]
         except (ServerError, KeyError, TypeError) as e:
-            log.info("the server does not describe its LoRA support (%s)", e)
-            return None
-        lora = config.get("lora_config") if isinstance(config, dict) else None
+            log.info("the server does not describe its configuration (%s)", e)
+            return {}
+        return config if isinstance(config, dict) else {}
+
+    def tokenizer_mode(self) -> str | None:
+        """The server's `--tokenizer-mode` (None when it does not say)."""
+        model = self.vllm_config().get("model_config")
+        return model.get("tokenizer_mode") if isinstance(model, dict) else None
+
+    def max_lora_rank(self) -> int | None:
+        """The largest adapter rank the server can load at run time, or None when it cannot
+        load adapters (started without --enable-lora, or without runtime loading)."""
+        lora = self.vllm_config().get("lora_config")
         if not lora or not self.get("/openapi.json").get("paths", {}).get("/v1/load_lora_adapter"):
             return None
         return int(lora["max_lora_rank"])

@@ -23,6 +23,8 @@ import urllib.error
 import urllib.request
 
 from rlvr.models import resolve_model
+from rlvr.reasoning_vocab import ReasoningVocab
+from rlvr.server.plugin import REASONING_VOCAB_PROCESSOR, REASONING_VOCAB_TOKENIZER_MODE
 from rlvr.vllm_lora import lora_rank_limit
 
 LOG_TAIL_LINES = 60
@@ -105,6 +107,26 @@ def has_flag(passthrough: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in passthrough)
 
 
+def reasoning_vocab_args(model_path: str, passthrough: list[str]) -> list[str]:
+    """A model directory with a reasoning vocabulary is served with its think gate (a logits
+    processor) and the tokenizer mode that decodes its reasoning ids as their originals."""
+    if ReasoningVocab.load(model_path) is None:
+        return []
+    for flag in ("--logits-processors", "--tokenizer-mode"):
+        if has_flag(passthrough, flag):
+            raise LaunchError(
+                f"{model_path} has a reasoning vocabulary: vf-vllm sets {flag} itself "
+                f"(--logits-processors {REASONING_VOCAB_PROCESSOR} "
+                f"--tokenizer-mode {REASONING_VOCAB_TOKENIZER_MODE}); drop yours"
+            )
+    return [
+        "--logits-processors",
+        REASONING_VOCAB_PROCESSOR,
+        "--tokenizer-mode",
+        REASONING_VOCAB_TOKENIZER_MODE,
+    ]
+
+
 def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -> list[str]:
     """The api_server command line: our defaults first, the user's own flags override them."""
     model_path = resolve_model(args.model)
@@ -150,6 +172,7 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
         # ("CPU Generator does not use offset"). Whole-prompt prefills never rewind, and the
         # trainer seeds every request.
         cmd += ["--no-enable-chunked-prefill"]
+    cmd += reasoning_vocab_args(model_path, passthrough)
     return cmd + lora_defaults(passthrough) + passthrough
 
 
