@@ -177,6 +177,17 @@ def overlap_run(base_url: str, args: argparse.Namespace, name: str, out: Path, *
     }
 
 
+def timed_runs(base_url: str, args, settings: list, out: Path, raw: dict) -> list[dict]:
+    """`overlap_run` for each (name, overrides), with its share of the raw vLLM throughput."""
+    runs = [
+        overlap_run(base_url, args, name, out / str(i), *extra)
+        for i, (name, extra) in enumerate(settings)
+    ]
+    for r in runs:
+        r["pipeline_efficiency"] = r["pipeline_tokens_per_s"] / raw["tokens_per_s"]
+    return runs
+
+
 def prompts() -> list[str]:
     rows = [json.loads(line) for line in DATA.read_text().splitlines()[:64]]
     suffix = "\nPut the final answer in \\boxed{}."
@@ -207,20 +218,10 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
             payload["layouts"] = compare_layouts(base_url, args, Path(tmp) / "layouts")
             print_layouts(payload["layouts"])
         if "overlap" in args.parts:
-            runs = [
-                overlap_run(base_url, args, name, Path(tmp) / f"run{i}", *extra)
-                for i, (name, extra) in enumerate(settings)
-            ]
-            for r in runs:
-                r["pipeline_efficiency"] = r["pipeline_tokens_per_s"] / raw["tokens_per_s"]
+            runs = timed_runs(base_url, args, settings, Path(tmp) / "overlap", raw)
             payload.update(runs=runs, fastest=print_overlap(runs))
         if "sync" in args.parts:
-            runs = [
-                overlap_run(base_url, args, name, Path(tmp) / f"sync{i}", *extra)
-                for i, (name, extra) in enumerate(syncs)
-            ]
-            for r in runs:
-                r["pipeline_efficiency"] = r["pipeline_tokens_per_s"] / raw["tokens_per_s"]
+            runs = timed_runs(base_url, args, syncs, Path(tmp) / "sync", raw)
             adapter, merged = runs
             payload.update(
                 sync_runs=runs,

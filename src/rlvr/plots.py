@@ -120,6 +120,24 @@ def run_curve_keys(
     return shown
 
 
+def style_step_panel(ax: Any, key: str) -> None:
+    """Axes, title, grid and legend of one metric-against-step panel."""
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(metric_label(key))
+    ax.set_title(key)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+
+
+def finish_panels(fig: Figure, unused: Sequence[Any], title: str | None, out: str | Path) -> Path:
+    """Hide the grid's unused axes, add the figure title and save."""
+    for ax in unused:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, out)
+
+
 def plot_run_curves(
     metrics: str | Path | Sequence[Mapping[str, Any]],
     out: str | Path,
@@ -167,16 +185,8 @@ def plot_run_curves(
                 ax.plot(other_steps, other_values, "s--", ms=5, label=label)
         if min(values) > 0 and max(values) / min(values) >= LOG_SCALE_RANGE:
             ax.set_yscale("log")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(metric_label(key))
-        ax.set_title(key)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    for ax in axes[len(panels) :]:
-        ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
-    return save_figure(fig, out)
+        style_step_panel(ax, key)
+    return finish_panels(fig, axes[len(panels) :], title, out)
 
 
 def plot_runs_compared(
@@ -202,16 +212,8 @@ def plot_runs_compared(
             if values:
                 marker = "o" if len(steps) <= 30 else None
                 ax.plot(steps, values, marker=marker, ms=3, color=f"C{i}", label=name)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(metric_label(key))
-        ax.set_title(key)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    for ax in axes[len(panels) :]:
-        ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
-    return save_figure(fig, out)
+        style_step_panel(ax, key)
+    return finish_panels(fig, axes[len(panels) :], title, out)
 
 
 def plot_estimate_bars(
