@@ -76,7 +76,7 @@ def merged_weight(
     """A new tensor W + scale * B @ A over `adapters`. For plain linear LoRA one fused addmm
     (PEFT's get_delta_weight materialises the delta and a transposed copy: on a CPU that was
     most of a merged push's time); PEFT's own delta for everything else (embeddings,
-    fan_in_fan_out, low-precision CPU weights)."""
+    fan_in_fan_out, factors in another dtype than the weight)."""
     merged = weight.clone() if not adapters else None
     for a in adapters:
         base = weight if merged is None else merged
