@@ -280,8 +280,9 @@ def merge_adapter(
     base_path = resolve_model(base)
     torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
-    reasoning_vocab = ReasoningVocab.load(adapter_dir) or ReasoningVocab.load(base_path)
-    if reasoning_vocab is not None and ReasoningVocab.load(base_path) is None:
+    base_vocab = ReasoningVocab.load(base_path)
+    reasoning_vocab = ReasoningVocab.load(adapter_dir) or base_vocab
+    if reasoning_vocab is not None and base_vocab is None:
         expand_model(model, reasoning_vocab)
     merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
