@@ -29,10 +29,12 @@ PATHS = ("full_logits", "chunked", "trunk_only")
 
 
 def full_logits(model, mb, temperature: float):
-    """The old path: every position's logits, widened to float32 as a whole."""
+    """The old path: every position's logits, widened to float32 as a whole (and the padding
+    masked, as the trainer then did)."""
     import torch
 
-    logits = model(**mb.model_inputs(), use_cache=False).logits
+    inputs = {"input_ids": mb.input_ids, "attention_mask": mb.attention_mask}
+    logits = model(**inputs, use_cache=False).logits
     shifted = logits[:, :-1].float() / temperature
     picked = torch.gather(shifted, -1, mb.input_ids[:, 1:, None])[..., 0]
     logprobs = picked - torch.logsumexp(shifted, dim=-1)

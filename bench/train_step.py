@@ -4,11 +4,14 @@ padded micro-batches, and how generation should overlap training.
 SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
 
 1. Layouts. One synchronous run (async_level 0) times forward/backward on every step's
-   samples three times, rotating which goes first: the trainer before chunking (the output head
-   over every position, float32 log-softmax of the whole micro-batch; padded), the chunked head
-   (rlvr.logprobs) padded, and the chunked head packed (`batch.packing`). It reports each
-   layout's padded-token fraction and trainer tokens/s (real tokens / forward-backward
-   seconds) on the same samples, and the ratios.
+   samples three times, rotating which goes first: the trainer before issue 17 (the output
+   head over every position, float32 log-softmax of the whole micro-batch, padding masked), the
+   trainer now with packing off (rlvr.logprobs' chunked head; padded rows, causal attention
+   without a mask) and with packing on (`batch.packing`). It reports each layout's
+   padded-token fraction and trainer tokens/s (real tokens / forward-backward seconds) on the
+   same samples, and the ratios. Its completions may run to `--layouts-max-tokens` (512) so
+   that most end at EOS and lengths vary as in training; at 128 every completion is cut at the
+   limit, the rollouts of a group have equal lengths, and no layout pads.
 2. Overlap. vLLM's CPU worker binds every core but the last. Three runs: async_level 0 (the
    trainer waits for generation, then uses every core), async_level 1 on shared cores, and
    async_level 1 with the trainer pinned to the core vLLM leaves free (`batch.trainer_cores`).
@@ -24,7 +27,7 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
    generation tokens/s, so a LoRA serving cost that eats the push gain shows in the step time.
 
 Run:  .venv/bin/python bench/train_step.py [--steps 4] [--batch-size 16] [--max-tokens 128]
-          [--parts layouts overlap sync]
+          [--layouts-max-tokens 512] [--parts layouts overlap sync]
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def config(base_url: str, args: argparse.Namespace, out: Path, *extra: str):
 
 
 def full_logits_scores(model, mb, temperature=1.0, *, with_entropy=False, mask_logits=None):
-    """The trainer's scoring before chunking: the head over every position, float32 as a whole."""
+    """The trainer's scoring before issue 17: the head over every position, float32 as a whole,
+    padding masked."""
     from logprob_memory import full_logits
 
     from rlvr.logprobs import TokenScores
@@ -86,9 +90,9 @@ def full_logits_scores(model, mb, temperature=1.0, *, with_entropy=False, mask_l
 
 # (name, batch.packing, how micro_batch_loss scores tokens); the first is the baseline
 LAYOUTS = (
-    ("full logits, padded", False, full_logits_scores),
-    ("chunked head, padded", False, None),
-    ("chunked head, packed", True, None),
+    ("before: full logits", False, full_logits_scores),
+    ("packing off", False, None),
+    ("packing on", True, None),
 )
 
 
@@ -129,7 +133,8 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
                 for name, _, _ in LAYOUTS), flush=True)  # fmt: skip
             return stats
 
-    TimedLayouts(config(base_url, args, out, "batch.async_level=0")).run()
+    overrides = ("batch.async_level=0", f"sampling.max_tokens={args.layouts_max_tokens}")
+    TimedLayouts(config(base_url, args, out, *overrides)).run()
     steady = timings[1:]  # the first step warms caches up
     tokens = sum(t["tokens"] for t in steady)
     summary = {
@@ -143,8 +148,13 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
     baseline = summary[LAYOUTS[0][0]]["tokens_per_s"]
     for name in summary:
         summary[name]["speedup_vs_baseline"] = summary[name]["tokens_per_s"] / baseline
-    packed, padded = (summary[LAYOUTS[i][0]]["tokens_per_s"] for i in (2, 1))
-    return {"steps": timings, "layouts": summary, "packed_vs_padded": packed / padded}
+    padded, packed = (summary[LAYOUTS[i][0]]["tokens_per_s"] for i in (1, 2))
+    return {
+        "steps": timings,
+        "layouts": summary,
+        "packed_vs_padded": packed / padded,
+        "default_vs_before": padded / baseline,
+    }
 
 
 def overlap_run(base_url: str, args: argparse.Namespace, name: str, out: Path, *extra) -> dict:
@@ -239,7 +249,8 @@ def print_layouts(layouts: dict) -> None:
     for name, r in layouts["layouts"].items():
         print(f"{name:>22} {r['padded_frac']:8.1%} {r['seconds_per_step']:9.2f} "
               f"{r['tokens_per_s']:13.1f} {r['speedup_vs_baseline']:7.2f}x")  # fmt: skip
-    print(f"packed / padded trainer tokens/s (chunked head): {layouts['packed_vs_padded']:.2f}x")
+    print(f"trainer tokens/s, packing on / off: {layouts['packed_vs_padded']:.2f}x")
+    print(f"trainer tokens/s, packing off / before issue 17: {layouts['default_vs_before']:.2f}x")
 
 
 def print_overlap(runs: list[dict]) -> str:
@@ -266,6 +277,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--layouts-max-tokens", type=int, default=512,
+                        help="the layouts part's completion limit (see the docstring)")  # fmt: skip
     parser.add_argument("--parts", nargs="+", choices=["layouts", "overlap", "sync"],
                         default=["layouts", "overlap", "sync"])  # fmt: skip
     args = parser.parse_args()

@@ -69,7 +69,7 @@ def test_packed_samples_do_not_attend_to_each_other():
     model = tiny_policy()
     first, second, third = make_samples(3)
     mb = collate([[first, second, third]], 0)
-    assert mb.attention_mask is None
+    assert "attention_mask" not in mb.model_inputs()
     assert mb.position_ids[0].tolist() == [*range(len(first)), *range(len(second)),
                                            *range(len(third))]  # fmt: skip
     changed = Sample([(t + 7) % VOCAB for t in second.input_ids], second.loss_mask,

@@ -48,8 +48,10 @@ def micro_batch() -> MicroBatch:
 
 
 def full_vocabulary(model, mb: MicroBatch, temperature: float, mask_logits=None):
-    """The computation the chunked path replaces: every position's logits, in float32."""
-    logits = model(**mb.model_inputs()).logits[:, :-1].float() / temperature
+    """The computation the chunked path replaces: every position's logits, in float32, with
+    the padding masked (the chunked path leaves the mask out: see rlvr.batch)."""
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+    logits = logits[:, :-1].float() / temperature
     if mask_logits is not None:
         flat = logits.flatten(0, 1)
         logits = mask_logits(flat, torch.arange(flat.shape[0])).view_as(logits)
@@ -66,21 +68,34 @@ def gradients(model) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    "tied, lora_head, chunk_tokens",
-    [(False, False, 3), (True, False, 3), (True, True, 3), (False, True, 1), (True, False, 1000)],
+    "tied, lora_head, chunk_tokens, recompute, temperature",
+    [
+        (False, False, 3, True, 0.7),
+        (True, False, 3, False, 0.7),
+        (True, True, 3, True, 1.0),
+        (False, True, 1, False, 0.7),
+        (True, False, 1000, False, 1.0),
+    ],
 )
 def test_chunked_logprobs_and_gradients_equal_the_full_vocabulary(
-    monkeypatch, tied, lora_head, chunk_tokens
+    monkeypatch, tied, lora_head, chunk_tokens, recompute, temperature
 ):
-    """Several chunks (checkpointed, recomputed in backward) and a single chunk alike."""
+    """Several chunks, kept for backward or checkpointed and recomputed in it, and a single
+    chunk alike."""
     model = tiny_model(tied, lora_head)
     mb = micro_batch()
-    expected, expected_entropy = full_vocabulary(model, mb, 0.7)
+    expected, expected_entropy = full_vocabulary(model, mb, temperature)
     (expected * mb.advantages).sum().backward()
     expected_grads = gradients(model)
 
     monkeypatch.setattr(logprobs, "MAX_CHUNK_ELEMENTS", VOCAB * chunk_tokens)
-    scores = sequence_scores(model, mb, 0.7, with_entropy=True)
+    if recompute:
+        monkeypatch.setattr(logprobs, "MAX_SAVED_ELEMENTS", VOCAB * chunk_tokens)
+    recomputed = []
+    monkeypatch.setattr(logprobs, "checkpoint", lambda *a, **k: recomputed.append(1) or
+                        torch.utils.checkpoint.checkpoint(*a, **k))  # fmt: skip
+    scores = sequence_scores(model, mb, temperature, with_entropy=True)
+    assert bool(recomputed) == recompute
     (scores.logprobs * mb.advantages).sum().backward()
     assert torch.allclose(scores.logprobs, expected, atol=1e-5)
     assert scores.logprobs[mb.loss_mask == 0].abs().max() == 0

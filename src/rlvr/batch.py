@@ -6,7 +6,11 @@ only on tokens the policy sampled. SFT reuses samples and their layout: its mask
 assistant's tokens (see `rlvr.sft_data`) and the sampler fields stay zero.
 
 A micro-batch is a list of rows, a row a list of samples laid end to end. Padded (one sample
-per row, `packing=False`): right-padded to the longest row, with an attention mask. Packed
+per row, `packing=False`): right-padded to the longest row. The model gets no attention mask:
+under causal attention no token sees the padding after it, and the loss never reads the
+padding's outputs, so the mask would change nothing that counts. Without one, attention takes
+its causal fast path (sdpa's `is_causal`), which skips the blocks above the diagonal that a
+masked call computes and then discards. Packed
 (`packing=True`): samples are packed first-fit-decreasing into rows no wider than the step's
 longest sample, so short samples share a row instead of padding it; position ids restart at 0
 where each sample starts, and transformers builds the block-diagonal causal mask from them
@@ -55,15 +59,14 @@ Row = list[Sample]
 class MicroBatch:
     """Rows right-padded to the widest. `loss_mask`, `sampler_logprobs` and `advantages` are
     aligned with next-token predictions: column i describes token i+1 of `input_ids` (the
-    first token of each sample is never predicted). Exactly one of `attention_mask` (rows of
-    one sample) and `position_ids` (packed rows) is set."""
+    first token of each sample is never predicted)."""
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     sampler_logprobs: torch.Tensor
     advantages: torch.Tensor
-    attention_mask: torch.Tensor | None = None
-    """1 on tokens, 0 on padding."""
+    attention_mask: torch.Tensor
+    """1 on tokens, 0 on padding (what the model need not see: see the module docstring)."""
     position_ids: torch.Tensor | None = None
     """Positions restarting at 0 where each sample starts; the padding after the last sample
     of a row counts as a sample of its own, so nothing attends to it or from it."""
@@ -73,11 +76,11 @@ class MicroBatch:
         return int(self.loss_mask.sum().item())
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the model's forward (transformers builds the block-diagonal
-        mask from position ids only when no attention mask is given)."""
+        """Keyword arguments for the model's forward: no attention mask (see the module
+        docstring); transformers builds packed rows' block-diagonal mask from position ids."""
         if self.position_ids is not None:
             return {"input_ids": self.input_ids, "position_ids": self.position_ids}
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        return {"input_ids": self.input_ids}
 
     def to(self, device: torch.device | str) -> MicroBatch:
         return MicroBatch(**{k: None if v is None else v.to(device) for k, v in vars(self).items()})
@@ -106,12 +109,11 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
             advantages[r, start:end] = s.advantage
             start = end
         positions[r, start:] = torch.arange(width - start)
-    layout = (
-        {"position_ids": positions}
-        if any(len(row) > 1 for row in rows)
-        else {"attention_mask": attention}
-    )
-    return MicroBatch(ids, mask[:, 1:], logprobs[:, 1:], advantages[:, 1:], **layout)
+    packed = any(len(row) > 1 for row in rows)
+    return MicroBatch(
+        ids, mask[:, 1:], logprobs[:, 1:], advantages[:, 1:], attention,
+        positions if packed else None,
+    )  # fmt: skip
 
 
 def slot_count(rows: list[Row]) -> int:

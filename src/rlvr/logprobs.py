@@ -7,9 +7,17 @@ those alone: prompts, tool outputs and padding never reach it (on SmolLM2-135M t
 about a fifth of the forward pass). The selected hidden states go through the head in chunks of
 at most `MAX_CHUNK_ELEMENTS` logits, each widened to float32 only for its own log-softmax, so
 no full-vocabulary float32 copy of a micro-batch ever exists (4 x 8k tokens x 152k vocabulary
-would be tens of GB). When a micro-batch needs more than one chunk and gradients are on, each
-chunk is checkpointed: backward recomputes its logits instead of keeping every chunk's
-log-softmax alive, at the price of one more head pass over the loss tokens.
+would be tens of GB). Backward needs each chunk's softmax; while all of a micro-batch's fit in
+`MAX_SAVED_ELEMENTS` they are kept, and beyond that each chunk is checkpointed: backward
+recomputes its logits, at the price of one more head pass over the loss tokens.
+
+Per chunk, one fused autograd function (`_TokenLogprobs`) takes the logits to the sampled
+tokens' log-probabilities, the entropy and, in backward, the logits' gradient
+`g * (onehot - softmax) / T`, written into the saved softmax itself. Autograd's own chain
+(divide, log-softmax, gather, entropy) passes over the [n, V] logits about twice as often and
+allocates the gradient afresh. On a CPU, where these passes are memory-bound, they and the
+recomputation that `MAX_SAVED_ELEMENTS` now spares typical micro-batches took about a fifth of
+a SmolLM2 micro-batch's forward/backward (4 rows of up to 729 tokens, profiled).
 
 The model still runs through its own top-level forward (the DDP or DeepSpeed wrapper when
 there is one), which keeps DDP's gradient hooks and ZeRO-3's parameter gathering in place: a
@@ -45,8 +53,12 @@ from rlvr.batch import MicroBatch
 
 MAX_CHUNK_ELEMENTS = 2**26
 """Most logits (tokens x vocabulary) in one chunk: 256 MiB in float32, 1365 tokens of a 49k
-vocabulary. Micro-batches whose loss tokens fit in one chunk need no recomputation in backward;
-larger ones pay one more head pass over their loss tokens instead of holding every chunk."""
+vocabulary; bounds the memory a chunk's forward works in."""
+
+MAX_SAVED_ELEMENTS = 2**28
+"""Most softmax entries (loss tokens x vocabulary) a micro-batch keeps for backward: 1 GiB in
+float32, 5461 loss tokens of a 49k vocabulary or 1765 of a 152k one. Micro-batches with more
+loss tokens recompute each chunk in backward instead (one more head pass)."""
 
 MaskLogits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -100,6 +112,42 @@ def _final_hidden_states(head: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
+class _TokenLogprobs(torch.autograd.Function):
+    """Log-probabilities of `targets` [n] under `logits` [n, V] / `temperature`, and their
+    summed entropy (no gradient) when asked for; `masked`: some logits may be -inf. See the
+    module docstring for why this is one function rather than autograd's chain."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, masked, with_entropy):
+        scaled = logits.float()
+        if temperature != 1.0:
+            scaled = scaled / temperature
+        logp = torch.log_softmax(scaled, dim=-1)
+        del scaled
+        picked = logp.gather(-1, targets[:, None])[:, 0]
+        if masked:  # forbidden entries: their 0 * -inf would make the entropy nan
+            logp.clamp_(min=torch.finfo(logp.dtype).min)
+        probs = logp.exp()
+        entropy = None
+        if with_entropy:  # -sum p log p, one row-wise dot product per token
+            entropy = -torch.bmm(probs[:, None, :], logp[:, :, None]).sum()
+            ctx.mark_non_differentiable(entropy)
+        del logp
+        ctx.save_for_backward(probs, targets)
+        ctx.temperature, ctx.dtype = temperature, logits.dtype
+        return picked, entropy
+
+    @staticmethod
+    def backward(ctx, grad_picked, _grad_entropy):
+        probs, targets = ctx.saved_tensors
+        # d picked_i / d logit_ij = (1[j == target_i] - p_ij) / T, written over the softmax
+        grad = probs.mul_(-grad_picked[:, None])
+        grad.scatter_add_(-1, targets[:, None], grad_picked[:, None])
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        return grad.to(ctx.dtype), None, None, None, None
+
+
 def _chunk_logprobs(
     head: torch.nn.Module,
     hidden: torch.Tensor,
@@ -111,15 +159,12 @@ def _chunk_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of `targets` under the head's logits for `hidden` [n, H], and the
     chunk's summed entropy (no gradient) when asked for."""
-    logits = head(hidden).float() / temperature
-    if mask_logits is not None:
-        logits = mask_logits(logits, positions)
-    logp = torch.log_softmax(logits, dim=-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = torch.special.entr(logp.exp()).sum()
-    return logp.gather(-1, targets[:, None])[:, 0], entropy
+    logits = head(hidden)
+    if mask_logits is not None:  # any reshaping of the logits: autograd carries its gradient
+        logits = mask_logits(logits.float() / temperature, positions)
+        temperature = 1.0
+    masked = mask_logits is not None
+    return _TokenLogprobs.apply(logits, targets, temperature, masked, with_entropy)
 
 
 def _vocab_size(head: torch.nn.Module) -> int:
@@ -144,10 +189,11 @@ def head_logprobs(
     """Log-probabilities [n] of `targets` [n] given final hidden states `hidden` [n, H], in
     chunks of `chunk_tokens` rows (default: as many as fit `MAX_CHUNK_ELEMENTS`), and the
     summed entropy when `with_entropy`. `positions` [n] are passed to `mask_logits`."""
+    vocab = _vocab_size(head)
     if chunk_tokens is None:
-        chunk_tokens = max(1, MAX_CHUNK_ELEMENTS // _vocab_size(head))
+        chunk_tokens = max(1, MAX_CHUNK_ELEMENTS // vocab)
     n = hidden.shape[0]
-    recompute = torch.is_grad_enabled() and n > chunk_tokens
+    recompute = torch.is_grad_enabled() and n * vocab > MAX_SAVED_ELEMENTS
     pieces, entropies = [], []
     # At least one (possibly empty) chunk: the result stays connected to the head and the
     # hidden states, so a micro-batch without loss tokens still runs a backward that reaches
