@@ -5,19 +5,24 @@ so the ids, the loss mask and the sampler's logprobs cannot drift apart), with a
 only on tokens the policy sampled. SFT reuses samples and their layout: its mask marks the
 assistant's tokens (see `rlvr.sft_data`) and the sampler fields stay zero.
 
-A micro-batch is a list of rows, a row a list of samples laid end to end. Padded (one sample
-per row, `packing=False`): right-padded to the longest row. The model gets no attention mask:
-under causal attention no token sees the padding after it, and the loss never reads the
-padding's outputs, so the mask would change nothing that counts. Without one, attention takes
-its causal fast path (sdpa's `is_causal`), which skips the blocks above the diagonal that a
-masked call computes and then discards. Packed
-(`packing=True`): samples are packed first-fit-decreasing into rows no wider than the step's
-longest sample, so short samples share a row instead of padding it; position ids restart at 0
-where each sample starts, and transformers builds the block-diagonal causal mask from them
-(sdpa and eager on the CPU; flash_attention_2's varlen path on GPUs), so no token attends to
-another sample. Rows never get wider than in the padded layout, so attention costs no more
-than there, while padding (wasted forward/backward work) mostly disappears. The loss is a sum
-over tokens normalised by the step's global loss-token count, so the layout cannot change it.
+A micro-batch is a list of rows, a row a list of samples laid end to end.
+
+Padded (one sample per row, `packing=False`, the default): samples sorted by length, so rows of
+a micro-batch have similar lengths, right-padded to the longest. The model gets no attention
+mask: under causal attention no token sees the padding after it, and the loss never reads the
+padding's outputs, so a mask would change nothing that counts. Without one, attention takes its
+causal fast path (sdpa's `is_causal`) instead of building and applying a mask.
+
+Packed (`packing=True`): samples are packed first-fit-decreasing into rows no wider than the
+step's longest sample, so short samples share a row instead of padding it; position ids
+restart at 0 where each sample starts, and transformers builds the block-diagonal causal mask
+from them (sdpa and eager on the CPU; flash_attention_2's varlen path on GPUs, with no mask),
+so no token attends to another sample. Padding mostly disappears, but with sdpa every packed
+row pays for a mask over its whole width: on a CPU that costs more than the padding it saves
+(bench/train_step.py), so packing is for flash_attention_2.
+
+The loss is a sum over tokens normalised by the step's global loss-token count, so the layout
+cannot change it.
 """
 
 from __future__ import annotations

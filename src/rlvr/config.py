@@ -121,7 +121,8 @@ class BatchConfig:
     packing: bool = False
     """Pack short samples together into rows as wide as the step's longest sample (attention
     stays within each sample), instead of padding every sample to that width. Same loss,
-    less padded work; see `rlvr.batch`."""
+    less padding; pays with attn_implementation=flash_attention_2, slower with sdpa on a CPU
+    (see `rlvr.batch`)."""
     max_seq_len: int = 2048
     """Longest training sequence (prompt + completion tokens); longer turns are truncated."""
     max_prompt_len: int = 1024
@@ -383,7 +384,8 @@ class SFTTrainConfig:
     """Rows per forward/backward on each rank (memory; does not change the loss)."""
     packing: bool = False
     """Pack short sequences together into rows as wide as the step's longest (attention stays
-    within each sequence) instead of padding each one; see `rlvr.batch`."""
+    within each sequence) instead of padding each one; for flash_attention_2, see
+    `rlvr.batch`."""
     eval_every: int = 0
     """val/loss every N steps (0: only before the first and after the last step)."""
 
