@@ -170,3 +170,17 @@ def test_a_micro_batch_without_loss_tokens_still_reaches_every_parameter():
     scores.logprobs.sum().backward()
     assert scores.entropy_sum.item() == 0
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_scores_without_gradients_equal_those_with():
+    """The reference model's pass (no gradient, no entropy) skips the softmax it would only
+    keep for backward; the log-probabilities stay the same."""
+    model = tiny_model(tied=False)
+    mb = micro_batch()
+    expected = sequence_scores(model, mb, 0.7, with_entropy=True)
+    with torch.no_grad():
+        plain = sequence_scores(model, mb, 0.7)
+        with_entropy = sequence_scores(model, mb, 0.7, with_entropy=True)
+    assert plain.entropy_sum is None
+    assert torch.equal(plain.logprobs, expected.logprobs.detach())
+    assert with_entropy.entropy_sum.item() == pytest.approx(expected.entropy_sum.item())

@@ -125,10 +125,12 @@ class _TokenLogprobs(torch.autograd.Function):
         logp = torch.log_softmax(scaled, dim=-1)
         del scaled
         picked = logp.gather(-1, targets[:, None])[:, 0]
+        entropy = None
+        if not (with_entropy or ctx.needs_input_grad[0]):  # e.g. the reference model's pass
+            return picked, entropy
         if masked:  # forbidden entries: their 0 * -inf would make the entropy nan
             logp.clamp_(min=torch.finfo(logp.dtype).min)
         probs = logp.exp()
-        entropy = None
         if with_entropy:  # -sum p log p, one row-wise dot product per token
             entropy = -torch.bmm(probs[:, None, :], logp[:, :, None]).sum()
             ctx.mark_non_differentiable(entropy)
