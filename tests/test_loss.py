@@ -186,6 +186,7 @@ def test_collate_aligns_masks_with_next_token_predictions():
     )
     assert mb.input_ids.tolist() == [[5, 6, 7], [8, 9, 0]]
     assert mb.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert mb.model_inputs().keys() == {"input_ids"}  # causal attention hides right padding
     assert mb.loss_mask.tolist() == [[1, 1], [1, 0]]
     assert mb.sampler_logprobs.flatten().tolist() == pytest.approx([-0.1, -0.2, -0.3, 0.0])
     assert mb.advantages[0].tolist() == [1.5, 1.5]
