@@ -160,14 +160,14 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
 def overlap_run(base_url: str, args: argparse.Namespace, name: str, out: Path, *extra) -> dict:
     import torch
 
-    from rlvr.cores import pin_to_cores
+    from rlvr.cores import set_affinity
     from rlvr.trainer import Trainer
 
-    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
     try:
         history = Trainer(config(base_url, args, out, *extra)).run()
     finally:  # the trainer runs in this process: undo its pinning for the next run
-        pin_to_cores(cores)
+        set_affinity(cores)
         torch.set_num_threads(threads)
     steady = history[1:]  # the first step warms caches up and has nothing to overlap with
     tokens = sum(h["rollouts/completion_tokens"] for h in steady)

@@ -1,5 +1,6 @@
 """batch.trainer_cores: the trainer process and every thread it has or starts run on the given
-cores, with as many torch threads; cores the process may not use are refused."""
+cores, with as many torch threads; cores the process may not use are refused; the pinning can
+be undone (bench/train_step.py runs several trainers in one process)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from rlvr.cores import pin_to_cores
 
 PINNED = """
 import os, threading, torch
-from rlvr.cores import pin_to_cores
+from rlvr.cores import pin_to_cores, set_affinity
+original = os.sched_getaffinity(0)
 seen = []
 def look(delay):
     threading.Event().wait(delay)
@@ -25,13 +27,15 @@ late.start()
 late.join()
 early.join()
 print(sorted(os.sched_getaffinity(0)), torch.get_num_threads(), [sorted(s) for s in seen])
+set_affinity(original)
+print(os.sched_getaffinity(0) == original)
 """
 
 
 def test_every_thread_moves_to_the_cores_and_torch_uses_as_many_threads():
     done = subprocess.run([sys.executable, "-c", PINNED], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split("\n")[0] == "[0] 1 [[0], [0]]"
+    assert done.stdout.split("\n")[:2] == ["[0] 1 [[0], [0]]", "True"]
 
 
 def test_cores_the_process_may_not_use_are_refused():

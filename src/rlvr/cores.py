@@ -25,9 +25,15 @@ def pin_to_cores(cores: list[int]) -> None:
         raise ValueError(
             f"batch.trainer_cores={cores}: this process may only use {sorted(available)}"
         )
+    set_affinity(cores)
+    torch.set_num_threads(len(cores))
+
+
+def set_affinity(cores: list[int] | set[int]) -> None:
+    """Every thread of this process on `cores`, unchecked: also to widen it back to the cores
+    it had before `pin_to_cores` (which refuses cores outside the current affinity)."""
     for task in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(task), cores)
         except ProcessLookupError:  # a thread that ended meanwhile
             continue
-    torch.set_num_threads(len(cores))
