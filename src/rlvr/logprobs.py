@@ -128,7 +128,7 @@ class _TokenLogprobs(torch.autograd.Function):
         entropy = None
         if not (with_entropy or ctx.needs_input_grad[0]):  # e.g. the reference model's pass
             return picked, entropy
-        if masked:  # forbidden entries: their 0 * -inf would make the entropy nan
+        if masked and with_entropy:  # forbidden entries: 0 * -inf would make the entropy nan
             logp.clamp_(min=torch.finfo(logp.dtype).min)
         probs = logp.exp()
         if with_entropy:  # -sum p log p, one row-wise dot product per token
