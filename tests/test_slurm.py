@@ -62,27 +62,39 @@ while args and args[0].startswith("-"):
 nodes = expand(options.get("--nodelist") or os.environ["SLURM_JOB_NODELIST"])
 ntasks = int(options.get("--ntasks", len(nodes)))
 record("srun", options=options, command=args)
-procs = [
+import signal
+procs = []
+signal.signal(signal.SIGTERM, lambda *_: [p.terminate() for p in procs])
+procs += [
     subprocess.Popen(args, env={**os.environ, "SLURM_PROCID": str(task), "SLURM_NODEID":
                      str(task), "SLURMD_NODENAME": nodes[task], "SLURM_NTASKS": str(ntasks)})
     for task in range(ntasks)
 ]
-import signal
-signal.signal(signal.SIGTERM, lambda *_: [p.terminate() for p in procs])
 sys.exit(max(p.wait() for p in procs))
 """,
     # Serves until stopped, and says it was stopped.
     "vf-vllm": """
 import signal, time
-record("vf-vllm")
 def stop(*_):
     record("vf-vllm", stopped=True)
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
+record("vf-vllm")
 time.sleep(120)
 """,
     "accelerate": 'record("accelerate")',
-    "curl": 'record("curl")',
+    # Answers once the server is up (has logged its start), as a health check would; the job's
+    # background server step thus always comes first in the log, and is stoppable by then.
+    "curl": """
+import time
+for _ in range(300):
+    log = os.environ["FAKE_SLURM_LOG"]
+    if os.path.exists(log) and any(json.loads(line)["tool"] == "vf-vllm" for line in open(log)):
+        record("curl")
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit(7)
+""",
 }
 
 
