@@ -15,17 +15,18 @@ PINNED = """
 import os, threading, torch
 from rlvr.cores import pin_to_cores, set_affinity
 original = os.sched_getaffinity(0)
-seen = []
-def look(delay):
-    threading.Event().wait(delay)
+seen, pinned = [], threading.Event()
+def look():
+    pinned.wait()
     seen.append(os.sched_getaffinity(0))
-early = threading.Thread(target=look, args=(0.5,))
+early = threading.Thread(target=look)  # exists before the pinning, looks after it
 early.start()
 pin_to_cores([0])
-late = threading.Thread(target=look, args=(0,))
+pinned.set()
+early.join()
+late = threading.Thread(target=look)
 late.start()
 late.join()
-early.join()
 print(sorted(os.sched_getaffinity(0)), torch.get_num_threads(), [sorted(s) for s in seen])
 set_affinity(original)
 print(os.sched_getaffinity(0) == original)

@@ -255,6 +255,10 @@ def server(script: Script):
         yield srv
 
 
+WORKER_TIMEOUT_S = 5.0
+"""Far above a scripted reply's time, even on a loaded machine, and short enough to wait out."""
+
+
 @pytest.fixture(scope="module")
 def env(gsm8k_file: Path) -> vf.Environment:
     return load_environment(
@@ -263,7 +267,7 @@ def env(gsm8k_file: Path) -> vf.Environment:
         max_examples=12,
         token_weight=TOKEN_WEIGHT,
         independence_weight=INDEPENDENCE_WEIGHT,
-        worker_timeout=2.0,
+        worker_timeout=WORKER_TIMEOUT_S,
     )
 
 
@@ -470,7 +474,7 @@ def test_worker_http_errors_score_zero_without_crashing(env, server, script, row
 
 
 def test_worker_timeouts_score_zero(env, server, script, rows):
-    script.subproblem_delay = 5.0  # above worker_timeout=2.0
+    script.subproblem_delay = 2 * WORKER_TIMEOUT_S
     out = run_plan(env, server, script, rows[3]["question"], plan_json(["slow part", "other part"]))
     assert out["reward"] == 0.0
     assert out["metrics"]["worker_error"] == 1.0
@@ -480,7 +484,7 @@ def test_worker_timeouts_score_zero(env, server, script, rows):
 def test_subproblems_run_concurrently_on_the_base_model(env, server, script, rows):
     question = rows[4]["question"]
     steps = ["How much is the first part?", "How much is the second part?", "And the third?"]
-    script.subproblem_delay = 0.3
+    script.subproblem_delay = 1.0  # all three must arrive within it, even on a loaded machine
     server.max_in_flight = 0
     before = len(server.requests)
     out = run_plan(env, server, script, question, plan_json(steps))

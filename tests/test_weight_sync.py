@@ -70,7 +70,7 @@ DYING_TRAINER = textwrap.dedent(
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0)  # had these arrived, the model would produce garbage
-    sync = WeightSync(sys.argv[1], backend="gloo", transfer_timeout_s=5, chunk_bytes=4096)
+    sync = WeightSync(sys.argv[1], backend="gloo", transfer_timeout_s=30, chunk_bytes=4096)
     sync.connect(DiesMidway(model))
     sync.push()
     """
