@@ -72,6 +72,24 @@ def test_port_in_use_is_reported(tiny_model_dir):
     assert f"port {port}" in result.stderr and "already in use" in result.stderr
 
 
+def test_a_port_taken_before_the_launcher_binds_it_is_replaced_unless_it_was_asked_for(tmp_path):
+    """VLLMServer picks a free port, which another process may take before the launcher starts:
+    it tries a fresh one. The missing model makes the retry fail fast, after the port check."""
+    from rlvr.server.process import PortTaken, VLLMServer
+
+    missing = str(tmp_path / "no-such-model")
+    with socket.socket() as held:
+        server = VLLMServer(missing, log_path=tmp_path / "log.txt")
+        held.bind(("127.0.0.1", server.port))  # taken between the pick and the start
+        held.listen()
+        with pytest.raises(RuntimeError, match="does not exist") as failed:
+            server.start()
+        assert failed.type is RuntimeError and server.port != held.getsockname()[1]
+        asked = VLLMServer(missing, port=held.getsockname()[1], log_path=tmp_path / "log.txt")
+        with pytest.raises(PortTaken, match="already in use"):
+            asked.start()
+
+
 @pytest.mark.integration
 def test_engine_failure_shows_log_tail_and_leaves_nothing_running(tiny_model_dir, tmp_path):
     # A model directory whose weights file is corrupt passes our checks but kills the engine.

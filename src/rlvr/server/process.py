@@ -25,6 +25,16 @@ def _stop_when_parent_dies() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+PORT_ATTEMPTS = 3
+PORT_TAKEN_MESSAGE = "already in use"
+"""In the log of a launcher whose port was taken: its own check's words, or the OS error's
+("Address already in use") when the port went between that check and vLLM's bind."""
+
+
+class PortTaken(RuntimeError):
+    """The launcher's port was taken by the time it started."""
+
+
 class VLLMServer:
     """A vf-vllm child process. Use as a context manager or call start()/stop().
 
@@ -50,6 +60,7 @@ class VLLMServer:
         self.host = host
         self.prefix = prefix or []
         self.port = port or free_port()
+        self._port_chosen_here = port is None
         self.extra_args = extra_args or []
         self.log_path = Path(log_path or f"/tmp/vf-vllm-{self.port}.log")
         self.ready_timeout = ready_timeout
@@ -65,6 +76,20 @@ class VLLMServer:
         return f"{self.root_url}/v1"
 
     def start(self) -> VLLMServer:
+        """Start and wait until it serves. A port picked here can be taken by another process
+        before the launcher binds it; then the launcher refuses it and a fresh port is tried."""
+        for attempt in range(PORT_ATTEMPTS):
+            self._spawn()
+            try:
+                self._wait_ready()
+                return self
+            except PortTaken:
+                if not self._port_chosen_here or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
         cmd = [*self.prefix, sys.executable, "-m", "rlvr.server.launcher", "--model", self.model]
         cmd += ["--host", self.host, "--port", str(self.port), *self.extra_args]
         env = {**os.environ, **(self.env or {})}
@@ -77,17 +102,15 @@ class VLLMServer:
                 start_new_session=True,
                 preexec_fn=_stop_when_parent_dies,
             )
-        self._wait_ready()
-        return self
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vf-vllm exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
-                )
+                tail = self.log_tail()
+                error = PortTaken if PORT_TAKEN_MESSAGE in tail else RuntimeError
+                raise error(f"vf-vllm exited with {self.proc.returncode}; log tail:\n{tail}")
             try:
                 if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
                     return
