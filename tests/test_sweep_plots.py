@@ -20,6 +20,7 @@ from rlvr.plots import (
     plot_runs_compared,
     read_metrics,
     run_curve_keys,
+    spread_band,
 )
 from rlvr.stats import Estimate
 
@@ -72,6 +73,20 @@ def test_sweep_plots_draw_the_logged_curves_and_skip_the_rest():
     assert metric_label("time/weight_push") == "weight push time (s)"
     assert metric_label("mismatch_kl") == "sampler-trainer KL (nats/token)"
     assert metric_label("env/correct") == "env/correct"
+
+
+def test_sweep_plots_reward_band_stays_within_the_logged_range():
+    records = [
+        {"step": 1, "reward/mean": 0.1, "reward/std": 0.3, "reward/min": 0.0, "reward/max": 1.0},
+        {"step": 2, "reward/mean": 0.9, "reward/std": 0.3, "reward/min": 0.5, "reward/max": 1.0},
+        {"step": 3, "reward/mean": 0.5, "reward/std": 0.25},  # no range logged: the plain band
+        {"step": 4, "reward/mean": 0.5},  # no std: no band
+    ]
+    steps, values = metric_series(records, "reward/mean")
+    xs, low, high = spread_band(records, "reward/mean", steps, values)
+    assert xs == [1, 2, 3]
+    assert low == pytest.approx([0.0, 0.6, 0.25]) and high == pytest.approx([0.4, 1.0, 0.75])
+    assert spread_band(records[3:], "reward/mean", [4], [0.5]) == ([], [], [])
 
 
 def test_sweep_plots_write_pngs_laid_out_by_panel_count(tmp_path: Path):

@@ -51,7 +51,8 @@ METRIC_LABELS: dict[str, str] = {
 }
 
 # Companion series drawn on a metric's panel: (key, legend label, style).
-_SPREAD = {"reward/mean": "reward/std"}
+# A mean's spread: (std, min, max) keys; the ±1 std band is clipped to the logged range.
+_SPREAD = {"reward/mean": ("reward/std", "reward/min", "reward/max")}
 _OVERLAY = {"reward/mean": ("eval/reward", "eval reward"), "train/loss": ("val/loss", "val loss")}
 
 DPI = 120
@@ -138,6 +139,24 @@ def finish_panels(fig: Figure, unused: Sequence[Any], title: str | None, out: st
     return save_figure(fig, out)
 
 
+def spread_band(
+    records: Sequence[Mapping[str, Any]], key: str, steps: Sequence[int], values: Sequence[float]
+) -> tuple[list[int], list[float], list[float]]:
+    """(steps, low, high) of the ±1 std band around `key`'s series, at the steps that logged a
+    std. Clipped to the logged min and max where known, since rewards in [0, 1] with a large
+    std would otherwise shade impossible values."""
+    std, low, high = (dict(zip(*metric_series(records, k), strict=True)) for k in _SPREAD[key])
+    band = [
+        (s, max(m - std[s], low.get(s, -math.inf)), min(m + std[s], high.get(s, math.inf)))
+        for s, m in zip(steps, values, strict=True)
+        if s in std
+    ]
+    if not band:
+        return [], [], []
+    xs, lows, highs = zip(*band, strict=True)
+    return list(xs), list(lows), list(highs)
+
+
 def plot_run_curves(
     metrics: str | Path | Sequence[Mapping[str, Any]],
     out: str | Path,
@@ -151,7 +170,8 @@ def plot_run_curves(
     `metrics` is a `metrics.jsonl` path or its records (`read_metrics`). Keys the run did not
     log are skipped; with `skip_all_zero`, so are keys that are 0 at every step (the GRPO
     trainer logs `loss/kl_ref` = 0 when it runs without a reference model). The reward panel
-    shades ±1 std across rollouts when `reward/std` was logged and marks `eval/reward`; the
+    shades ±1 std across rollouts (within the logged min and max) when `reward/std` was logged
+    and marks `eval/reward`; the
     SFT loss panel adds `val/loss`. Positive series spanning three orders of magnitude or
     more get a log axis. Raises ValueError when none of `keys` has data.
     """
@@ -165,19 +185,8 @@ def plot_run_curves(
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, (key, steps, values) in zip(axes, panels, strict=False):
         ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, ms=3, label=key)
-        if key in _SPREAD:
-            spread_steps, spread = metric_series(records, _SPREAD[key])
-            by_step = dict(zip(spread_steps, spread, strict=True))
-            pairs = [(s, v, by_step[s]) for s, v in zip(steps, values, strict=True) if s in by_step]
-            if pairs:
-                xs, ms, ss = zip(*pairs, strict=True)
-                ax.fill_between(
-                    xs,
-                    [m - s for m, s in zip(ms, ss, strict=True)],
-                    [m + s for m, s in zip(ms, ss, strict=True)],
-                    alpha=0.2,
-                    label="±1 std across rollouts",
-                )
+        if key in _SPREAD and (band := spread_band(records, key, steps, values))[0]:
+            ax.fill_between(*band, alpha=0.2, label="±1 std across rollouts")
         if key in _OVERLAY:
             other, label = _OVERLAY[key]
             other_steps, other_values = metric_series(records, other)
