@@ -171,9 +171,8 @@ def plot_run_curves(
     log are skipped; with `skip_all_zero`, so are keys that are 0 at every step (the GRPO
     trainer logs `loss/kl_ref` = 0 when it runs without a reference model). The reward panel
     shades ±1 std across rollouts (within the logged min and max) when `reward/std` was logged
-    and marks `eval/reward`; the
-    SFT loss panel adds `val/loss`. Positive series spanning three orders of magnitude or
-    more get a log axis. Raises ValueError when none of `keys` has data.
+    and marks `eval/reward`; the SFT loss panel adds `val/loss`. Positive series spanning three
+    orders of magnitude or more get a log axis. Raises ValueError when none of `keys` has data.
     """
     records = read_metrics(metrics) if isinstance(metrics, str | Path) else list(metrics)
     panels = [

@@ -78,18 +78,14 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         """Start and wait until it serves. A port picked here can be taken by another process
         before the launcher binds it; then the launcher refuses it and a fresh port is tried."""
-        for attempt in range(PORT_ATTEMPTS):
-            self._spawn()
+        for _ in range(PORT_ATTEMPTS - 1 if self._port_chosen_here else 0):
             try:
-                self._wait_ready()
-                return self
+                return self._start_once()
             except PortTaken:
-                if not self._port_chosen_here or attempt == PORT_ATTEMPTS - 1:
-                    raise
                 self.port = free_port()
-        raise AssertionError("unreachable")
+        return self._start_once()
 
-    def _spawn(self) -> None:
+    def _start_once(self) -> VLLMServer:
         cmd = [*self.prefix, sys.executable, "-m", "rlvr.server.launcher", "--model", self.model]
         cmd += ["--host", self.host, "--port", str(self.port), *self.extra_args]
         env = {**os.environ, **(self.env or {})}
@@ -102,6 +98,8 @@ class VLLMServer:
                 start_new_session=True,
                 preexec_fn=_stop_when_parent_dies,
             )
+        self._wait_ready()
+        return self
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
