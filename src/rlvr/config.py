@@ -251,10 +251,21 @@ class ServerConfig:
     stream base + adapter merged, as for full fine-tuning. auto: adapter whenever the server
     can serve it, else merged (the log says why)."""
     adapter_name: str = "policy"
-    """The name the policy's adapter is served under (adapter sync); rollouts request it."""
+    """Adapter sync serves weight version v as `{adapter_name}-v{v}`; each rollout requests
+    the version its batch is tagged with. One trainer per name on a server: a trainer unloads
+    the versions under its name that it finds at start (a dead trainer's)."""
     push_weights: bool = True
     """Push weights after every optimizer step (the initial weights are pushed regardless).
     Off only for debugging: rollouts then come from the initial weights."""
+    push_probe: bool = True
+    """After every push, score a fixed token sequence on the server (prompt log-probabilities
+    of the name rollouts will request) and with the trainer's just-pushed weights, logged as
+    `push/probe_kl`: it sees a server that does not serve what was pushed (stale or partly
+    updated weights), which mismatch-KL cannot tell from policy lag at async_level >= 1."""
+    probe_kl_max: float = 1e-2
+    """A push whose `push/probe_kl` exceeds this raises an error. Rounding stays far below:
+    ~1e-10 with float32 on both sides, ~1e-3 for a bf16 server against a float32 trainer
+    (SmolLM2); raise it for servers in lower precision (fp8)."""
 
 
 @dataclass
@@ -310,6 +321,7 @@ class Config:
         self._check_sampling_filters()
         _require(self.server.transfer_timeout_s > 0, "server.transfer_timeout_s",
                  self.server.transfer_timeout_s)  # fmt: skip
+        _require(self.server.probe_kl_max > 0, "server.probe_kl_max", self.server.probe_kl_max)
         _require(0 <= self.server.transfer_port < 65536, "server.transfer_port",
                  self.server.transfer_port, "must be a port number (0: any free port)")  # fmt: skip
         self.distributed.validate()

@@ -7,8 +7,9 @@ One step:
   2. each rank trains on its shard in micro-batches; the loss is normalised by the step's
      global loss-token count, and every rank runs the same number of micro-batches;
   3. one optimizer step (clipped), one scheduler step;
-  4. push the new weights into vf-vllm (generation paused, prefix cache reset) and tell the
-     worker the server now holds version step+1;
+  4. push the new weights into vf-vllm, check with a probe that the server serves them
+     (`rlvr.push_probe`), tell the worker the server now holds version step+1, and let the
+     adapter sync unload versions no rollout still requests;
   5. log, evaluate and checkpoint on their cadences.
 """
 
@@ -35,6 +36,7 @@ from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_model, load_policy, reference_mode, save_final
+from rlvr.push_probe import check_probe, probe_ids, probe_kl, served_logprobs, trainer_logprobs
 from rlvr.reasoning_vocab import row_cosines
 from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
 from rlvr.sampling import SamplingFilterError, build_sampling_args
@@ -145,6 +147,8 @@ class Trainer:
         self.sync = None
         self.pushes = 0
         """Weight pushes this rank took part in (every rank joins every push)."""
+        self.probe_kl: float | None = None
+        """`push/probe_kl` of the last push (None: not probed)."""
         self.logger: RunLogger | None = None
 
     # ---- set-up ---------------------------------------------------------------------
@@ -242,12 +246,22 @@ class Trainer:
         if push == "adapter":
             self.sync = AdapterSync(merged.control, server.base_url, server.adapter_name, self.rank)
             self.sync.connect(unwrapped)
-            self.rollout_model = server.adapter_name
+            requested = f"{self.sync.name(self.start_step)!r}, one name per weight version"
         else:
             self.sync = merged
             self.sync.connect(MergedWeightSource(unwrapped), push)
-            self.rollout_model = self.cfg.served_model
-        self.logger.print(f"weight push: {push}; rollouts request model {self.rollout_model!r}")
+            requested = repr(self.cfg.served_model)
+        self.logger.print(f"weight push: {push}; rollouts request model {requested}")
+        self.probe = probe_ids(self.tokenizer, self.reasoning_vocab) if server.push_probe else None
+
+    def rollout_model(self, version: int) -> str:
+        """The model name that serves weight `version` to rollouts: that version's adapter
+        under adapter sync; the served base model under merged pushes."""
+        from rlvr.adapter_sync import AdapterSync
+
+        if isinstance(self.sync, AdapterSync):
+            return self.sync.served_name(version)
+        return self.cfg.served_model
 
     def _check_served_vocabulary(self, control: Any) -> None:
         """The server must sample from the policy's vocabulary: a reasoning vocabulary needs
@@ -420,6 +434,7 @@ class Trainer:
                 "time/forward_backward": t1 - t0,
                 "time/optimizer": t2 - t1,
                 "time/weight_push": push_s,
+                **({"push/probe_kl": self.probe_kl} if self.probe_kl is not None else {}),
                 "time/step": step_s,
                 "throughput/train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
                 "throughput/padded_frac": 1
@@ -481,31 +496,50 @@ class Trainer:
             return sequence_scores(model, mb, temperature, mask_logits=mask_logits).logprobs
 
     def push_weights(self, version: int, initial: bool = False) -> float:
-        """Send the current weights to vf-vllm (all ranks take part) and record the version."""
+        """Send the current weights to vf-vllm as weight `version` (all ranks take part),
+        probe that the server serves them, and record the version; returns the push's
+        seconds."""
         seconds = 0.0
         if initial or self.cfg.server.push_weights:
-            seconds = self.sync.push()
+            seconds = self.sync.push(version)
             self.pushes += 1
+            self.probe_kl = self._probe_push(version)
         self.version = version
         if self.worker is not None:
             self.worker.set_version(version)
+            self.sync.release(self.worker.versions_in_use())
         return seconds
+
+    def _probe_push(self, version: int) -> float | None:
+        """`push/probe_kl` of the push of `version` (see rlvr.push_probe); every rank runs the
+        forward and raises together when it is over the limit."""
+        if self.probe is None:
+            return None
+        mine = trainer_logprobs(self.model, self.probe, self.accelerator.device)
+        result = None
+        if self.accelerator.is_main_process:
+            name = self.rollout_model(version)
+            result = probe_kl(mine, served_logprobs(self.sync.control, name, self.probe)), name
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            result = broadcast_object_list([result])[0]
+        kl, name = result
+        check_probe(kl, self.cfg.server.probe_kl_max, version, name)
+        return kl
 
     def _report(self, step: int, metrics: dict[str, float], rows: list) -> None:
         logger = self.logger
         kl, lag = metrics["mismatch_kl"], metrics["rollouts/policy_lag"]
-        if kl > self.cfg.logging.mismatch_kl_warn:
-            # Rollouts sampled by an older policy (async_level >= 1) differ from the trainer's
-            # by the updates since, which is no fault of the push
-            cause = (
-                f"it includes {lag:.1f} steps of policy lag (async rollouts), so it also "
-                "measures how far the policy moved since sampling"
-                if lag > 0
-                else "weights may not have arrived"
-            )
+        if kl > self.cfg.logging.mismatch_kl_warn and lag == 0:
+            # Only a batch sampled by the weights it trains measures what the sampler and the
+            # trainer disagree on; with lag it also measures how far the policy moved since,
+            # and the push probe (push/probe_kl) checks the pushes instead.
             logger.warn(
                 f"step {step}: mismatch-KL {kl:.3g} between vf-vllm's sampling logprobs and "
-                f"the trainer's exceeds {self.cfg.logging.mismatch_kl_warn:g}: {cause}"
+                f"the trainer's exceeds {self.cfg.logging.mismatch_kl_warn:g} on a batch "
+                "sampled by the weights it trains: the server samples differently from what "
+                "the trainer computes (sampling settings, precision) or weights did not arrive"
             )
         logger.log(step, metrics)
         if rows and (step % self.cfg.logging.table_every == 0 or step == 1):
