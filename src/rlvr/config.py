@@ -262,10 +262,12 @@ class ServerConfig:
     of the name rollouts will request) and with the trainer's just-pushed weights, logged as
     `push/probe_kl`: it sees a server that does not serve what was pushed (stale or partly
     updated weights), which mismatch-KL cannot tell from policy lag at async_level >= 1."""
-    probe_kl_max: float = 1e-2
-    """A push whose `push/probe_kl` exceeds this raises an error. Rounding stays far below:
-    ~1e-10 with float32 on both sides, ~1e-3 for a bf16 server against a float32 trainer
-    (SmolLM2); raise it for servers in lower precision (fp8)."""
+    probe_kl_max: float | None = None
+    """A push whose `push/probe_kl` exceeds this raises an error. None: calibrated by the
+    initial push, where both sides hold the same weights: 10x its probe_kl (the rounding
+    between server and trainer: ~1e-13 with float32 on both, ~1e-3 for a bf16 server against
+    a float32 trainer on SmolLM2), within [1e-6, 1e-2]. Set it for servers in lower precision
+    (fp8)."""
 
 
 @dataclass
@@ -321,7 +323,8 @@ class Config:
         self._check_sampling_filters()
         _require(self.server.transfer_timeout_s > 0, "server.transfer_timeout_s",
                  self.server.transfer_timeout_s)  # fmt: skip
-        _require(self.server.probe_kl_max > 0, "server.probe_kl_max", self.server.probe_kl_max)
+        probe_max = self.server.probe_kl_max
+        _require(probe_max is None or probe_max > 0, "server.probe_kl_max", probe_max)
         _require(0 <= self.server.transfer_port < 65536, "server.transfer_port",
                  self.server.transfer_port, "must be a port number (0: any free port)")  # fmt: skip
         self.distributed.validate()

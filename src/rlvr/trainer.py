@@ -36,7 +36,7 @@ from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_model, load_policy, reference_mode, save_final
-from rlvr.push_probe import check_probe, probe_ids, probe_kl, served_logprobs, trainer_logprobs
+from rlvr.push_probe import PushProbe, probe_ids, probe_kl, served_logprobs, trainer_logprobs
 from rlvr.reasoning_vocab import row_cosines
 from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
 from rlvr.sampling import SamplingFilterError, build_sampling_args
@@ -252,7 +252,10 @@ class Trainer:
             self.sync.connect(MergedWeightSource(unwrapped), push)
             requested = repr(self.cfg.served_model)
         self.logger.print(f"weight push: {push}; rollouts request model {requested}")
-        self.probe = probe_ids(self.tokenizer, self.reasoning_vocab) if server.push_probe else None
+        self.probe = None
+        if server.push_probe:
+            ids = probe_ids(self.tokenizer, self.reasoning_vocab)
+            self.probe = PushProbe(ids, server.probe_kl_max)
 
     def rollout_model(self, version: int) -> str:
         """The model name that serves weight `version` to rollouts: that version's adapter
@@ -515,17 +518,18 @@ class Trainer:
         forward and raises together when it is over the limit."""
         if self.probe is None:
             return None
-        mine = trainer_logprobs(self.model, self.probe, self.accelerator.device)
+        ids = self.probe.ids
+        mine = trainer_logprobs(self.model, ids, self.accelerator.device)
         result = None
         if self.accelerator.is_main_process:
             name = self.rollout_model(version)
-            result = probe_kl(mine, served_logprobs(self.sync.control, name, self.probe)), name
+            result = probe_kl(mine, served_logprobs(self.sync.control, name, ids)), name
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
             result = broadcast_object_list([result])[0]
         kl, name = result
-        check_probe(kl, self.cfg.server.probe_kl_max, version, name)
+        self.probe.check(kl, version, name)
         return kl
 
     def _report(self, step: int, metrics: dict[str, float], rows: list) -> None:
