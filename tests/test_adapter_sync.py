@@ -3,6 +3,7 @@ under its own name, and the base name keeps serving the base (vf_planner's froze
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -163,6 +164,69 @@ def test_adapter_sync_auto_falls_back_to_merged_for_an_unservable_adapter(tiny_s
     explicit = config(tiny_server, tmp_path / "run2", "max_steps=1", "server.lora_sync=adapter")
     with pytest.raises(ConfigError, match="lora_sync=adapter: vLLM's LoRA layers do not cover"):
         Trainer(explicit, env=target_share_env(target_id(tiny_server.model_dir))).run()
+
+
+@integration
+def test_adapter_sync_async_level_2_keeps_serving(tiny_server, tmp_path, monkeypatch):
+    """async_level 2: a batch tagged with version v may still be generating while v+1 and
+    v+2 are pushed. Each push used to reload one adapter name in place, so such a batch mixed
+    versions, and the engine died once it reloaded a version whose files were deleted. Now
+    every rollout must come from the version its batch is tagged with (its sampler logprobs
+    are that version's, recomputed from what the trainer pushed as it), with no error.
+
+    So that pushes do land mid-batch whatever the machine's speed, half the rollouts of a
+    batch that lags start only once the next version is pushed (the others are in flight)."""
+    from rlvr.batch import collate
+    from rlvr.logprobs import sequence_scores
+    from rlvr.policy import trainable_state
+    from rlvr.rollouts import RolloutWorker
+    from rlvr.weights import ServerControl
+
+    cfg = config(tiny_server, tmp_path / "run", "max_steps=4", "batch.async_level=2",
+                 "server.lora_sync=adapter", f"lora.target_modules={ADAPTER_TARGETS}",
+                 "sampling.max_tokens=32")  # fmt: skip
+    env = target_share_env(set(range(0, 512, 2)))
+    trainer = Trainer(cfg, env=env)
+    pushed, batches, spans = {}, [], []
+    started = {"version": None, "rollouts": 0}
+    push, generate, rollout = trainer.push_weights, RolloutWorker.generate_step, env.rollout
+
+    def recording_push(version, initial=False):
+        seconds = push(version, initial)
+        pushed[version] = trainable_state(trainer.accelerator.unwrap_model(trainer.model))
+        return seconds
+
+    async def recording_generate(worker, step):
+        before = trainer.version
+        started["version"] = before if before < step else None  # lags: a push will come
+        batch = await generate(worker, step)
+        spans.append(trainer.version - before)  # pushes that landed while it generated
+        batches.append(batch)
+        return batch
+
+    async def late_rollout(*args, **kwargs):
+        started["rollouts"] += 1
+        after = started["version"] if started["rollouts"] % 2 else None
+        while after is not None and trainer.version <= after:
+            await asyncio.sleep(0.05)
+        return await rollout(*args, **kwargs)
+
+    trainer.push_weights = recording_push
+    env.rollout = late_rollout
+    monkeypatch.setattr(RolloutWorker, "generate_step", recording_generate)
+    history = trainer.run()
+
+    assert ServerControl(tiny_server.base_url).health()
+    assert [h["rollouts/errored"] for h in history] == [0, 0, 0, 0]
+    assert max(spans) >= 1, spans
+    model = trainer.accelerator.unwrap_model(trainer.model).eval()
+    for batch in batches:
+        model.load_state_dict(pushed[batch.min_policy_version], strict=False)
+        mb = collate([[s] for r in batch.rollouts for s in r.samples], trainer.pad_id)
+        with torch.no_grad():
+            mine = sequence_scores(model, mb, cfg.sampling.temperature).logprobs
+        gap = ((mine - mb.sampler_logprobs).abs() * mb.loss_mask).max().item()
+        assert gap < 1e-3, (batch.step, batch.min_policy_version, gap)
 
 
 DYING_TRAINER = textwrap.dedent(
