@@ -27,8 +27,9 @@ Where the files are:
   (`rlvr_store_adapter`), which writes them to the server's own shared memory. No shared file
   system and no transfer group are needed: an adapter is a few megabytes.
 
-A trainer that dies mid-push leaves the previous adapter serving: vLLM reads a directory only
-when asked to load it, and it is only asked once the directory is complete.
+A trainer that dies mid-push leaves the previous versions serving: vLLM reads a directory only
+when asked to load it, and it is only asked once the directory is complete. A trainer that
+ends unloads its versions: a name left loaded would point at deleted files.
 
 Not every adapter can be served this way (see rlvr.vllm_lora: vLLM's LoRA layers cover the
 linear projections only, and its engine dies on a refused load), so `adapter_sync_problem`
