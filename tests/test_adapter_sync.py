@@ -176,6 +176,7 @@ def test_adapter_sync_async_level_2_keeps_serving(tiny_server, tmp_path, monkeyp
 
     So that pushes do land mid-batch whatever the machine's speed, half the rollouts of a
     batch that lags start only once the next version is pushed (the others are in flight)."""
+    restore_base_weights(tiny_server)  # the adapters' base (the push probe checks it too)
     from rlvr.batch import collate
     from rlvr.logprobs import sequence_scores
     from rlvr.policy import trainable_state
