@@ -87,3 +87,24 @@ def test_push_probe_catches_weights_that_did_not_arrive(tiny_server, tmp_path, m
         partial.run()
     assert partial.pushes == 2 and partial.history == []  # failed at step 1, before logging
     print(caught.value)
+
+
+def test_mismatch_kl_warns_only_on_batches_sampled_by_the_weights_they_train(tmp_path, caplog):
+    """With policy lag, mismatch-KL also measures how far the policy moved since sampling: no
+    warning there (the probe checks the pushes); without lag it is the sampler's fault."""
+    import logging
+
+    from rlvr.config import load_config
+    from rlvr.metrics import RunLogger
+
+    trainer = Trainer.__new__(Trainer)  # only what reporting reads
+    trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}", "wandb.mode=disabled",
+                                         "logging.progress_bar=false"])  # fmt: skip
+    trainer.logger = RunLogger(trainer.cfg, True, 0)
+    with caplog.at_level(logging.WARNING, logger="rlvr.metrics"):
+        trainer._report(2, {"mismatch_kl": 0.1, "rollouts/policy_lag": 1}, [])
+        assert not caplog.records
+        trainer._report(3, {"mismatch_kl": 0.1, "rollouts/policy_lag": 0}, [])
+    (record,) = caplog.records
+    assert "step 3: mismatch-KL 0.1" in record.getMessage()
+    trainer.logger.close()
