@@ -37,7 +37,7 @@ from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_model, load_policy, reference_mode, save_final
 from rlvr.reasoning_vocab import row_cosines
 from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
-from rlvr.sampling import SamplingFilterError, build_sampling_args
+from rlvr.sampling import SamplingFilterError, build_sampling_args, check_logprobs_mode
 from rlvr.schedule import Schedule, run_steps
 from rlvr.think_gate import ThinkGate
 
@@ -199,6 +199,7 @@ class Trainer:
         policy = load_policy(cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0)
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.reasoning_vocab = policy.reasoning_vocab
+        self.compute_dtype = policy.compute_dtype
         self.gate = None
         if policy.reasoning_vocab is not None:
             self.gate = ThinkGate.from_tokenizer(policy.reasoning_vocab, policy.tokenizer)
@@ -233,6 +234,7 @@ class Trainer:
         push = None
         if self.accelerator.is_main_process:
             self._check_served_vocabulary(merged.control)
+            self._check_served_logprobs(merged.control)
             push = self._choose_push(merged)
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
@@ -245,7 +247,7 @@ class Trainer:
             self.rollout_model = server.adapter_name
         else:
             self.sync = merged
-            self.sync.connect(MergedWeightSource(unwrapped), push)
+            self.sync.connect(MergedWeightSource(unwrapped, dtype=self.compute_dtype), push)
             self.rollout_model = self.cfg.served_model
         self.logger.print(f"weight push: {push}; rollouts request model {self.rollout_model!r}")
 
@@ -271,6 +273,14 @@ class Trainer:
                 f"the server at {self.cfg.server.base_url} serves a model with a reasoning "
                 f"vocabulary but model {name} has none: train the directory it serves"
             )
+
+    def _check_served_logprobs(self, control: Any) -> None:
+        """The server's logprobs must be the sampled distribution's (see
+        `check_logprobs_mode`): otherwise every importance ratio is off, silently."""
+        try:
+            check_logprobs_mode(control.logprobs_mode(), self.cfg.sampling.temperature)
+        except SamplingFilterError as e:
+            raise ConfigError(f"server {self.cfg.server.base_url}: {e}") from None
 
     def _choose_push(self, merged: Any) -> str:
         """`adapter` (push the LoRA adapter, served by vLLM on its frozen base) or the
@@ -481,7 +491,11 @@ class Trainer:
             return sequence_scores(model, mb, temperature, mask_logits=mask_logits).logprobs
 
     def push_weights(self, version: int, initial: bool = False) -> float:
-        """Send the current weights to vf-vllm (all ranks take part) and record the version."""
+        """Send the current weights to vf-vllm (all ranks take part) and record the version.
+        Not before the last batch the previous version generates has started (see
+        `RolloutWorker`): every batch's policy version is then fixed, also across resumes."""
+        if self.worker is not None and not initial:
+            self.worker.wait_for_batches_of(version - 1, timeout_s=self._rank0_deadline_s)
         seconds = 0.0
         if initial or self.cfg.server.push_weights:
             seconds = self.sync.push()
