@@ -166,8 +166,11 @@ def score_components(
     claimed = submitted and normalize_answer(answer or "") == UNANSWERABLE
     answerable = bool(info.get("answerable", True))
     golds = info.get("answers") or []
+    em = best_over_golds(exact_match, answer, golds)
+    earned = claimed and backed(facts, cited, info)
     return {
-        "exact_match": best_over_golds(exact_match, answer, golds),
+        "correct": em if answerable else float(earned),
+        "exact_match": em,
         "f1": best_over_golds(token_f1, answer, golds),
         "retrieval_recall": retrieval_r,
         "retrieval_precision": retrieval_p,
@@ -181,7 +184,7 @@ def score_components(
         "said_unanswerable": float(claimed),
         "unanswerable_hit": float(claimed and not answerable),
         "unanswerable_miss": float(not claimed and not answerable),
-        "unanswerable_earned": float(claimed and backed(facts, cited, info)),
+        "unanswerable_earned": float(earned),
         "tool_errors": float(facts.tool_errors),
     }
 
@@ -233,6 +236,7 @@ class MuSiQueRubric(vf.Rubric):
     """combined_reward (weight 1) plus every component as a zero-weight metric."""
 
     METRICS = (
+        "correct",
         "exact_match",
         "f1",
         "retrieval_recall",
