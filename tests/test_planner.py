@@ -353,6 +353,10 @@ def test_honest_decompositions_outscore_degenerate_plans(env, server, script, ro
         table.append((index, "honest", honest))
         for name, reply in degenerate_plans(index, question).items():
             out = run_plan(env, server, script, question, reply)
+            if name == "[problem, 'What is the answer?']":  # one subproblem is the whole problem
+                assert out["metrics"]["plan_leak"] == 1.0 and out["reward"] == 0.0, index
+                table.append((index, name, out))
+                continue
             assert out["metrics"]["correct"] == 1.0, (index, name, out["planner"])
             if name == "paraphrased sentences":  # counts only a sentence that is a whole step
                 assert out["metrics"]["independence"] < 0.5, (index, out["planner"])
@@ -426,14 +430,14 @@ def test_a_plan_that_keeps_back_a_needed_fact_is_wrong(env, server, script, rows
 
 
 def test_filler_and_repeated_subproblems_earn_no_independence(env, server, script, rows):
-    """An unrelated question, a repeat of a subproblem, or one that states its own result do not
-    count; each lowers I below the honest plan's."""
+    """An unrelated question or a repeat of a subproblem does not count; each lowers I below the
+    honest plan's. A subproblem that states a result the workers were to compute ("Janet has 9
+    eggs left") carries the planner's own work: the plan scores 0."""
     question = rows[0]["question"]
     [step], plan = HONEST[0]
     variants = {
         "filler": [step, "What is the capital of France?"],
         "repeated": [step, step],
-        "states its result": [step, "Janet has 9 eggs left each day. How many eggs are left?"],
     }
     honest = run_plan(env, server, script, question, plan_json([step], plan))
     for name, subproblems in variants.items():
@@ -442,6 +446,9 @@ def test_filler_and_repeated_subproblems_earn_no_independence(env, server, scrip
         assert out["planner"]["counted"] == [True, False], name
         assert out["metrics"]["independence"] == 0.5, name
         assert out["reward"] < honest["reward"], name
+    states = [step, "Janet has 9 eggs left each day. How many eggs are left?"]
+    out = run_plan(env, server, script, question, plan_json(states, plan))
+    assert out["metrics"]["plan_leak"] == 1.0 and out["reward"] == 0.0
 
 
 # --- plans that do none of the work -------------------------------------------------------------
@@ -492,6 +499,12 @@ def dictated_plans(index: int, row: dict) -> dict[str, str]:
         "dictated as arithmetic": plan_json([step], f"What is {format_number(gold - 1)} + 1?"),
         "answer split over two steps": plan_json(
             [step, f"What is {last_step}?"], "Reply with the second result."
+        ),
+        "honest step, then the answer's step": plan_json(
+            [HONEST[index][0][0], f"What is {last_step}?"], "Reply with the second result."
+        ),
+        "answer in a subproblem": plan_json(
+            [HONEST[index][0][0], dictate], "Reply with the second result."
         ),
     }
     if index == 0:  # the issue's measured plan

@@ -7,12 +7,13 @@ their results (independence.py). The direct-solve baseline (the efficiency refer
 once per problem with the same worker; at temperature 0 an atomic plan sends exactly the baseline
 request, so it reuses the cached reply instead of asking again.
 
-A decomposition's answer must come from its subproblems. A plan text that does the work itself
-scores 0 (`plan_leak`): one that states a result of the solution or whose numbers reach the
-answer (steps.py), checked before any worker call, and one from which the worker gets the answer
-without any results: the combination request is also sent with the plan alone (concurrently
-with the subproblems, its tokens not charged to the plan), which catches dictation in any wording
-the worker understands ("reply with seventeen plus one").
+A decomposition's answer must come from combining its subproblems' results. A plan whose texts do
+the work themselves scores 0 (`plan_leak`): a plan text or subproblem that states a result of the
+solution or whose numbers reach the answer (steps.py), checked before any worker call; a plan
+text from which the worker gets the answer without any results (the combination request is also
+sent with the plan alone, concurrently with the subproblems, its tokens not charged to the plan,
+which catches dictation in any wording the worker understands: "reply with seventeen plus one");
+and a subproblem whose result is the answer (it solved the whole problem alone).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import verifiers as vf
 
-from vf_planner.answers import final_number, numbers_match, parse_number
+from vf_planner.answers import among, final_number, numbers_match, parse_number, stated_numbers
 from vf_planner.independence import independence
 from vf_planner.plan import Plan, PlanError, PlanParser
 from vf_planner.replies import last_reply_text
@@ -70,6 +71,12 @@ class Problem:
     solution: str
     gold: float | None
 
+    @property
+    def gold_unstated(self) -> bool:
+        """Whether the answer is a number the problem does not state (a subproblem restating a
+        stated fact that happens to be the answer has not solved anything)."""
+        return self.gold is not None and not among(self.gold, stated_numbers(self.question))
+
     @classmethod
     def of(cls, state: vf.State) -> Problem:
         info = state["info"]
@@ -96,10 +103,10 @@ class PlannerPipeline:
         outcome.subproblems = plan.subproblems
         if plan.should_decompose:
             outcome.plan_leak = plan_leak(
-                plan.plan, problem.question, problem.solution, problem.gold
+                plan.plan, plan.subproblems, problem.question, problem.solution, problem.gold
             )
         if outcome.plan_leak is not None:
-            logger.info("plan text does the work (scored 0): %s", outcome.plan_leak)
+            logger.info("the plan does the work itself (scored 0): %s", outcome.plan_leak)
             return outcome
         try:
             worker = await self.workers.worker_for(state["client"], state["model"])
@@ -126,6 +133,10 @@ class PlannerPipeline:
         )
         if alone is not None and numbers_match(final_number(alone.text), problem.gold):
             outcome.plan_leak = "the worker gets the answer from the plan without any results"
+        elif problem.gold_unstated and any(
+            numbers_match(final_number(r.text), problem.gold) for r in replies
+        ):
+            outcome.plan_leak = "a subproblem alone produced the answer: nothing was decomposed"
         final = await worker.combine(plan.plan, plan.subproblems, replies)
         results = [final_number(r.text) for r in replies]
         scored = independence(

@@ -7,10 +7,10 @@ Both checks that keep a decomposition honest read the reference solution as step
   states that the problem states (independence.py): "What is 3 * 3?" returns 9, a result of
   `16-3-4=9`, but carries none of that step's operands, so the planner, not the worker, did the
   step (or it is a coincidence);
-- the plan text, which the combination step reads, must not carry the work either
-  (`plan_leak`): stating a result of the solution (the answer, or an intermediate value the
-  planner worked out itself) or enough of the problem's numbers to reach the answer through its
-  steps makes the combination a direct solve in disguise.
+- the plan text and the subproblems, which the combination step reads, must not carry the work
+  either (`plan_leak`): stating a result of the solution (the answer, or an intermediate value
+  the planner worked out itself) or enough of the problem's numbers to reach the answer through
+  its steps makes the combination, or one subproblem, a direct solve in disguise.
 
 An operand is available when the text states it (as written, or as a percentage: 150 for the
 1.5 of "150%") or when it is a constant the problem never states and no step computes (the 100
@@ -54,21 +54,23 @@ def reachable(text: str, question: str, solution: str) -> list[float]:
     return reached
 
 
-def plan_leak(plan: str, question: str, solution: str, gold: float | None) -> str | None:
-    """Why the plan text carries the work itself, or None when it does not.
+def plan_leak(
+    plan: str, subproblems: list[str], question: str, solution: str, gold: float | None
+) -> str | None:
+    """Why the plan's texts carry the work themselves, or None when they do not.
 
-    The plan may state the problem's numbers the combination still needs ("multiply by 2"), not
-    a result of the solution the problem does not state (the answer, or an intermediate value
-    the planner worked out), nor enough numbers to reach the answer through the solution's steps
-    (the problem handed over in any wording)."""
+    The plan text and the subproblems may state the problem's numbers (and constants such as the
+    100 of a percentage), not a result of the solution the problem does not state (the answer, or
+    an intermediate value the planner worked out itself); and no one of them may hold enough of
+    the problem's numbers to reach the answer through the solution's steps (the problem handed
+    over, in any wording, to the combination step or to a single subproblem)."""
     results = [step.value for step in calculator_steps(solution)]
     results += [gold] if gold is not None else []
     given = stated_numbers(question)
-    computed = [n for n in stated_numbers(plan) if among(n, results) and not among(n, given)]
-    if computed:
-        return (
-            f"the plan states {computed[0]:g}, a result of the solution the workers did not compute"
-        )
-    if among(gold, reachable(plan, question, solution)):
-        return "the plan's own numbers reach the answer through the solution's steps"
+    for name, text in [("the plan", plan), *(("a subproblem", sub) for sub in subproblems)]:
+        computed = [n for n in stated_numbers(text) if among(n, results) and not among(n, given)]
+        if computed:
+            return f"{name} states {computed[0]:g}, a result the workers were to compute"
+        if among(gold, reachable(text, question, solution)):
+            return f"{name} alone reaches the answer through the solution's steps"
     return None
