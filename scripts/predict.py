@@ -89,7 +89,9 @@ def main() -> None:
             log_path=log,
         ) as endpoint:  # fmt: skip
             print(f"predicting {len(rows)} rows with {endpoint.model}", file=sys.stderr)
-            client = make_client(endpoint.base_url, None, args.timeout, args.batch_size)
+            client = make_client(
+                endpoint.base_url, None, args.timeout, args.batch_size, training=False
+            )
             predictions = predict(
                 env,
                 rows,

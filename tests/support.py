@@ -3,9 +3,12 @@ config every test starts from, and launching the trainer in fresh processes."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -127,3 +130,76 @@ def restore_base_weights(server) -> None:
     with WeightSync(server.base_url, backend="shm") as sync:
         sync.connect(model)
         sync.push()
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Forwards each request to `server.upstream` and records (method, path, JSON body)."""
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.requests.append((self.command, self.path, json.loads(body) if body else None))
+        headers = {
+            k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")
+        }
+        answer = httpx.request(self.command, self.server.upstream + self.path, content=body,
+                               headers=headers, timeout=300)  # fmt: skip
+        self.send_response(answer.status_code)
+        self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    do_GET = do_POST = _forward
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def recording_proxy(server):
+    """An HTTP proxy in front of a real vf-vllm that records every request it forwards:
+    yields (base URL ending in /v1, list of (method, path, body))."""
+    from rlvr.weights import server_root
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    proxy.upstream = server_root(server.base_url)
+    proxy.requests = []
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{proxy.server_address[1]}/v1", proxy.requests
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+def chat_requests(requests) -> list[dict]:
+    """The chat-completion bodies among a proxy's recorded requests."""
+    return [body for method, path, body in requests if path.endswith("/chat/completions")]
+
+
+@contextlib.contextmanager
+def json_server(routes: dict[str, dict]):
+    """A stand-in server answering GET `path` with `routes[path]` (404 elsewhere): for a
+    server configuration no real test server runs with. Yields its base URL (/v1)."""
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            body = json.dumps(routes[path]).encode() if path in routes else b"{}"
+            self.send_response(200 if path in routes else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()

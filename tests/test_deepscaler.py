@@ -296,6 +296,9 @@ def test_think_blocks_never_supply_the_answer():
         ("<think>work</think>", False),
         ("x <think>work</think> \\boxed{1}", False),
         ("<think>a</think><think>b</think> \\boxed{1}", False),
+        ("<THINK>work</THINK> \\boxed{1}", True),  # tags match in any letter case
+        ("work</Think> \\boxed{1}", True),
+        ("<think>a</THINK><Think>b</think> \\boxed{1}", False),
     ],
 )
 def test_think_format(text, ok):
@@ -327,15 +330,10 @@ def answer_from(answers: dict[str, str]) -> Policy:
     return policy
 
 
-def test_generate_scores_correct_one_and_wrong_zero(rows):
-    environment = load_environment(data_files=str(ROWS_PATH), max_examples=6)
+def generate_answers(environment, answers: dict[str, str]) -> list[dict[str, Any]]:
+    """Every row of `environment` through env.generate, answered from `answers`, in row order;
+    the environment's verifier pool is closed afterwards."""
     inputs = environment.get_dataset().to_list()
-    answers = {}
-    for i, row in enumerate(rows[:6]):
-        value = row["answer"] if i % 2 == 0 else "\\text{no idea}"
-        answers[row["problem"]] = (
-            f"Let me compute step by step.\n\nFinal answer: $\\boxed{{{value}}}$"
-        )
     try:
         results = asyncio.run(
             environment.generate(
@@ -344,13 +342,42 @@ def test_generate_scores_correct_one_and_wrong_zero(rows):
         )
     finally:
         find_rubric(environment).pool.close()
-    outputs = sorted(results["outputs"], key=lambda o: o["example_id"])
+    return sorted(results["outputs"], key=lambda o: o["example_id"])
+
+
+def test_generate_scores_correct_one_and_wrong_zero(rows):
+    environment = load_environment(data_files=str(ROWS_PATH), max_examples=6)
+    answers = {}
+    for i, row in enumerate(rows[:6]):
+        value = row["answer"] if i % 2 == 0 else "\\text{no idea}"
+        answers[row["problem"]] = (
+            f"Let me compute step by step.\n\nFinal answer: $\\boxed{{{value}}}$"
+        )
+    outputs = generate_answers(environment, answers)
     assert [o["reward"] for o in outputs] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
     for output in outputs:
         metrics = output["metrics"]
         assert {"math_reward", "correct", "has_boxed", "completion_chars"} <= set(metrics)
         assert metrics["correct"] == output["reward"]
         assert metrics["has_boxed"] == 1.0 and metrics["completion_chars"] > 0
+
+
+def test_think_tags_follow_one_rule_in_any_letter_case(rows):
+    """Reasoning is stripped and the think format counted by the same case-insensitive rule:
+    `<THINK>...</THINK>\\boxed{gold}` scores 1.0 through env.generate, like lower-case tags,
+    and a box only inside the (upper-case) reasoning scores 0."""
+    environment = load_environment(
+        data_files=str(ROWS_PATH), max_examples=4, use_think=True, think_format_weight=0.25
+    )
+    tags = ["<think>{}</think>", "<THINK>{}</THINK>", "<Think>{}</tHiNk>", "<THINK>{}</THINK>"]
+    answers = {}
+    for i, row in enumerate(rows[:4]):
+        thought = "work it out" if i < 3 else f"\\boxed{{{row['answer']}}}"
+        reply = tags[i].format(thought)
+        answers[row["problem"]] = reply + ("" if i == 3 else f" \\boxed{{{row['answer']}}}")
+    outputs = generate_answers(environment, answers)
+    assert [o["reward"] for o in outputs] == [1.0, 1.0, 1.0, 0.0]
+    assert [o["metrics"]["format"] for o in outputs[:3]] == [1.0, 1.0, 1.0]
 
 
 # Data sources --------------------------------------------------------------------------------

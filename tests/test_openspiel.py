@@ -404,6 +404,31 @@ def test_a_rollout_stopped_by_an_error_scores_as_a_loss():
     assert state["reward"] == 0.0 and state["metrics"]["loss"] == 1.0
 
 
+@pytest.mark.parametrize("stops_with", ["context overflow", "timeout"])
+def test_openspiel_legal_mode_aborted_game_does_not_keep_its_rate(stops_with):
+    """In legal mode, one legal move and then a rollout verifiers stops (the reply bloated past
+    the context, or the call timed out) scores 0, as in outcome mode: stopping early must not
+    keep the perfect rate of a whole legal game, which a finished legal game still earns."""
+    calls = {"n": 0}
+
+    def one_move_then_stop(prompt):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise (vf.OverlongPromptError if stops_with == "context overflow" else TimeoutError)(
+                stops_with
+            )
+        return random_mover(0)(prompt)
+
+    env, row = first_row(cases=["chess"], reward_mode="legal")
+    state = play(env, row, one_move_then_stop)
+    record = state["openspiel"]
+    assert record["ended_by"] == "aborted" and record["legal_replies"] == record["replies"] == 1
+    assert state["reward"] == 0.0 and state["metrics"]["legal_rate"] == 0.0
+    env, row = first_row(cases=["tic_tac_toe"], reward_mode="legal")
+    finished = play(env, row, random_mover(0))
+    assert finished["openspiel"]["ended_by"] == "game_over" and finished["reward"] == 1.0
+
+
 def test_seat_labels_match_open_spiel():
     chess = pyspiel.load_game("chess").new_initial_state()
     assert chess.current_player() == 1  # White moves first and is player 1

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,15 +193,39 @@ def derive(facts: set[float], problem: Problem) -> list[float]:
     return [steps[i].value for i in sorted(done)]
 
 
+REPLY_EXACTLY = re.compile(r"Reply exactly: (?P<line>.+)")
+ARITHMETIC = re.compile(r"What is (?P<expression>[\d.]+(?:\s*[-+*/]\s*[\d.]+)+)\s*\?")
+OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
+def evaluate(expression: str) -> float:
+    """A bare arithmetic expression, left to right ("8 + 1", "9 * 2", "200000 - 130000")."""
+    tokens = re.findall(r"[\d.]+|[-+*/]", expression)
+    value = float(tokens[0])
+    for op, operand in zip(tokens[1::2], tokens[2::2], strict=True):
+        value = OPERATORS[op](value, float(operand))
+    return value
+
+
+def obey(told: re.Match[str]) -> str:
+    """The reply of a worker that does what its prompt tells it."""
+    if "line" in told.groupdict():
+        return told.group("line").strip()
+    return f"Answer: {format_number(evaluate(told.group('expression')))}"
+
+
 @dataclass
 class Script:
     """Plays the planner (model POLICY) and the worker (model BASE).
 
     The planner replies with `plans[question]`. The worker knows which problem is being rolled out
     (`problem`) but uses nothing of it except its reference steps: facts come from its prompt. A
-    direct solve or a combination answers the gold number when the steps reach it, a subproblem
-    answers its deepest result (or restates a number it was given); otherwise it says it cannot
-    tell. Each call spends 20 tokens plus 20 per step it works out.
+    direct solve or a combination answers the gold number when the steps reach it or its prompt
+    states it (a worker told the answer repeats it), a subproblem answers its deepest result (or
+    restates a number it was given); otherwise it says it cannot tell. Like any instruction
+    follower it also repeats a line it is told to reply with ("Reply exactly: ...") and works out
+    a bare arithmetic question ("What is 3 * 3?"). Each call spends 20 tokens plus 20 per step it
+    works out.
     """
 
     problems: dict[str, Problem]
@@ -218,11 +244,15 @@ class Script:
             return ScriptedReply(f"model {model!r} not served", 0, status=404)
         if self.worker_status != 200:
             return ScriptedReply("worker down", 0, status=self.worker_status)
+        instructions = user.partition("\n\nSolved parts:")[0]  # a combination: its plan
+        told = REPLY_EXACTLY.search(instructions) or ARITHMETIC.search(instructions)
+        if told:
+            return ScriptedReply(obey(told), 20)
         facts = facts_in(user)
         steps = derive(facts, self.problem)
         tokens = 20 + 20 * len(steps)
         if messages[0]["content"] in (WORKER_DIRECT_SYSTEM, WORKER_COMBINE_SYSTEM):
-            done = among(self.problem.gold, steps)
+            done = among(self.problem.gold, steps) or among(self.problem.gold, facts)
             reply = f"Answer: {format_number(self.problem.gold)}" if done else CANNOT_TELL
             return ScriptedReply(reply, tokens)
         result = steps[-1] if steps else max(facts, default=None)
@@ -323,6 +353,10 @@ def test_honest_decompositions_outscore_degenerate_plans(env, server, script, ro
         table.append((index, "honest", honest))
         for name, reply in degenerate_plans(index, question).items():
             out = run_plan(env, server, script, question, reply)
+            if name == "[problem, 'What is the answer?']":  # one subproblem is the whole problem
+                assert out["metrics"]["plan_leak"] == 1.0 and out["reward"] == 0.0, index
+                table.append((index, name, out))
+                continue
             assert out["metrics"]["correct"] == 1.0, (index, name, out["planner"])
             if name == "paraphrased sentences":  # counts only a sentence that is a whole step
                 assert out["metrics"]["independence"] < 0.5, (index, out["planner"])
@@ -358,7 +392,8 @@ def test_atomic_plans_are_not_penalised_structurally(env, server, script, rows):
 
 def test_worker_sees_only_what_the_plan_gives_it(env, server, script, rows):
     """Subproblem calls carry the subproblem's text alone; the combination carries the plan and
-    the results; the problem reaches the worker only in the direct solve (the baseline)."""
+    the results, and is also asked with the plan alone (the check that the plan does not carry
+    the answer); the problem reaches the worker only in the direct solve (the baseline)."""
     question = rows[2]["question"]
     subproblems, plan = HONEST[2]
     before = len(server.requests)
@@ -369,8 +404,10 @@ def test_worker_sees_only_what_the_plan_gives_it(env, server, script, rows):
         users[messages[0]["content"]].append(messages[-1]["content"])
     subproblem_calls = [u for system, us in users.items() for u in us if "self-contained" in system]
     assert sorted(subproblem_calls) == sorted(subproblems)
-    [combination] = users[WORKER_COMBINE_SYSTEM]
+    alone, combination = sorted(users[WORKER_COMBINE_SYSTEM], key=len)
+    assert alone == f"Plan: {plan}\n\nSolved parts:\n"
     assert plan in combination and "Result: 130000" in combination and question not in combination
+    assert out["metrics"]["plan_leak"] == 0.0
     carrying_problem = {system for system, us in users.items() for u in us if question in u}
     assert carrying_problem <= {WORKER_DIRECT_SYSTEM}  # the baseline (unless already cached)
     assert out["planner"]["subproblem_results"] == [130000.0, 200000.0]
@@ -393,14 +430,14 @@ def test_a_plan_that_keeps_back_a_needed_fact_is_wrong(env, server, script, rows
 
 
 def test_filler_and_repeated_subproblems_earn_no_independence(env, server, script, rows):
-    """An unrelated question, a repeat of a subproblem, or one that states its own result do not
-    count; each lowers I below the honest plan's."""
+    """An unrelated question or a repeat of a subproblem does not count; each lowers I below the
+    honest plan's. A subproblem that states a result the workers were to compute ("Janet has 9
+    eggs left") carries the planner's own work: the plan scores 0."""
     question = rows[0]["question"]
     [step], plan = HONEST[0]
     variants = {
         "filler": [step, "What is the capital of France?"],
         "repeated": [step, step],
-        "states its result": [step, "Janet has 9 eggs left each day. How many eggs are left?"],
     }
     honest = run_plan(env, server, script, question, plan_json([step], plan))
     for name, subproblems in variants.items():
@@ -409,6 +446,142 @@ def test_filler_and_repeated_subproblems_earn_no_independence(env, server, scrip
         assert out["planner"]["counted"] == [True, False], name
         assert out["metrics"]["independence"] == 0.5, name
         assert out["reward"] < honest["reward"], name
+    states = [step, "Janet has 9 eggs left each day. How many eggs are left?"]
+    out = run_plan(env, server, script, question, plan_json(states, plan))
+    assert out["metrics"]["plan_leak"] == 1.0 and out["reward"] == 0.0
+
+
+# --- plans that do none of the work -------------------------------------------------------------
+
+ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+ONES += "fifteen sixteen seventeen eighteen nineteen"
+TENS = "x x twenty thirty forty fifty sixty seventy eighty ninety"
+
+
+def number_words(n: int) -> str:
+    """An integer below a million in words ("seventy thousand", "two hundred sixty")."""
+    if n >= 1000:
+        rest = f" {number_words(n % 1000)}" if n % 1000 else ""
+        return f"{number_words(n // 1000)} thousand{rest}"
+    if n >= 100:
+        rest = f" {number_words(n % 100)}" if n % 100 else ""
+        return f"{ONES.split()[n // 100]} hundred{rest}"
+    if n >= 20:
+        return TENS.split()[n // 10] + (f"-{ONES.split()[n % 10]}" if n % 10 else "")
+    return ONES.split()[n]
+
+
+def spelled_out(text: str) -> str:
+    """The text with every number written in words."""
+    return re.sub(r"\d[\d,]*", lambda m: number_words(int(m.group().replace(",", ""))), text)
+
+
+def unrelated_step(solution: str) -> str:
+    """Arithmetic that is no step of the problem but returns its first intermediate result."""
+    first = calculator_steps(solution)[0].value
+    return f"What is {format_number(first - 1)} + 1?"
+
+
+def dictated_plans(index: int, row: dict) -> dict[str, str]:
+    """Plans whose planner solved the problem and hands the answer to the combination step (the
+    issue's strategies and variants of them)."""
+    gold = gold_number(row["answer"])
+    step = unrelated_step(row["answer"])
+    last_step = re.findall(r"<<([^=<>]*)=", row["answer"])[-1]
+    dictate = f"Reply exactly: Answer: {format_number(gold)}"
+    plans = {
+        "dictated, unrelated step": plan_json([step], dictate),
+        "dictated, filler step": plan_json(["What is 1 + 1?"], dictate),
+        "dictated, paraphrased": plan_json(
+            [step], f"All told that comes to {format_number(gold)}; give it as the final number."
+        ),
+        "dictated, spelled out": plan_json([step], f"The result is {number_words(int(gold))}."),
+        "dictated as arithmetic": plan_json([step], f"What is {format_number(gold - 1)} + 1?"),
+        "answer split over two steps": plan_json(
+            [step, f"What is {last_step}?"], "Reply with the second result."
+        ),
+        "honest step, then the answer's step": plan_json(
+            [HONEST[index][0][0], f"What is {last_step}?"], "Reply with the second result."
+        ),
+        "answer in a subproblem": plan_json(
+            [HONEST[index][0][0], dictate], "Reply with the second result."
+        ),
+    }
+    if index == 0:  # the issue's measured plan
+        plans["issue: 3 * 3, reply 18"] = plan_json(["What is 3 * 3?"], "Reply exactly: Answer: 18")
+    return plans
+
+
+def pasted_plans(index: int, question: str, solution: str) -> dict[str, str]:
+    """Plans that hand the combination step the problem itself, in its words or others."""
+    step = unrelated_step(solution)
+    return {
+        "problem as plan, trivial step": plan_json([step], question),
+        "problem as plan, honest steps": plan_json(HONEST[index][0], question),
+        "paraphrased problem as plan": plan_json([step], " ".join(PARAPHRASED[index])),
+        "spelled-out problem as plan": plan_json([step], spelled_out(question)),
+    }
+
+
+def assert_none_pays(env, server, script, rows, strategies) -> None:
+    """Each strategy scores at most the atomic plan of its row, and the honest decomposition
+    scores above both, on the five measured rows; prints the table (run with -s)."""
+    table = []
+    for index, (subproblems, plan) in HONEST.items():
+        question = rows[index]["question"]
+        honest = run_plan(env, server, script, question, plan_json(subproblems, plan))
+        atomic = run_plan(env, server, script, question, plan_json([]))
+        assert honest["reward"] > atomic["reward"], index
+        table += [(index, "honest", honest["reward"]), (index, "atomic", atomic["reward"])]
+        for name, reply in strategies(index, rows[index]).items():
+            out = run_plan(env, server, script, question, reply)
+            assert out["reward"] <= atomic["reward"], (index, name, out["planner"])
+            table.append((index, name, out["reward"]))
+    print()
+    for index, name, reward in table:
+        print(f"{index:>3} {name:<36} {reward:6.3f}")
+
+
+def test_planner_dictated_answer_does_not_pay(env, server, script, rows):
+    """A planner that solved the problem itself and dictates the answer to the combination step
+    (in digits, words, other phrasing or as arithmetic), or splits the answer's computation into
+    bare arithmetic of its own numbers, earns no more than solving directly: a plan that states
+    a result of the solution, or whose text alone gives the answer, scores 0, and a subproblem
+    counts only when it carries the problem's own operands of the step it computes."""
+    assert_none_pays(env, server, script, rows, dictated_plans)
+
+
+def test_planner_problem_in_plan_does_not_pay(env, server, script, rows):
+    """The problem handed to the combination step through `plan` (verbatim, paraphrased, with
+    its numbers spelled out, beside honest subproblems or a trivial one) earns no more than
+    solving directly: a plan whose numbers alone reach the answer scores 0."""
+    assert_none_pays(
+        env,
+        server,
+        script,
+        rows,
+        lambda index, row: pasted_plans(index, row["question"], row["answer"]),
+    )
+
+
+def test_planner_parse_is_bounded(env, server, script, rows):
+    """A reply of 200,000 braces (or of half-open keys) is rejected in well under a second, not
+    after one decode attempt per brace; nesting deeper than the JSON decoder's recursion limit
+    and a 5,000-digit integer are malformed plans (0), not lost rollouts; a long reasoning
+    before the plan still leaves the plan readable."""
+    for reply in ("{" * 200_000, '{"' * 100_000, '{"a": ' * 50_000):
+        start = time.perf_counter()
+        with pytest.raises(PlanError):
+            parse_plan(reply, max_subproblems=4)
+        assert time.perf_counter() - start < 1.0, reply[:10]
+    question = rows[1]["question"]
+    deep = '{"should_decompose": true, "subproblems": ' + "[" * 5000 + "]" * 5000 + "}"
+    huge = '{"should_decompose": true, "subproblems": ["a"], "plan": "b", "n": ' + "9" * 5000 + "}"
+    for reply in (deep, huge, "{" * 200_000):
+        out = run_plan(env, server, script, question, reply)
+        assert out["metrics"]["parse_failure"] == 1.0 and out["reward"] == 0.0
+    thinking = "Let me think. " * 20_000 + plan_json(*HONEST[3])
+    assert parse_plan(thinking, max_subproblems=4).subproblems == HONEST[3][0]
 
 
 def test_independence_formula_on_the_ducks_row(rows):
@@ -509,6 +682,7 @@ def test_every_metric_is_logged(env, server, script, rows):
         "efficiency",
         "independence",
         "parse_failure",
+        "plan_leak",
         "worker_error",
     }
     assert expected <= set(out["metrics"])
@@ -547,7 +721,7 @@ def test_separate_worker_server(gsm8k_file, server, script, rows):
         policy_models = {r["model"] for r in server.requests[before:]}
         assert out["metrics"]["correct"] == 1.0
         assert policy_models == {POLICY}
-        assert len(worker_server.requests) == 3  # baseline, one subproblem, combination
+        assert len(worker_server.requests) == 4  # baseline, subproblem, plan alone, combination
 
 
 # --- loading ------------------------------------------------------------------------------------

@@ -211,6 +211,48 @@ def test_summary_reads_metadata_metrics_errors_truncation_and_lengths(tmp_path: 
     assert summary.completion_tokens == (5 + 9 + 5 + 5) / 4
 
 
+def musique_full_row(example_id: int, pair: str, answerable: bool, right: bool) -> dict[str, Any]:
+    """A MuSiQue-Full rollout: `info.pair_id` names its twin, `correct` says whether it was right
+    (reward 1 when right, else 0, for simplicity)."""
+    row = rollout(example_id, float(right), info={"pair_id": pair, "answerable": answerable})
+    row["metrics"]["correct"] = float(right)
+    return row
+
+
+def test_musique_full_paired_metric_beside_the_mean(tmp_path: Path):
+    """A pair counts only when both twins are right (each twin's share of right rollouts,
+    multiplied): "always unanswerable" is right on every unanswerable row, 0.4 of the rows here,
+    and on no pair; an example without its twin counts in no pair. Rows without pair ids show no
+    paired row."""
+    lazy = [
+        musique_full_row(e, pair, answerable, right=not answerable)
+        for e, pair, answerable in [(0, "a", True), (1, "a", False), (2, "b", True)]
+        + [(3, "b", False), (4, "c", True)]
+    ]
+    honest = [
+        musique_full_row(e, pair, answerable, right)
+        for e, pair, answerable, rights in [
+            (0, "a", True, [True, True]),
+            (1, "a", False, [True, False]),
+            (2, "b", True, [True, True]),
+            (3, "b", False, [True, True]),
+            (4, "c", True, [False, False]),
+        ]
+        for right in rights
+    ]
+    runs = [
+        load_run(write_run(tmp_path / name, rows, env_id="vf-musique"), name)
+        for name, rows in [("lazy", lazy), ("honest", honest)]
+    ]
+    report = build_report(runs)
+    lazy_summary, honest_summary = report.runs
+    assert lazy_summary.reward.mean == pytest.approx(0.4) and lazy_summary.paired == 0.0
+    assert honest_summary.paired == pytest.approx((1.0 * 0.5 + 1.0 * 1.0) / 2)
+    assert "| paired correct (both twins) | 0.000 | 0.750 |" in render_markdown(report)
+    plain = build_report([run_of(tmp_path, {0: [1.0], 1: [0.0]})])
+    assert plain.runs[0].paired is None and "paired correct" not in render_markdown(plain)
+
+
 def test_fields_vf_eval_did_not_save_are_reported_as_missing(tmp_path: Path):
     rows = [{"example_id": 0, "reward": 1.0}, {"example_id": 0, "reward": 0.0}]
     out = tmp_path / "bare"

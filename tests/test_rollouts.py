@@ -17,13 +17,13 @@ import verifiers as vf
 from datasets import Dataset
 from openai.types.chat import ChatCompletion
 from transformers import AutoTokenizer
-from verifiers.clients import OpenAIChatCompletionsClient
 
 from rlvr.batch import Sample
+from rlvr.client import RolloutClient
 from rlvr.config import ConfigError, load_config
 from rlvr.rollouts import GroupResult, PromptOrder, RolloutWorker, StepBatch, run_group
 from rlvr.samples import MissingTokensError, RolloutResult, trajectory_samples
-from rlvr.sampling import SamplingFilterError, build_sampling_args, request_seed
+from rlvr.sampling import SamplingFilterError, build_sampling_args, request_seed, turn_seed
 from rlvr.trainer import build_samples
 
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
@@ -31,7 +31,7 @@ FINAL = "The value is \\boxed{42}."
 TOOL_RESULT = "value of a is 42"
 
 
-class ScriptedClient(OpenAIChatCompletionsClient):
+class ScriptedClient(RolloutClient):
     """Answers like vLLM with return_token_ids: turn k of a rollout replies `replies[k]`.
 
     Records every (prompt_ids, completion_ids, logprobs) it returned, so tests can compare the
@@ -269,6 +269,62 @@ def test_sampling_parity_accepts_neutral_values_and_refuses_env_defaults():
         build_sampling_args(cfg.sampling, {"extra_body": {"top_k": 50}})
 
 
+CONSTRAINED = [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}},
+    {"tool_choice": "required"},
+    {"tool_choice": {"type": "function", "function": {"name": "lookup"}}},
+    {"extra_body": {"structured_outputs": {"regex": "[0-9]+"}}},
+    {"extra_body": {"guided_json": {"type": "object"}}},
+    {"extra_body": {"guided_choice": ["yes", "no"]}},
+]
+
+
+@pytest.mark.parametrize("args", CONSTRAINED)
+def test_constrained_decoding_is_refused(args, tokenizer):
+    """Constrained decoding masks tokens before vLLM computes logprobs: refused from the
+    environment's defaults, from the run config, and on any request an environment sends."""
+    cfg = load_config().sampling
+    with pytest.raises(SamplingFilterError, match="environment's sampling_args asks for"):
+        build_sampling_args(cfg, args)
+    with pytest.raises(ConfigError, match="bias every importance ratio"):
+        load_config(
+            overrides=[f"sampling.extra_body={json.dumps({**args, **args.get('extra_body', {})})}"]
+        )
+    client = ScriptedClient(tokenizer, [FINAL])
+    request = {**build_sampling_args(cfg), **args}
+    with pytest.raises(SamplingFilterError, match="a rollout request asks for"):
+        asyncio.run(client.get_response([{"role": "user", "content": "q"}], "m", request))
+    assert client.returned == []  # refused before it reached the server
+
+
+def test_unconstrained_choices_are_accepted():
+    neutral = {"tool_choice": "auto", "response_format": {"type": "text"}}
+    assert build_sampling_args(load_config().sampling, neutral)["tool_choice"] == "auto"
+
+
+def test_a_forced_tool_call_stops_the_run_instead_of_erroring_rollouts(tokenizer):
+    """An environment that forces a tool call on its requests fails the group loudly: its
+    rollouts could never train, so counting them as errored would hide the cause."""
+    env = vf.SingleTurnEnv(
+        dataset=Dataset.from_list([{"question": "q", "answer": "42"}]),
+        rubric=vf.Rubric(funcs=[correct]),
+    )
+    args = {**build_sampling_args(load_config().sampling), "tool_choice": "required"}
+    client = ScriptedClient(tokenizer, [FINAL])
+    row = env.get_dataset()[0]
+    with pytest.raises(SamplingFilterError, match="tool_choice"):
+        asyncio.run(run_group(env, client, "m", row, [args], 512, False))
+
+
+def test_turn_seeds_are_distinct_and_keep_the_rollout_seed_on_the_first_turn():
+    rollout_seeds = [request_seed(0, 5, 2, r) for r in range(8)]
+    seeds = {turn_seed(s, t) for s in rollout_seeds for t in range(10)}
+    assert len(seeds) == 80
+    assert turn_seed(rollout_seeds[0], 0) == rollout_seeds[0]
+    assert turn_seed(rollout_seeds[0], 3) == turn_seed(rollout_seeds[0], 3)
+
+
 def test_request_seeds_differ_within_a_group_and_repeat_across_runs():
     seeds = {request_seed(0, 5, 2, r) for r in range(8)}
     assert len(seeds) == 8
@@ -314,7 +370,7 @@ def test_worker_runs_at_most_async_level_steps_ahead(tokenizer):
             worker.set_version(1)
             assert worker.get(1).step == 1
             if async_level == 1:
-                assert worker.get(2).min_policy_version >= 1
+                assert worker.get(2).min_policy_version == 1
         finally:
             worker.close()
 

@@ -34,3 +34,19 @@ def target_share_env(target: int | set[int], num_prompts: int = 16) -> vf.Single
     rows = [{"question": f"Write a line about item {i}.", "answer": ""} for i in range(num_prompts)]
     dataset = Dataset.from_list(rows)
     return vf.SingleTurnEnv(dataset=dataset, eval_dataset=dataset, rubric=rubric)
+
+
+class _KeepTalking(vf.MultiTurnEnv):
+    """Answers every reply with 'Go on.' until `max_turns` model turns."""
+
+    async def env_response(self, messages, state, **kwargs):
+        return [{"role": "user", "content": "Go on."}]
+
+
+def multi_turn_target_env(target: int, turns: int = 3, num_prompts: int = 16) -> vf.MultiTurnEnv:
+    """`target_share_env` over `turns` model turns: the environment's user messages between
+    turns carry no loss, and the reward reads every turn's sampled tokens."""
+    single = target_share_env(target, num_prompts)
+    dataset = single.get_dataset()
+    return _KeepTalking(dataset=dataset, eval_dataset=dataset, rubric=single.rubric,
+                        max_turns=turns)  # fmt: skip

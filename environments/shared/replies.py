@@ -14,9 +14,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-_CLOSE = re.compile(re.escape(THINK_CLOSE), re.IGNORECASE)
-_OPEN = re.compile(re.escape(THINK_OPEN), re.IGNORECASE)
+# Think tags match in any letter case, everywhere they are read (one rule for stripping the
+# reasoning and for checking the think format).
+THINK_OPEN = re.compile(re.escape("<think>"), re.IGNORECASE)
+THINK_CLOSE = re.compile(re.escape("</think>"), re.IGNORECASE)
 
 
 def get_field(obj: Any, name: str, default: Any = None) -> Any:
@@ -55,8 +56,8 @@ def strip_reasoning(text: str) -> str:
     a `<think>` that never closes to the end (the model had not finished thinking); the whole
     text when there is no think tag. Tags match in any letter case.
     """
-    closes = list(_CLOSE.finditer(text))
+    closes = list(THINK_CLOSE.finditer(text))
     if closes:
         text = text[closes[-1].end() :]
-    still_open = _OPEN.search(text)
+    still_open = THINK_OPEN.search(text)
     return text[: still_open.start()] if still_open else text

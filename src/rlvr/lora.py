@@ -109,7 +109,9 @@ class MergedWeightSource:
     """The model's weights as vLLM expects them: base names, LoRA deltas merged in.
 
     Works for plain models too (then it is `ModuleSource` with ZeRO-3 gathering), so the
-    trainer uses one source for full fine-tuning and LoRA alike.
+    trainer uses one source for full fine-tuning and LoRA alike. `dtype`: the dtype every
+    tensor travels in (a mixed-precision policy's compute dtype: its float32 master weights
+    reach the server in the dtype it serves); None keeps each parameter's own.
     """
 
     def __init__(
@@ -117,8 +119,10 @@ class MergedWeightSource:
         model: torch.nn.Module,
         gather: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager]
         | None = None,
+        dtype: torch.dtype | None = None,
     ):
         self.gather = gather or zero3_gather
+        self.dtype = dtype
         self.entries = self._plan(base_model(model))
 
     @staticmethod
@@ -142,9 +146,16 @@ class MergedWeightSource:
         return entries
 
     def metadata(self) -> list[TensorMeta]:
-        return [TensorMeta(e.name, e.param.dtype, full_shape(e.param)) for e in self.entries]
+        return [
+            TensorMeta(e.name, self.dtype or e.param.dtype, full_shape(e.param))
+            for e in self.entries
+        ]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self._tensors():
+            yield name, tensor if self.dtype is None else tensor.to(self.dtype)
+
+    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for entry in self.entries:
             if entry.tokens_layer is not None:
                 yield entry.name, self._with_trained_rows(entry)

@@ -6,6 +6,14 @@ for large models and wraps the model in a LoRA adapter (new, or one to continue 
 final save writes the adapter or the full model in Hugging Face format, and `merge_adapter`
 turns a saved adapter into a plain model for serving.
 
+Precision: every weight the optimizer updates is float32. A bfloat16 weight of 0.02 moves
+only by steps of 1.2e-4, so AdamW updates below half of that (lr 1e-6 for thousands of steps)
+round to nothing and the run trains nothing while its loss looks fine. LoRA keeps its adapter
+in float32 (PEFT) over a frozen half-precision base, and DeepSpeed keeps float32 master
+weights itself; a full fine-tune elsewhere (one process, DDP) in a half dtype therefore loads
+float32 weights and computes in the half dtype under autocast (`mixed_precision`), whatever
+accelerate's own mixed_precision says. Pushes to vf-vllm stream the half dtype.
+
 Nothing here imports vLLM (the merged-weight stream for vf-vllm lives in `rlvr.lora`), so SFT
 runs on machines that have no vLLM, such as training-only GPU hosts.
 """
@@ -37,6 +45,9 @@ class Policy:
     """Where the weights came from (a local directory or a hub id)."""
     reasoning_vocab: ReasoningVocab | None = None
     """The model's reasoning vocabulary (`tokenizer` is then the expanded one), or None."""
+    compute_dtype: torch.dtype | None = None
+    """Set when float32 weights compute in a half dtype (see the module docstring): the
+    dtype pushed weights travel in."""
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -45,20 +56,40 @@ def resolve_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def master_weights_dtype(cfg: ModelConfig, lora: bool, deepspeed: bool) -> torch.dtype | None:
+    """The half dtype a full fine-tune computes in over float32 weights (None: the weights
+    load in the configured dtype as they are). See the module docstring."""
+    dtype = resolve_dtype(cfg.dtype)
+    if lora or deepspeed or dtype == torch.float32:
+        return None
+    return dtype
+
+
+def mixed_precision(model: torch.nn.Module, dtype: torch.dtype, device_type: str) -> None:
+    """Run the model's forward, and its output head (which `rlvr.logprobs` calls on its
+    own), under autocast to `dtype`: matmuls in `dtype`, reductions and the weights float32."""
+    head = model.get_output_embeddings()
+    for module in (model, head):
+        module.forward = torch.autocast(device_type, dtype=dtype)(module.forward)
+
+
 def num_parameters(model: torch.nn.Module) -> int:
     """Parameter count, also when ZeRO-3 has partitioned the parameters to empty tensors."""
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
 def load_model(
-    path: str, cfg: ModelConfig, reasoning_vocab: ReasoningVocab | None = None
+    path: str,
+    cfg: ModelConfig,
+    reasoning_vocab: ReasoningVocab | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.nn.Module:
-    """The plain Hugging Face model at `path` in `cfg`'s dtype and attention implementation
-    (also used for the frozen reference of a full fine-tune), expanded by `reasoning_vocab`
-    when it does not carry it yet."""
+    """The plain Hugging Face model at `path` in `dtype` (default: `cfg`'s) and `cfg`'s
+    attention implementation (also used for the frozen reference of a full fine-tune),
+    expanded by `reasoning_vocab` when it does not carry it yet."""
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype)}
+    kwargs: dict[str, Any] = {"dtype": dtype or resolve_dtype(cfg.dtype)}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -171,14 +202,20 @@ def load_policy(
 ) -> Policy:
     """Everything a trainer needs to start training the model `model_cfg.name`
     (`keep_reference`: see `apply_lora`)."""
+    from accelerate.utils import DistributedType
+
     from rlvr.models import resolve_model
 
     with accelerator.main_process_first():  # the embedded model is converted once, by one process
         path = resolve_model(model_cfg.name)
     tokenizer = load_tokenizer(path)
     pad = tokenizer.pad_token_id
-    model = load_model(path, model_cfg)
+    deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    compute_dtype = master_weights_dtype(model_cfg, lora_cfg.enabled, deepspeed)
+    model = load_model(path, model_cfg, dtype=torch.float32 if compute_dtype else None)
     tokenizer, reasoning_vocab = attach_reasoning_vocab(model, tokenizer, model_cfg, path)
+    if compute_dtype is not None:  # after any resize: it replaces the head module
+        mixed_precision(model, compute_dtype, accelerator.device.type)
     model.config.use_cache = False
     checkpointing = model_cfg.gradient_checkpointing
     if checkpointing is None:
@@ -192,12 +229,13 @@ def load_policy(
         kind = "LoRA" if lora_cfg.enabled else "full"
         print(
             f"model {path}: {num_parameters(model) / 1e6:.1f}M parameters, "
-            f"{trainable / 1e6:.2f}M trainable ({kind}), dtype {model.dtype}, "
-            f"gradient checkpointing {checkpointing}"
+            f"{trainable / 1e6:.2f}M trainable ({kind}), dtype {model.dtype}"
+            + (f" computing in {compute_dtype}" if compute_dtype else "")
+            + f", gradient checkpointing {checkpointing}"
             + (f", reasoning vocabulary {reasoning_vocab.size}" if reasoning_vocab else "")
         )
     pad_id = pad if pad is not None else tokenizer.eos_token_id
-    return Policy(model, tokenizer, pad_id, path, reasoning_vocab)
+    return Policy(model, tokenizer, pad_id, path, reasoning_vocab, compute_dtype)
 
 
 def zero3_gather(params: list[torch.nn.Parameter]):

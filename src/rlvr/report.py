@@ -145,6 +145,7 @@ class RunSummary:
     truncated: float | None
     completion_chars: float
     completion_tokens: float | None
+    paired: float | None = None
 
 
 def summarize(run: Run, threshold: float) -> RunSummary:
@@ -169,7 +170,24 @@ def summarize(run: Run, threshold: float) -> RunSummary:
         truncated=_share(rows, "is_truncated", lambda row: bool(row["is_truncated"])),
         completion_chars=fmean(_written_chars(row.get("completion")) for row in rows),
         completion_tokens=_mean_output_tokens(rows),
+        paired=paired_correct(rows),
     )
+
+
+def paired_correct(rows: list[dict[str, Any]]) -> float | None:
+    """MuSiQue-Full's paired metric: the share of pairs (examples sharing `info.pair_id`, an
+    answerable question and its unanswerable twin) in which every twin is right (its `correct`
+    metric), each twin's share of right rollouts multiplied as the chance that independent
+    rollouts of both are. The per-row mean pays "always unanswerable" about half the pairs'
+    rows; this pays it nothing. None when no two examples share a pair id."""
+    right: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        info, metrics = row.get("info"), row.get("metrics")
+        if isinstance(info, dict) and "pair_id" in info and isinstance(metrics, dict):
+            if "correct" in metrics:
+                right[str(info["pair_id"])][row["example_id"]].append(metrics["correct"])
+    pairs = [twins.values() for twins in right.values() if len(twins) > 1]
+    return fmean(math.prod(map(fmean, twins)) for twins in pairs) if pairs else None
 
 
 def _pass_at_k(groups: Iterable[list[Rollout]], threshold: float) -> dict[str, float]:
@@ -301,6 +319,8 @@ def render_markdown(report: Report) -> str:
     """The report as Markdown: one column per run, then the paired differences."""
     runs = report.runs
     env = next((run.env_id for run in runs if run.env_id), "unknown environment")
+    paired = [("paired correct (both twins)", [format_number(run.paired) for run in runs])]
+    paired = paired if any(run.paired is not None for run in runs) else []
     rows: list[tuple[str, list[str]]] = [
         ("model", [run.model or "?" for run in runs]),
         ("results", [f"`{run.results}`" for run in runs]),
@@ -308,6 +328,7 @@ def render_markdown(report: Report) -> str:
         ("sampling", [json_cell(run.sampling_args) for run in runs]),
         ("examples × rollouts", [_shape(run) for run in runs]),
         ("**mean reward** [95% CI]", [format_estimate(run.reward) for run in runs]),
+        *paired,
         *[
             (f"pass@{k}", [format_number(run.pass_at_k.get(k)) for run in runs])
             for k in ordered_keys(run.pass_at_k for run in runs)

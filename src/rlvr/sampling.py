@@ -10,6 +10,16 @@ biases every ratio and looks like a failed weight push. So a run that asks for o
 at start, and every request states the neutral values explicitly: vLLM would otherwise fill
 unset fields from the model's `generation_config.json` (vf-vllm also starts vLLM with
 `--generation-config vllm`, for servers started by hand this is the second guard).
+
+Constrained decoding is refused for the same reason: a JSON schema, a regex, a grammar, a choice
+list or a forced tool call (`response_format`, `structured_outputs`, `guided_*`, `tool_choice`
+of "required" or a named tool) masks tokens before vLLM computes its log-probabilities, and the
+trainer cannot replay the constraint's state at every position.
+
+Seeds: each request's seed is derived from (run seed, step, dataset position, rollout, turn).
+Distinct per turn, because vLLM seeds a fresh generator per request: one seed on every turn of
+a multi-turn rollout would draw the same noise for the j-th token of each turn, correlating the
+turns. Reproducible, so a resumed run samples exactly what the interrupted one would have.
 """
 
 from __future__ import annotations
@@ -28,7 +38,22 @@ TOKEN_SAMPLING_ARGS: dict[str, Any] = {"logprobs": True, "extra_body": {"return_
 NEUTRAL_OPENAI = {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 NEUTRAL_VLLM = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 # Fields that reshape it whenever they are set to anything but empty/zero.
-REFUSED_WHEN_SET = ("logit_bias", "min_tokens", "allowed_token_ids", "bad_words")
+REFUSED_WHEN_SET = (
+    "logit_bias",
+    "min_tokens",
+    "allowed_token_ids",
+    "bad_words",
+    # constrained decoding (vLLM's current and older spellings)
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_whitespace_pattern",
+    "structural_tag",
+)
+# Values of these fields that leave the distribution alone; any other value constrains it.
+NEUTRAL_CHOICES = {"response_format": (None, "text"), "tool_choice": (None, "auto", "none")}
 
 
 class SamplingFilterError(ValueError):
@@ -44,6 +69,11 @@ def _is_neutral(key: str, value: Any) -> bool:
     return float(value) == neutral
 
 
+def _choice(value: Any) -> Any:
+    """`response_format={"type": "text"}` and `"text"` say the same; compare the type."""
+    return value.get("type") if isinstance(value, dict) and "type" in value else value
+
+
 def unreproducible(args: dict[str, Any]) -> dict[str, Any]:
     """The fields of request `args` (top level or extra_body) that reshape the distribution."""
     found: dict[str, Any] = {}
@@ -54,6 +84,12 @@ def unreproducible(args: dict[str, Any]) -> dict[str, Any]:
         for key in REFUSED_WHEN_SET:
             if source.get(key):
                 found[key] = source[key]
+        for key, neutral in NEUTRAL_CHOICES.items():
+            value = source.get(key)
+            if key == "tool_choice" and isinstance(value, dict):  # a named tool is forced
+                found[key] = value
+            elif _choice(value) not in neutral:
+                found[key] = value
     return found
 
 
@@ -65,10 +101,27 @@ def check_reproducible(args: dict[str, Any], where: str) -> None:
         fields = ", ".join(f"{k}={v!r}" for k, v in found.items())
         raise SamplingFilterError(
             f"{where} asks for {fields}: the trainer's log-probabilities are the full "
-            "temperature-scaled distribution, so a sampler that filters or penalises tokens "
-            "would bias every importance ratio. Remove these (use sampling.temperature to "
-            "sharpen or flatten the distribution)."
+            "temperature-scaled distribution, so a sampler that filters, penalises or "
+            "constrains tokens (constrained decoding, forced tool calls) would bias every "
+            "importance ratio. Remove these (use sampling.temperature to sharpen or flatten "
+            "the distribution; ask for a format in the prompt and reward it instead)."
         )
+
+
+def check_logprobs_mode(mode: str | None, temperature: float) -> None:
+    """Raise SamplingFilterError unless a server in logprobs mode `mode` (None: it does not
+    say, trusted) returns what the importance ratio needs: log-probabilities of the
+    distribution the tokens were drawn from. `raw_logprobs` (vLLM's default, what plain
+    `vllm serve` runs) are taken before the temperature, so they are right only at 1; the
+    `*_logits` modes return logits, never log-probabilities."""
+    if mode in (None, "processed_logprobs") or (mode == "raw_logprobs" and temperature == 1.0):
+        return
+    raise SamplingFilterError(
+        f"the server returns {mode} (its --logprobs-mode) but training at "
+        f"sampling.temperature={temperature:g} needs the log-probabilities the tokens were "
+        "sampled from: start it with vf-vllm (which sets it), or add "
+        "`--logprobs-mode processed_logprobs` to its command line"
+    )
 
 
 def build_sampling_args(
@@ -97,8 +150,18 @@ def build_sampling_args(
 
 def request_seed(seed: int, step: int, position: int, rollout: int) -> int:
     """A per-rollout sampling seed: distinct across rollouts of a group (else they would be
-    identical), identical across reruns of the same step (so a resumed run samples the same)."""
-    value = seed
-    for part in (step, position, rollout):
+    identical), identical across reruns of the same step (so a resumed run samples the same).
+    Each turn of the rollout then sends `turn_seed` of it."""
+    return _mix(seed, step, position, rollout)
+
+
+def turn_seed(rollout_seed: int, turn: int) -> int:
+    """The seed of turn `turn` (0-based) of a rollout: the rollout's own seed on the first turn,
+    a distinct one derived from it on every later turn (see the module docstring)."""
+    return rollout_seed if turn == 0 else _mix(rollout_seed, turn)
+
+
+def _mix(value: int, *parts: int) -> int:
+    for part in parts:
         value = (value * 1_000_003 + part + 1) % 2_147_483_647
     return value

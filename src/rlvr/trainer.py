@@ -39,7 +39,7 @@ from rlvr.policy import load_model, load_policy, reference_mode, save_final
 from rlvr.push_probe import PushProbe, probe_ids, probe_kl, served_logprobs, trainer_logprobs
 from rlvr.reasoning_vocab import row_cosines
 from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
-from rlvr.sampling import SamplingFilterError, build_sampling_args
+from rlvr.sampling import SamplingFilterError, build_sampling_args, check_logprobs_mode
 from rlvr.schedule import Schedule, run_steps
 from rlvr.think_gate import ThinkGate
 
@@ -203,6 +203,7 @@ class Trainer:
         policy = load_policy(cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0)
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.reasoning_vocab = policy.reasoning_vocab
+        self.compute_dtype = policy.compute_dtype
         self.gate = None
         if policy.reasoning_vocab is not None:
             self.gate = ThinkGate.from_tokenizer(policy.reasoning_vocab, policy.tokenizer)
@@ -237,6 +238,7 @@ class Trainer:
         push = None
         if self.accelerator.is_main_process:
             self._check_served_vocabulary(merged.control)
+            self._check_served_logprobs(merged.control)
             push = self._choose_push(merged)
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
@@ -249,7 +251,7 @@ class Trainer:
             requested = f"{self.sync.name(self.start_step)!r}, one name per weight version"
         else:
             self.sync = merged
-            self.sync.connect(MergedWeightSource(unwrapped), push)
+            self.sync.connect(MergedWeightSource(unwrapped, dtype=self.compute_dtype), push)
             requested = repr(self.cfg.served_model)
         self.logger.print(f"weight push: {push}; rollouts request model {requested}")
         self.probe = None
@@ -288,6 +290,14 @@ class Trainer:
                 f"the server at {self.cfg.server.base_url} serves a model with a reasoning "
                 f"vocabulary but model {name} has none: train the directory it serves"
             )
+
+    def _check_served_logprobs(self, control: Any) -> None:
+        """The server's logprobs must be the sampled distribution's (see
+        `check_logprobs_mode`): otherwise every importance ratio is off, silently."""
+        try:
+            check_logprobs_mode(control.logprobs_mode(), self.cfg.sampling.temperature)
+        except SamplingFilterError as e:
+            raise ConfigError(f"server {self.cfg.server.base_url}: {e}") from None
 
     def _choose_push(self, merged: Any) -> str:
         """`adapter` (push the LoRA adapter, served by vLLM on its frozen base) or the
@@ -501,7 +511,10 @@ class Trainer:
     def push_weights(self, version: int, initial: bool = False) -> float:
         """Send the current weights to vf-vllm as weight `version` (all ranks take part),
         probe that the server serves them, and record the version; returns the push's
-        seconds."""
+        seconds. Not before the last batch the previous version generates has started (see
+        `RolloutWorker`): every batch's policy version is then fixed, also across resumes."""
+        if self.worker is not None and not initial:
+            self.worker.wait_for_batches_of(version - 1, timeout_s=self._rank0_deadline_s)
         seconds = 0.0
         if initial or self.cfg.server.push_weights:
             seconds = self.sync.push(version)

@@ -111,6 +111,11 @@ class ServerControl:
         model = self.vllm_config().get("model_config")
         return model.get("tokenizer_mode") if isinstance(model, dict) else None
 
+    def logprobs_mode(self) -> str | None:
+        """The server's `--logprobs-mode` (None when it does not say)."""
+        model = self.vllm_config().get("model_config")
+        return model.get("logprobs_mode") if isinstance(model, dict) else None
+
     def max_lora_rank(self) -> int | None:
         """The largest adapter rank the server can load at run time, or None when it cannot
         load adapters (started without --enable-lora, or without runtime loading)."""

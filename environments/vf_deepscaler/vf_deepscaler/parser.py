@@ -58,7 +58,7 @@ def answer_region(text: str, use_think: bool) -> str:
     """The part of a reply that may hold the answer: what `strip_reasoning` leaves (after the
     last `</think>`; nothing from an unclosed `<think>` on), and nothing at all when `use_think`
     demands a think block whose `</think>` is missing."""
-    if use_think and THINK_CLOSE not in text.lower():
+    if use_think and not THINK_CLOSE.search(text):
         return ""
     return strip_reasoning(text)
 
@@ -68,14 +68,16 @@ def follows_think_format(text: str) -> bool:
 
     The opening tag may be missing (chat templates that put ``<think>`` in the generation
     prompt leave only the closing tag in the completion), but if present it must come first.
+    Tags match in any letter case, by the rule that strips the reasoning (replies.py).
     """
-    stripped = text.strip()
-    if stripped.count(THINK_CLOSE) != 1 or stripped.count(THINK_OPEN) > 1:
+    parts = THINK_CLOSE.split(text.strip())
+    opens = list(THINK_OPEN.finditer(parts[0]))
+    if len(parts) != 2 or len(opens) > 1 or THINK_OPEN.search(parts[1]):
         return False
-    if THINK_OPEN in stripped and not stripped.startswith(THINK_OPEN):
+    if opens and opens[0].start() != 0:
         return False
-    thought, answer = stripped.split(THINK_CLOSE)
-    return bool(thought.removeprefix(THINK_OPEN).strip()) and bool(answer.strip())
+    thought, answer = parts
+    return bool(THINK_OPEN.sub("", thought, count=1).strip()) and bool(answer.strip())
 
 
 class BoxedAnswerParser(vf.Parser):

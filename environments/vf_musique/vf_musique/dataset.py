@@ -108,7 +108,10 @@ def _kept_paragraphs(row: dict[str, Any], noise_rate: float, seed: int) -> list[
 
 def to_example(row: dict[str, Any], noise_rate: float, seed: int) -> dict[str, Any]:
     """One environment row. Unanswerable rows (MuSiQue-Full) take the gold answer
-    "unanswerable"; answerable rows keep the answer and its aliases as golds."""
+    "unanswerable"; answerable rows keep the answer and its aliases as golds. `hops` keeps the
+    decomposition (with each hop's supporting paragraph, None where MuSiQue-Full removed it), so
+    the rubric can tell which hops an honest agent could answer before one went missing;
+    `pair_id` is the MuSiQue id, which an answerable question and its unanswerable twin share."""
     answerable = row.get("answerable", True) is not False
     golds = [row["answer"], *(row.get("answer_aliases") or [])] if answerable else [UNANSWERABLE]
     return {
@@ -118,7 +121,16 @@ def to_example(row: dict[str, Any], noise_rate: float, seed: int) -> dict[str, A
             "id": str(row["id"]),
             "answerable": answerable,
             "answers": golds,
+            "pair_id": str(row["id"]),
             "n_hops": len(row["question_decomposition"]),
+            "hops": [
+                {
+                    "question": h["question"],
+                    "answer": h["answer"],
+                    "support": h.get("paragraph_support_idx"),
+                }
+                for h in row["question_decomposition"]
+            ],
             "supporting_ids": [int(p["idx"]) for p in row["paragraphs"] if p.get("is_supporting")],
             "paragraphs": _kept_paragraphs(row, noise_rate, seed),
         },

@@ -99,12 +99,15 @@ class MuSiQueEnv(vf.StatefulToolEnv):
             )
         try:
             args = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError as err:
+        except (ValueError, RecursionError) as err:  # also 5,000-digit numbers, deep nesting
             return tool_error(
-                f"arguments of {call.name} are not valid JSON ({err}); send a JSON object"
+                f"arguments of {call.name} are not valid JSON ({type(err).__name__}: "
+                f"{str(err)[:200]}); send a flat JSON object"
             )
         if not isinstance(args, dict):
-            return tool_error(f"arguments of {call.name} must be a JSON object, got {args!r}")
+            return tool_error(
+                f"arguments of {call.name} must be a JSON object, got {type(args).__name__}"
+            )
         problem = self._argument_problem(call.name, args)
         if problem:
             return tool_error(problem)

@@ -36,7 +36,7 @@ def parse_tool_call(raw: Any) -> ParsedToolCall | None:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # malformed, 5,000-digit numbers, deep nesting
             return None
     name = get_field(raw, "name")
     if not isinstance(name, str):

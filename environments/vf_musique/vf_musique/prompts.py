@@ -9,7 +9,8 @@ def system_prompt(dataset_config: DatasetConfig, max_turns: int) -> str:
     """Instructions: search hop by hop, then one short answer with citations."""
     unanswerable = (
         " If, after searching for every hop, the documents do not contain what the question "
-        f'needs, submit "{UNANSWERABLE}".'
+        f'needs, submit "{UNANSWERABLE}", citing the documents that support the hops you '
+        "could answer."
         if dataset_config == "full"
         else ""
     )

@@ -6,10 +6,16 @@ saved results (dict messages, tool calls as JSON strings) score the same as fres
 
     answerable row, answer given:         0.35 EM + 0.35 F1 + 0.20 citation F1 + 0.10 retrieval
     answerable row, "unanswerable":       0
-    unanswerable row, "unanswerable":     1 if the agent searched at least n_hops distinct
-                                          queries first ("earned"), else 0
+    unanswerable row, "unanswerable":     if backed ("earned"): 0.80 + 0.20 citation F1, else 0
     unanswerable row, answer given:       0
     no accepted submit_answer call:       0
+
+* "unanswerable" is backed when the agent did what finding the gap takes (`backed`). MuSiQue-Full
+  removes the evidence of one hop and keeps the supporting paragraphs of the hops before it, so
+  the agent must have been shown and have cited every supporting paragraph the row keeps, and
+  have searched for the first missing hop: a hop built on earlier answers with a query naming
+  them (it learned the bridge entity), a first hop with a query holding at least half of its
+  terms. No search, junk searches, or the question searched again and again back nothing.
 
 * EM and F1 use SQuAD normalisation, best over the answer and its aliases.
 * citation precision and recall count a cited paragraph as right only when it supports the answer
@@ -72,23 +78,49 @@ class RolloutFacts:
 
     submission: Submission | None
     retrieved: frozenset[int]
-    searches: int
+    queries: frozenset[frozenset[str]]
     tool_errors: int
 
 
 def _arguments(call: ParsedToolCall) -> dict[str, Any]:
     try:
         args = json.loads(call.arguments)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # also 5,000-digit numbers and deep nesting
         return {}
     return args if isinstance(args, dict) else {}
 
 
-def _distinct_searches(calls: Iterable[ParsedToolCall]) -> int:
-    """Answered searches with different queries (as bags of non-stopword terms, so a reworded or
-    repeated query is one search, and a query of stopwords alone is none)."""
+def _distinct_queries(calls: Iterable[ParsedToolCall]) -> frozenset[frozenset[str]]:
+    """Answered searches' queries as sets of non-stopword terms, so a reworded or repeated query
+    is one search, and a query of stopwords alone is none."""
     queries = {frozenset(tokenize(str(_arguments(c).get("query", "")))) for c in calls}
-    return len(queries - {frozenset()})
+    return frozenset(queries - {frozenset()})
+
+
+def searched_missing_hop(queries: Iterable[frozenset[str]], info: Mapping[str, Any]) -> bool:
+    """Whether a search looked for the first hop whose evidence MuSiQue-Full removed.
+
+    A hop built on earlier hops ("#1 >> founded by") is searched by a query naming every answer
+    it builds on: the agent must have found them. A first hop is searched by a query holding at
+    least half of its terms. True when the row marks no hop missing (nothing to look for)."""
+    hops = info.get("hops") or []
+    missing = next((hop for hop in hops if hop.get("support") is None), None)
+    if missing is None:
+        return True
+    built_on = [int(k) for k in re.findall(r"#(\d+)", missing["question"])]
+    if built_on:
+        needed = frozenset(t for k in built_on for t in tokenize(hops[k - 1]["answer"]))
+        return any(needed <= query for query in queries)
+    terms = frozenset(tokenize(missing["question"]))
+    return any(2 * len(terms & query) >= len(terms) for query in queries)
+
+
+def backed(facts: RolloutFacts, cited: set[int], info: Mapping[str, Any]) -> bool:
+    """An "unanswerable" verdict backed by the work that finds the gap: every supporting
+    paragraph the row keeps was shown and cited, and the first missing hop was searched for."""
+    evidence = set(info.get("supporting_ids") or [])
+    found = evidence <= set(facts.retrieved) and evidence <= cited
+    return found and searched_missing_hop(facts.queries, info)
 
 
 def read_rollout(completion: Any) -> RolloutFacts:
@@ -114,7 +146,7 @@ def read_rollout(completion: Any) -> RolloutFacts:
     searches = [c for c in answered if c.name == "retrieve_documents"]
     shown = frozenset(int(i) for c in searches for i in _DOC_ID_LINE.findall(replies[c.id]))
     errors = sum(1 for text in replies.values() if text.startswith(ERROR_PREFIX))
-    return RolloutFacts(submission, shown, _distinct_searches(searches), errors)
+    return RolloutFacts(submission, shown, _distinct_queries(searches), errors)
 
 
 def score_components(
@@ -134,8 +166,11 @@ def score_components(
     claimed = submitted and normalize_answer(answer or "") == UNANSWERABLE
     answerable = bool(info.get("answerable", True))
     golds = info.get("answers") or []
+    em = best_over_golds(exact_match, answer, golds)
+    earned = claimed and backed(facts, cited, info)
     return {
-        "exact_match": best_over_golds(exact_match, answer, golds),
+        "correct": em if answerable else float(earned),
+        "exact_match": em,
         "f1": best_over_golds(token_f1, answer, golds),
         "retrieval_recall": retrieval_r,
         "retrieval_precision": retrieval_p,
@@ -145,11 +180,11 @@ def score_components(
         "citation_precision": citation_p if submitted else 0.0,
         "citation_f1": f_score(citation_p, citation_r) if submitted else 0.0,
         "format": float(submitted),
-        "searches": float(facts.searches),
+        "searches": float(len(facts.queries)),
         "said_unanswerable": float(claimed),
         "unanswerable_hit": float(claimed and not answerable),
         "unanswerable_miss": float(not claimed and not answerable),
-        "unanswerable_earned": float(claimed and facts.searches >= int(info.get("n_hops", 2))),
+        "unanswerable_earned": float(earned),
         "tool_errors": float(facts.tool_errors),
     }
 
@@ -162,7 +197,8 @@ def combine(
     if not components["format"]:
         return 0.0
     if not answerable:
-        return components["unanswerable_earned"]
+        cite = weights.get("citation_f1", 0.0)
+        return components["unanswerable_earned"] * (1.0 - cite + cite * components["citation_f1"])
     if components["said_unanswerable"]:
         return 0.0
     weighted = math.fsum(weight * components[name] for name, weight in weights.items())
@@ -200,6 +236,7 @@ class MuSiQueRubric(vf.Rubric):
     """combined_reward (weight 1) plus every component as a zero-weight metric."""
 
     METRICS = (
+        "correct",
         "exact_match",
         "f1",
         "retrieval_recall",

@@ -47,7 +47,9 @@ def parse_submission(answer: Any, cited_doc_ids: Any) -> Submission:
     """A single short answer string and a list of document IDs, or a ToolUseError saying why not.
 
     A list of candidate answers is refused outright; a long string is refused too, so hedging
-    with many candidates in one string cannot be submitted either."""
+    with many candidates in one string cannot be submitted either. "One line" means no line
+    break of any kind (\\n, \\r, \\r\\n, the Unicode line and paragraph separators): the rule
+    str.splitlines applies."""
     if not isinstance(answer, str):
         raise ToolUseError(
             f"answer must be one string (a single answer, not a list); got {type(answer).__name__}"
@@ -55,7 +57,7 @@ def parse_submission(answer: Any, cited_doc_ids: Any) -> Submission:
     answer = answer.strip()
     if not answer:
         raise ToolUseError("answer is empty; submit a single short answer")
-    if "\n" in answer or len(answer.split()) > MAX_ANSWER_WORDS:
+    if len(answer.splitlines()) > 1 or len(answer.split()) > MAX_ANSWER_WORDS:
         raise ToolUseError(
             f"answer must be a single short answer on one line of at most {MAX_ANSWER_WORDS} "
             "words (a name, date, number or phrase), not a sentence or a list of candidates"

@@ -5,7 +5,9 @@
   A game cut by the turn limit scores `truncation_reward` (default 0, the minimum): the returns of
   an unfinished position are 0 in most games (0.5 once mapped), which would pay a losing model
   for surviving until the limit.
-- legal_rate in [0, 1]: legal replies / replies the environment answered.
+- legal_rate in [0, 1]: legal replies / replies the environment answered; 0 for an aborted
+  rollout, as in outcome mode: one legal move and then a reply bloated past the context (or a
+  timeout) would otherwise keep the perfect rate of a whole legal game.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class OpenSpielRubric(vf.Rubric):
 
     def legal_rate(self, state: vf.State) -> float:
         record = _record(state)
-        if record is None or record["replies"] == 0:
+        if record is None or record["replies"] == 0 or record["ended_by"] == "aborted":
             return 0.0
         return record["legal_replies"] / record["replies"]
 

@@ -29,17 +29,28 @@ _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # GSM8K's calculator annotations: <<expression=result>>.
 _CALCULATION = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
 # Number words GSM8K problems use for stated quantities ("She eats three ...", "twice as many").
-_WORD_VALUES = {
+_SMALL = {
     word: float(value)
     for value, word in enumerate(
         "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-        "fifteen sixteen seventeen eighteen nineteen twenty".split()
+        "fifteen sixteen seventeen eighteen nineteen".split()
     )
 }
-_WORD_VALUES |= {w: 10.0 * t for t, w in enumerate("x x thirty forty fifty sixty".split()) if t > 1}
-_WORD_VALUES |= {"hundred": 100.0, "thousand": 1000.0, "dozen": 12.0, "twice": 2.0}
+_SMALL |= {
+    w: 10.0 * t
+    for t, w in enumerate("x x twenty thirty forty fifty sixty seventy eighty ninety".split())
+    if t > 1
+}
+_SCALES = {"hundred": 100.0, "thousand": 1000.0, "million": 1e6}
+_WORD_VALUES = _SMALL | _SCALES | {"dozen": 12.0, "twice": 2.0}
 _WORD_VALUES |= {"double": 2.0, "triple": 3.0, "thrice": 3.0}
 _WORD = re.compile(r"\b(" + "|".join(_WORD_VALUES) + r")\b", re.IGNORECASE)
+# A run of counting words, as in "two hundred sixty", "seventy thousand", "sixty-four".
+_COUNTING = "|".join([*_SMALL, *_SCALES])
+_AFTER_SCALE = "(?:(?<=hundred)|(?<=thousand)|(?<=million))"  # "one hundred and sixty"
+_SPELLED = re.compile(
+    rf"\b(?:{_COUNTING})(?:(?:{_AFTER_SCALE}\s+and\s+|[\s-]+)(?:{_COUNTING}))*\b", re.IGNORECASE
+)
 
 
 def _to_float(match: re.Match[str]) -> float:
@@ -53,10 +64,27 @@ def numbers_in(text: str) -> list[float]:
     return [_to_float(m) for m in _NUMBER.finditer(text)]
 
 
+def _spelled_value(words: list[str]) -> float:
+    """The value of a run of counting words ("two hundred sixty" is 260)."""
+    total, current = 0.0, 0.0
+    for word in words:
+        if word == "hundred":
+            current = max(current, 1.0) * 100
+        elif word in _SCALES:
+            total += max(current, 1.0) * _SCALES[word]
+            current = 0.0
+        else:
+            current += _SMALL[word]
+    return total + current
+
+
 def stated_numbers(text: str) -> set[float]:
-    """Every number a text states, in digits or as a number word ("three", "twice", "dozen")."""
+    """Every number a text states: in digits, as a number word ("three", "twice", "dozen"), or
+    spelled out in several words ("two hundred sixty"), so a number cannot hide in its spelling."""
     words = {_WORD_VALUES[m.group(1).lower()] for m in _WORD.finditer(text)}
-    return set(numbers_in(text)) | words
+    runs = (re.findall(r"[a-z]+", m.group().lower()) for m in _SPELLED.finditer(text))
+    spelled = {_spelled_value([w for w in run if w != "and"]) for run in runs}
+    return set(numbers_in(text)) | words | spelled
 
 
 @dataclass(frozen=True)

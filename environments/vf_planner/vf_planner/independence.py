@@ -3,7 +3,10 @@
 A subproblem counts when it is not a verbatim copy of the problem's text and the worker, seeing
 only that subproblem, computed a result that
 
-- is an intermediate result of the reference solution (GSM8K's `<<...=result>>` annotations),
+- is an intermediate result of the reference solution (GSM8K's `<<...=result>>` annotations)
+  that follows from the problem's own numbers the subproblem states (steps.py): the subproblem
+  must carry the operands of the step it claims, so "What is 3 * 3?" earns nothing for the 9 of
+  `16-3-4=9`, and neither does arithmetic on numbers the planner worked out itself,
 - is not a number the problem states, nor a number the subproblem itself states (the worker must
   have computed it, not copied it),
 - is not the final answer (a subproblem that alone yields the answer did not decompose anything),
@@ -24,7 +27,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vf_planner.answers import among, intermediate_values, stated_numbers
+from vf_planner.answers import among, calculator_steps, intermediate_values, stated_numbers
+from vf_planner.steps import reachable
 
 _WORDS = re.compile(r"\w+")
 
@@ -51,13 +55,15 @@ def independence(
 ) -> Independence:
     """I for a decomposed plan, with which subproblems counted (see the module docstring)."""
     intermediates = intermediate_values(solution)
+    annotated = bool(calculator_steps(solution))
     given = stated_numbers(question) | ({gold} if gold is not None else set())
     counted: list[bool] = []
     found: list[float] = []
     for subproblem, result in zip(subproblems, results, strict=True):
+        carried = reachable(subproblem, question, solution) if annotated else intermediates
         new = (
             not copied_from(subproblem, question)
-            and among(result, intermediates)
+            and among(result, carried)
             and not among(result, given | stated_numbers(subproblem))
             and not among(result, found)
         )

@@ -6,21 +6,31 @@ plan alone (prompts.py); which subproblems computed a new intermediate result is
 their results (independence.py). The direct-solve baseline (the efficiency reference) is measured
 once per problem with the same worker; at temperature 0 an atomic plan sends exactly the baseline
 request, so it reuses the cached reply instead of asking again.
+
+A decomposition's answer must come from combining its subproblems' results. A plan whose texts do
+the work themselves scores 0 (`plan_leak`): a plan text or subproblem that states a result of the
+solution or whose numbers reach the answer (steps.py), checked before any worker call; a plan
+text from which the worker gets the answer without any results (the combination request is also
+sent with the plan alone, concurrently with the subproblems, its tokens not charged to the plan,
+which catches dictation in any wording the worker understands: "reply with seventeen plus one");
+and a subproblem whose result is the answer (it solved the whole problem alone).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import verifiers as vf
 
-from vf_planner.answers import final_number, numbers_match, parse_number
+from vf_planner.answers import among, final_number, numbers_match, parse_number, stated_numbers
 from vf_planner.independence import independence
 from vf_planner.plan import Plan, PlanError, PlanParser
 from vf_planner.replies import last_reply_text
-from vf_planner.worker import Worker, WorkerError, WorkerPool, estimate_tokens
+from vf_planner.steps import plan_leak
+from vf_planner.worker import Worker, WorkerError, WorkerPool, WorkerReply, estimate_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +40,7 @@ class Outcome:
     """Everything the rubric scores, JSON-friendly (saved in state["planner"])."""
 
     parse_error: str | None = None
+    plan_leak: str | None = None
     worker_error: str | None = None
     decomposed: bool = False
     subproblems: list[str] = field(default_factory=list)
@@ -60,6 +71,12 @@ class Problem:
     solution: str
     gold: float | None
 
+    @property
+    def gold_unstated(self) -> bool:
+        """Whether the answer is a number the problem does not state (a subproblem restating a
+        stated fact that happens to be the answer has not solved anything)."""
+        return self.gold is not None and not among(self.gold, stated_numbers(self.question))
+
     @classmethod
     def of(cls, state: vf.State) -> Problem:
         info = state["info"]
@@ -84,6 +101,13 @@ class PlannerPipeline:
             return outcome
         outcome.decomposed = plan.should_decompose
         outcome.subproblems = plan.subproblems
+        if plan.should_decompose:
+            outcome.plan_leak = plan_leak(
+                plan.plan, plan.subproblems, problem.question, problem.solution, problem.gold
+            )
+        if outcome.plan_leak is not None:
+            logger.info("the plan does the work itself (scored 0): %s", outcome.plan_leak)
+            return outcome
         try:
             worker = await self.workers.worker_for(state["client"], state["model"])
             await self._solve(worker, problem, plan, outcome)
@@ -92,7 +116,7 @@ class PlannerPipeline:
             outcome.worker_error = str(e)
             return outcome
         outcome.predicted = final_number(outcome.final_reply)
-        outcome.correct = numbers_match(outcome.predicted, problem.gold)
+        outcome.correct = numbers_match(outcome.predicted, problem.gold) and not outcome.plan_leak
         return outcome
 
     async def _solve(self, worker: Worker, problem: Problem, plan: Plan, outcome: Outcome) -> None:
@@ -104,7 +128,15 @@ class PlannerPipeline:
             outcome.worker_tokens = final.tokens
             outcome.final_reply = final.text
             return
-        replies = await worker.solve_subproblems(plan.subproblems)
+        replies, alone = await asyncio.gather(
+            worker.solve_subproblems(plan.subproblems), self._plan_alone(worker, plan)
+        )
+        if alone is not None and numbers_match(final_number(alone.text), problem.gold):
+            outcome.plan_leak = "the worker gets the answer from the plan without any results"
+        elif problem.gold_unstated and any(
+            numbers_match(final_number(r.text), problem.gold) for r in replies
+        ):
+            outcome.plan_leak = "a subproblem alone produced the answer: nothing was decomposed"
         final = await worker.combine(plan.plan, plan.subproblems, replies)
         results = [final_number(r.text) for r in replies]
         scored = independence(
@@ -116,6 +148,12 @@ class PlannerPipeline:
         outcome.worker_tokens = sum(r.tokens for r in replies) + final.tokens
         outcome.final_reply = final.text
         outcome.independence = scored.score
+
+    @staticmethod
+    async def _plan_alone(worker: Worker, plan: Plan) -> WorkerReply | None:
+        """The combination request with the plan and no solved parts (None for an empty plan,
+        which cannot carry anything)."""
+        return await worker.combine(plan.plan, [], []) if plan.plan else None
 
 
 def outcome_from_state(state: dict[str, Any]) -> Outcome | None:

@@ -21,6 +21,10 @@ import verifiers as vf
 from vf_planner.replies import last_reply_text, strip_reasoning
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
+# Only the end of a reply is searched for the plan: each `{` costs a decode attempt, whose error
+# costs a scan of the text before it, so an unbounded reply ("{" * 200_000) would block the
+# event loop for seconds. A plan of max_subproblems questions fits with room to spare.
+MAX_PLAN_CHARS = 8_000
 # Keys under which a subproblem given as an object may carry its text.
 _SUBPROBLEM_KEYS = ("question", "subproblem", "problem", "text", "description", "task")
 
@@ -39,13 +43,15 @@ class Plan:
 
 
 def _json_objects(text: str) -> list[dict[str, Any]]:
-    """Every JSON object that starts somewhere in `text` and decodes cleanly."""
+    """Every JSON object that starts somewhere in `text` and decodes cleanly. Anything the
+    decoder raises (RecursionError for deep nesting, ValueError for a 5,000-digit integer) only
+    means no object starts there: a reply can make a plan malformed, never crash the rollout."""
     decoder = json.JSONDecoder()
     found = []
     for start in (m.start() for m in re.finditer(r"\{", text)):
         try:
             obj, _ = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(obj, dict):
             found.append(obj)
@@ -72,9 +78,10 @@ def parse_plan(text: str, max_subproblems: int) -> Plan:
     """Parse the planner's reply; raise PlanError with the reason when it is not a usable plan.
 
     The last JSON object that has a `should_decompose` key wins (fenced objects first), so an
-    example restated in the reasoning does not shadow the final answer.
+    example restated in the reasoning does not shadow the final answer; it must lie within the
+    last MAX_PLAN_CHARS characters of the answer part.
     """
-    text = strip_reasoning(text)
+    text = strip_reasoning(text)[-MAX_PLAN_CHARS:]
     candidates = [obj for block in _FENCE.findall(text) for obj in _json_objects(block)]
     candidates = candidates or _json_objects(text)
     plans = [obj for obj in candidates if "should_decompose" in obj]

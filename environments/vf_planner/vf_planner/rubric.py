@@ -1,6 +1,6 @@
 """The planner's reward: correctness, then efficiency and independence for correct answers only.
 
-    reward = w_c * C + w_t * C * E + w_i * C * I
+    reward = w_c * C + w_t * C * E * S + w_i * C * I
 
     C   = 1 if the worker's final number equals the gold number, else 0
     E   = B / (B + W + P)                  efficiency against the direct-solve baseline, in (0, 1)
@@ -8,12 +8,18 @@
           W = worker tokens this plan spent (direct solve, or subproblems + combination)
           P = tokens the planner generated
     I   = share of the subproblems whose result is a new intermediate result of the reference
-          solution (independence.py), in [0, 1]; 0 for an atomic plan
+          solution that follows from the problem's numbers they state (independence.py), in
+          [0, 1]; 0 for an atomic plan
+    S   = 1 for an atomic plan, I for a decomposed one: a decomposition's savings are credited
+          for the share of its subproblems that did a step of the work
 
-Range: [0, w_c + w_t + w_i] ([0, 1.5] with the defaults). Malformed plans and worker failures
-score 0. I is read from what the worker computed from each subproblem alone, so copying,
-restating or paraphrasing the problem, or padding with unrelated questions, earns none of it; an
-atomic plan is not charged for being atomic (it only forgoes w_i * I).
+Range: [0, w_c + w_t + w_i] ([0, 1.5] with the defaults). Malformed plans, plan texts that do the
+work themselves (pipeline.py) and worker failures score 0. I is read from what the worker
+computed from each subproblem alone, so copying, restating or paraphrasing the problem, or
+padding with unrelated questions, earns none of it. A decomposition whose subproblems did none
+of the work (the planner solved the problem and the subproblems only look busy) is a direct
+solve in disguise: it earns w_c, less than the atomic plan's w_c + w_t * E, so it never pays to
+pretend; an atomic plan is not charged for being atomic (it only forgoes w_i * I).
 """
 
 from __future__ import annotations
@@ -47,9 +53,11 @@ def efficiency(baseline_tokens: int, worker_tokens: int, planner_tokens: int) ->
 def reward_components(outcome: Outcome) -> dict[str, float]:
     """The three weighted terms of the reward, each in [0, 1]."""
     correct = float(outcome.correct)
+    credited = outcome.independence if outcome.decomposed else 1.0
     return {
         "correct": correct,
         "efficiency_bonus": correct
+        * credited
         * efficiency(outcome.baseline_tokens, outcome.worker_tokens, outcome.planner_tokens),
         "independence_bonus": correct * outcome.independence,
     }
@@ -66,6 +74,7 @@ METRICS: dict[str, Callable[[Outcome], float]] = {
     "efficiency": lambda o: efficiency(o.baseline_tokens, o.worker_tokens, o.planner_tokens),
     "independence": lambda o: o.independence,
     "parse_failure": lambda o: float(o.parse_error is not None),
+    "plan_leak": lambda o: float(o.plan_leak is not None),
     "worker_error": lambda o: float(o.worker_error is not None),
 }
 
