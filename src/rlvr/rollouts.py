@@ -290,15 +290,16 @@ class RolloutWorker:
         data_position: int = 0,
         prompt_fits: Callable[[dict], bool] | None = None,
         preloaded: list[StepBatch] | None = None,
-        model: Callable[[int], str] | None = None,
+        model: str | Callable[[int], str] | None = None,
     ):
         self.env = env
         self.dataset = dataset
         self.cfg = config
         self.client_factory = client_factory
-        self.model = model or (lambda version: config.served_model)
-        """The name that serves weight version v to rollouts: the served base model (merged
-        pushes), or that version's adapter."""
+        name = model or config.served_model
+        self.model = model if callable(model) else lambda version: name
+        """The name that serves weight version v to rollouts: one name whatever the version
+        (the served base model, merged pushes), or that version's adapter."""
         self.order = PromptOrder(len(dataset), config.seed)
         self.start_step = start_step
         self.position = data_position
