@@ -119,7 +119,7 @@ class BatchConfig:
     micro_batch_size: int | None = None
     """Most rows per forward/backward on each rank (a row holds one sample, or several
     packed); None: as many as micro_batch_tokens allows."""
-    micro_batch_tokens: int | None = 8192
+    micro_batch_tokens: int | None = 4096
     """Most token slots per forward/backward on each rank: rows x the widest row (padding
     costs the memory a token does). Bounds activation memory whatever the samples' lengths;
     a sample longer than this gets a micro-batch of its own. Checked against free memory

@@ -13,25 +13,28 @@ What the estimate counts, per rank (`MemoryEstimate`):
 
 - weights: every parameter in its dtype (divided over the ranks under ZeRO-3), plus a frozen
   reference copy for full fine-tuning with a KL penalty;
-- gradients and optimizer states of the trainable parameters only (LoRA: the adapter), counted
-  in float32 (AdamW's two moments, and a float32 master copy when the parameters are in a lower
-  precision, as bf16 full fine-tuning needs to keep small updates), divided under ZeRO-3;
-- activations autograd saves for backward, per token and per decoder layer of a Llama-style
-  block: the two RMSNorms' float32 inputs and outputs, attention's q, k, v and output, and the
-  MLP's gate, up, activation and product (measured with saved-tensor hooks on SmolLM2: 10.1k
-  float32 values per token per layer, 40 KB; the formula gives the same). With gradient
-  checkpointing each layer keeps only its input and backward recomputes one layer at a time.
-  A padding slot costs what a token costs, so the count is in slots (rows x widest row);
-- the output head's share in `rlvr.logprobs`: the softmax it keeps for backward (every slot
-  taken as a loss token, the worst case, until `MAX_SAVED_ELEMENTS`) and one chunk's float32
-  logits, log-softmax and softmax while it works;
-- on the CPU, the interpreter and libraries (python, torch, transformers: `CPU_RUNTIME_BYTES`).
+- optimizer: gradients and AdamW states of the trainable parameters only (LoRA: the adapter),
+  in float32 (and a float32 master copy when the parameters are in a lower precision, as bf16
+  full fine-tuning needs to keep small updates), divided under ZeRO-3;
+- activations: what autograd saves for backward, per token and per decoder layer of a
+  Llama-style block: the two RMSNorms' float32 inputs and outputs, attention's q, k, v and
+  output, and the MLP's gate, up, activation and product (SmolLM2 + LoRA: 10.1k float32 values,
+  40 KB, per token per layer, as saved-tensor hooks count them; tests/test_memory.py checks the
+  formula against them). With gradient checkpointing each layer keeps only its input, and
+  backward recomputes one layer at a time beside its gradients. A padding slot costs what a
+  token costs, so the count is in slots (rows x widest row, see `rlvr.batch`). Plus the output
+  head's share in `rlvr.logprobs`, every slot taken as a loss token (the worst case): the
+  float32 softmax kept for backward (up to `MAX_SAVED_ELEMENTS`) and one chunk's logits,
+  log-softmax and softmax while it is computed;
+- allocator (CPU only): freed activation memory glibc's heap keeps (`HEAP_RETENTION`);
+- runtime (CPU only): the interpreter and libraries (`CPU_RUNTIME_BYTES`).
 
-Every activation term is multiplied by `ACTIVATION_MARGIN`, fitted to measured peaks
-(`bench/train_memory.py`: the allocator's slack, backward's transient gradients and the small
-tensors the formula leaves out). The check compares with what is free now what the step adds
-to what the process already holds: on the CPU the loaded weights are resident already; on a
-GPU they are not there yet. Ranks sharing a CPU share its free memory.
+Activations are scaled by `ACTIVATION_MARGIN` (backward's transient gradients and the small
+tensors the formula leaves out). The constants are fitted to `bench/train_memory.py` (SmolLM2,
+LoRA, 570 to 3990 tokens): the estimate is 0-15% above the measured peak when every token is
+a loss token, and further above it when fewer are. The check compares what the step adds to what the
+process already holds with what is free now: on the CPU the loaded weights are resident
+already, on a GPU they are not there yet. Ranks sharing a CPU share its free memory.
 """
 
 from __future__ import annotations
@@ -53,14 +56,14 @@ GIB = 2**30
 ACTIVATION_MARGIN = 1.1
 """Measured peak activations over the formula's (see `bench/train_memory.py`)."""
 
-HEAP_RETENTION = 0.8
+HEAP_RETENTION = {False: 0.8, True: 0.5}
 """On the CPU, resident memory that glibc's allocator keeps after autograd frees it, as a share
-of the activations of every layer (whether checkpointing recomputes them or not). glibc serves
-tensors below its mmap threshold from its heap and raises that threshold (up to 32 MiB) each
-time it frees a larger mapped block, so after the first step a micro-batch's per-layer tensors
-come from a heap that fragments and seldom shrinks. Measured on SmolLM2 (1140 tokens, only
-the trunk): 1.0 GiB resident above the live tensors with and without checkpointing; fixing
-the threshold (MALLOC_MMAP_THRESHOLD_) returns it, at 40-70% more step time."""
+of the activations of every layer (whether checkpointing recomputes them or not), without and
+with checkpointing. glibc serves tensors below its mmap threshold from its heap and raises that
+threshold (up to 32 MiB) each time it frees a larger mapped block, so after the first step a
+micro-batch's per-layer tensors come from a heap that fragments and seldom shrinks. Measured on
+SmolLM2 (570-2280 tokens): 0.4-0.8 of the activations above the live tensors; fixing the
+threshold (MALLOC_MMAP_THRESHOLD_) returns it, but costs 40-70% more step time."""
 
 CPU_RUNTIME_BYTES = int(0.75 * GIB)
 """Resident memory of a trainer process before it loads a model (python, torch,
@@ -198,7 +201,7 @@ def estimate(
         weights=weights * (2 if reference_copy else 1),
         optimizer=optimizer,
         activations=int(ACTIVATION_MARGIN * live),
-        allocator=int(HEAP_RETENTION * heap),
+        allocator=int(HEAP_RETENTION[checkpointing] * heap),
         resident=(CPU_RUNTIME_BYTES + weights) if on_cpu else 0,
     )
 
