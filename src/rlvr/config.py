@@ -42,8 +42,8 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """auto: bfloat16 on CUDA, float32 on CPU (CPU bf16 matmuls are slow and imprecise)."""
     gradient_checkpointing: bool | None = None
-    """None: on for models with at least `checkpointing_min_params` parameters."""
-    checkpointing_min_params: int = 500_000_000
+    """None: the trainer chooses from its start-up memory estimate (rlvr.memory): off only when
+    the largest micro-batch fits comfortably without it. true/false: as set."""
     attn_implementation: str | None = None
     """Passed to transformers (e.g. `sdpa`, `flash_attention_2`); None lets it choose."""
     reasoning_vocab_size: int = 0
@@ -116,8 +116,14 @@ class BatchConfig:
     """Group size: rollouts of the same prompt whose rewards are compared."""
     batch_size: int = 64
     """Rollouts per optimizer step (a multiple of rollouts_per_example)."""
-    micro_batch_size: int = 4
-    """Rows per forward/backward on each rank (a row holds one sample, or several packed)."""
+    micro_batch_size: int | None = None
+    """Most rows per forward/backward on each rank (a row holds one sample, or several
+    packed); None: as many as micro_batch_tokens allows."""
+    micro_batch_tokens: int | None = 4096
+    """Most token slots per forward/backward on each rank: rows x the widest row (padding
+    costs the memory a token does). Bounds activation memory whatever the samples' lengths;
+    a sample longer than this gets a micro-batch of its own. Checked against free memory
+    before the first step (rlvr.memory). None: only micro_batch_size bounds micro-batches."""
     packing: bool = False
     """Pack short samples together into rows as wide as the step's longest sample (attention
     stays within each sample), instead of padding every sample to that width. Same loss,
@@ -310,7 +316,11 @@ class Config:
             b.batch_size,
             f"must be a positive multiple of batch.rollouts_per_example ({b.rollouts_per_example})",
         )
-        _require(b.micro_batch_size >= 1, "batch.micro_batch_size", b.micro_batch_size)
+        for name in ("micro_batch_size", "micro_batch_tokens"):
+            value = getattr(b, name)
+            _require(value is None or value >= 1, f"batch.{name}", value, "must be >= 1 or null")
+        _require(bool(b.micro_batch_size or b.micro_batch_tokens), "batch.micro_batch_tokens", None,
+                 "set it or batch.micro_batch_size: nothing would bound a micro-batch")  # fmt: skip
         _require(b.async_level >= 0, "batch.async_level", b.async_level, "must be >= 0")
         _require(0 <= b.max_errored_frac <= 1, "batch.max_errored_frac", b.max_errored_frac,
                  "must be between 0 and 1")  # fmt: skip

@@ -25,7 +25,14 @@ from typing import Any
 import torch
 
 from rlvr.advantages import group_advantages
-from rlvr.batch import MicroBatch, Sample, collate, rank_micro_batches, slot_count
+from rlvr.batch import (
+    MicroBatch,
+    Sample,
+    collate,
+    largest_micro_batch,
+    rank_micro_batches,
+    slot_count,
+)
 from rlvr.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
 from rlvr.client import make_client
 from rlvr.config import Config, ConfigError, save_config, to_yaml
@@ -33,6 +40,7 @@ from rlvr.cores import pin_to_cores
 from rlvr.logprobs import MaskLogits, sequence_scores
 from rlvr.lora import MergedWeightSource
 from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
+from rlvr.memory import GIB, Budget, peak_bytes, reset_peak
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_model, load_policy, reference_mode, save_final
@@ -172,7 +180,7 @@ class Trainer:
             self._load_env()
         self._load_policy()
         self.opt = Optimization(
-            acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size
+            acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size or 1
         )
         self.model = self.opt.model
         resume = resolve_resume(cfg.checkpoint.resume, cfg.output_dir)
@@ -200,7 +208,9 @@ class Trainer:
 
     def _load_policy(self) -> None:
         cfg, acc = self.cfg, self.accelerator
-        policy = load_policy(cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0)
+        policy = load_policy(
+            cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0, budget=self._budget()
+        )
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.reasoning_vocab = policy.reasoning_vocab
         self.compute_dtype = policy.compute_dtype
@@ -216,6 +226,13 @@ class Trainer:
                 )
             self.ref_model = load_model(policy.path, cfg.model, policy.reasoning_vocab)
             self.ref_model.requires_grad_(False).eval().to(acc.device)
+
+    def _budget(self) -> Budget:
+        """The largest micro-batch this run can form, for the start-up memory check."""
+        b = self.cfg.batch
+        tokens = largest_micro_batch(b.micro_batch_size, b.micro_batch_tokens, b.max_seq_len)
+        knob = "batch.micro_batch_tokens" if b.micro_batch_tokens else "batch.micro_batch_size"
+        return Budget(tokens, knob, b.max_seq_len, "batch.max_seq_len")
 
     def _connect_server(self) -> None:
         """Rank 0 picks how weights reach the server (asking it how it runs) and tells the
@@ -413,6 +430,8 @@ class Trainer:
         return 0.9 * self.cfg.distributed.timeout_s
 
     def train_step(self, step: int) -> dict[str, float]:
+        device = self.accelerator.device
+        reset_peak(device)
         began = time.perf_counter()
         samples, metrics, rows, data_position = self._next_batch(step)
         waited = time.perf_counter() - began
@@ -453,6 +472,7 @@ class Trainer:
                 "throughput/padded_frac": 1
                 - train_tokens / max(stats.get("slots", train_tokens), 1),
                 "throughput/tokens_per_s": metrics["rollouts/completion_tokens"] / step_s,
+                "memory/peak_gib": peak_bytes(device) / GIB,
             }
         )
         if self.reasoning_vocab is not None:  # every rank: ZeRO-3 gathers the rows
@@ -471,6 +491,7 @@ class Trainer:
             cfg.batch.micro_batch_size,
             self.pad_id,
             cfg.batch.packing,
+            cfg.batch.micro_batch_tokens,
         )
         acc = StatsAccumulator()
         if global_tokens == 0:
