@@ -17,8 +17,8 @@ limit it rambles to the end of its context.
 
 Run: .venv/bin/python bench/reply_lengths.py   (about a minute; no server needed)
 
-Prints p50 / p99 / max tokens per environment and reply kind beside the default `max_tokens`,
-and saves them to bench/results/reply_lengths.json.
+Prints p50 / p99 / max tokens per environment and reply kind beside the default `max_tokens`
+and the share of honest replies that fit in it, and saves them to bench/results/reply_lengths.json.
 """
 
 from __future__ import annotations
@@ -124,10 +124,14 @@ def measure(count: Callable[[str], int]) -> list[dict]:
         ("vf-planner", "plan", planner_replies(), PLANNER["max_tokens"]),
         ("vf-planner", "worker", worker_replies(), worker_default),
     ]
-    return [
-        {"env": env, "reply": kind, "default": default, **summary([count(r) for r in replies])}
-        for env, kind, replies, default in kinds
-    ]
+    rows = []
+    for env, kind, replies, default in kinds:
+        lengths = [count(r) for r in replies]
+        fits = sum(n <= default for n in lengths) / len(lengths)
+        rows.append(
+            {"env": env, "reply": kind, "default": default, "fits": fits, **summary(lengths)}
+        )
+    return rows
 
 
 def main() -> None:
@@ -137,11 +141,11 @@ def main() -> None:
         return len(tokenizer(text, add_special_tokens=False).input_ids) + 1  # + <|im_end|>
 
     rows = measure(count)
-    print(f"{'env':14s} {'reply':10s} {'n':>5s} {'p50':>6s} {'p99':>6s} {'max':>6s} {'default':>8s}")
+    print(f"{'env':14s} {'reply':10s} {'n':>5s} {'p50':>5s} {'p99':>5s} {'max':>5s} default fits")
     for r in rows:
         print(
-            f"{r['env']:14s} {r['reply']:10s} {r['n']:5d} {r['p50']:6.0f} {r['p99']:6.0f} "
-            f"{r['max']:6.0f} {r['default']:8d}"
+            f"{r['env']:14s} {r['reply']:10s} {r['n']:5d} {r['p50']:5.0f} {r['p99']:5.0f} "
+            f"{r['max']:5.0f} {r['default']:7d} {r['fits']:5.1%}"
         )
     save("reply_lengths", {"tokenizer": "smollm2-135m", "rows": rows})
 

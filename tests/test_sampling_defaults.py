@@ -1,7 +1,8 @@
 """Each environment's default sampling arguments reach every model request that leaves them
 unset, the way vf-eval 0.1.14 calls `generate` without `-t` (`max_tokens: None`, which replaces
 the environment's own `sampling_args` in verifiers' merge), and never override a value the
-caller set. The same through `vf-eval` itself on a real server: test_readme_commands.py."""
+caller set; the trainer takes them unless its run config sets `sampling.max_tokens`. The same
+through `vf-eval` itself on a real server: test_readme_commands.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 import verifiers as vf
 from vf_deepscaler.sampling import fill_unset
 
+from rlvr.config import load_config
+from rlvr.sampling import FALLBACK_MAX_TOKENS, build_sampling_args
 from rlvr.testing import ScriptedClient
 
 ENV_ARGS = {
@@ -70,3 +73,18 @@ def test_fill_unset_fills_missing_and_none_fields_and_extra_body_by_key():
     }
     assert fill_unset(None, {"max_tokens": 64}) == {"max_tokens": 64}
     assert args["max_tokens"] is None  # the caller's dict is left alone
+
+
+@pytest.mark.parametrize(
+    ("override", "env_defaults", "expected"),
+    [
+        ([], {"max_tokens": 256}, 256),  # the run config says nothing: the environment's
+        (["sampling.max_tokens=32"], {"max_tokens": 256}, 32),  # the run config wins
+        ([], {}, FALLBACK_MAX_TOKENS),  # neither: the trainer's fallback
+    ],
+)
+def test_trainer_takes_env_max_tokens_unless_the_run_config_sets_one(
+    override, env_defaults, expected
+):
+    cfg = load_config(overrides=override).sampling
+    assert build_sampling_args(cfg, {"n": 1, **env_defaults})["max_tokens"] == expected
