@@ -24,8 +24,8 @@ THINK_SYSTEM_PROMPT = (
 
 
 # Reply budget (measured by bench/reply_lengths.py with the embedded model's tokenizer): the
-# reference solutions of the DeepScaleR rows take a median of NNN tokens and NNN at the 99th
-# percentile, so this leaves headroom for honest reasoning while a model that never boxes an
+# reference solutions of the DeepScaleR rows take a median of 540 tokens and 1,088 at the 99th
+# percentile (98.5% fit), so this fits honest reasoning while a model that never boxes an
 # answer cannot ramble to the end of its context. `vf-eval -t` or the trainer's
 # sampling.max_tokens override it.
 DEFAULT_SAMPLING_ARGS = {"max_tokens": 1024}

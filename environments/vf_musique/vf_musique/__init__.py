@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 # Reply budget per turn (bench/reply_lengths.py, embedded model's tokenizer): an honest turn is one
-# tool call (a query per hop, then the submission), at most NNN tokens in the dev rows; the rest
+# tool call (a query per hop, then the submission), at most 66 tokens in the dev rows; the rest
 # leaves room for a line of reasoning before it. `vf-eval -t`, the trainer's
 # sampling.max_tokens, or a `sampling_args` argument here override it.
 DEFAULT_SAMPLING_ARGS = {"max_tokens": 256}

@@ -16,8 +16,8 @@ from .rubric import OpenSpielRubric
 
 MODES = ("game", "move")
 # Reply budget per turn (bench/reply_lengths.py, embedded model's tokenizer): the longest legal
-# move in its tag takes NNN tokens; the rest leaves room for a few sentences of reasoning before
-# it. `vf-eval -t` or the trainer's sampling.max_tokens override it.
+# move in its tag takes at most 16 tokens; the rest leaves room for a few sentences of reasoning
+# before it. `vf-eval -t` or the trainer's sampling.max_tokens override it.
 DEFAULT_SAMPLING_ARGS = {"max_tokens": 256}
 REWARD_MODES = ("outcome", "legal")
 
