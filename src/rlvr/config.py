@@ -157,8 +157,10 @@ class SamplingConfig:
     top_p: float = 1.0
     """Must stay 1.0: the trainer's log-probabilities cover the whole distribution, so a
     nucleus-filtered sampler would bias the importance ratio (see rlvr.sampling)."""
-    max_tokens: int = 512
-    """Most tokens per model turn."""
+    max_tokens: int | None = None
+    """Most tokens per model turn. None: the environment's own default (its
+    `sampling_args["max_tokens"]`, which each environment's README states), else 512. A value
+    set here (file or `sampling.max_tokens=N`) wins over the environment's."""
     seed_requests: bool = True
     """Give each request a seed derived from (seed, step, rollout), so runs (and resumed runs)
     sample the same tokens. vLLM 0.32's CPU backend crashes when a seeded request's prefill is
@@ -329,7 +331,8 @@ class Config:
         _require(self.max_steps >= 1, "max_steps", self.max_steps)
         self.optim.validate()
         _require(self.sampling.temperature > 0, "sampling.temperature", self.sampling.temperature)
-        _require(self.sampling.max_tokens >= 1, "sampling.max_tokens", self.sampling.max_tokens)
+        _require(self.sampling.max_tokens is None or self.sampling.max_tokens >= 1,
+                 "sampling.max_tokens", self.sampling.max_tokens)  # fmt: skip
         self._check_sampling_filters()
         _require(self.server.transfer_timeout_s > 0, "server.transfer_timeout_s",
                  self.server.transfer_timeout_s)  # fmt: skip
