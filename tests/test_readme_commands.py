@@ -93,12 +93,8 @@ def test_readme_quickstart_vf_eval_line_runs(args, smollm2_server, shared_data, 
 
         if not hub_reachable():
             pytest.skip(f"{COMMANDS[args]}: reads the Hugging Face Hub, which is unreachable")
-    cmd = [
-        a.format(model=smollm2_server.model, base_url=smollm2_server.base_url).replace(
-            DATA_ROOT, str(shared_data)
-        )
-        for a in args
-    ]
+    server = {"{model}": smollm2_server.model, "{base_url}": smollm2_server.base_url}
+    cmd = [server.get(a, a.replace(DATA_ROOT, str(shared_data))) for a in args]
     cmd[0] = str(Path(sys.executable).with_name("vf-eval"))
     env = {**os.environ, API_KEY_VAR: "EMPTY"}
     proc = subprocess.run(

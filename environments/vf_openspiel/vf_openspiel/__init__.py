@@ -17,8 +17,10 @@ from .rubric import OpenSpielRubric
 MODES = ("game", "move")
 # Reply budget per turn (bench/reply_lengths.py, embedded model's tokenizer): the longest legal
 # move in its tag takes at most 16 tokens; the rest leaves room for a few sentences of reasoning
-# before it. `vf-eval -t` or the trainer's sampling.max_tokens override it.
-DEFAULT_SAMPLING_ARGS = {"max_tokens": 256}
+# before it. A game asks for a reply every turn, so a larger budget multiplies: with 256, vf-eval's
+# default 21 games took over 7 minutes on 2 shared cores. `vf-eval -t` or the trainer's
+# sampling.max_tokens override it.
+DEFAULT_SAMPLING_ARGS = {"max_tokens": 128}
 REWARD_MODES = ("outcome", "legal")
 
 
