@@ -28,9 +28,11 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
 4. Prefix sharing (no server). The trainer's forward_backward (SmolLM2-135M, LoRA) on the
    same synthetic groups with `batch.prefix_sharing` on and off, alternating which goes first,
    at the issue's shapes (prompt tokens, group size, completion tokens): (a) 1,000 / 8 / 128,
-   (b) 470 / 8 / 90, (c) 150 / 8 / 128, and (d) 60 / 8 / 256 with the fold forced on (there
-   `MIN_SAVED_FRACTION` keeps it off): seconds per step, the process's peak resident memory
-   above its level before the pass, tokens forwarded. Prints `prefix_sharing_speedup=` (a).
+   (b) 470 / 8 / 90, (c) 150 / 8 / 128, and (d) 60 / 8 / 256 with the folded layout forced
+   (`MIN_SAVED_FRACTION` off): its samples share too little to join a tree, so it times the
+   tree mask's own cost on the same tokens. Seconds per step, the process's peak resident
+   memory above its level before the pass (RSS: only the first pass of a process is exact,
+   later ones reuse freed memory), tokens forwarded. Prints `prefix_sharing_speedup=` (a).
 
 Run:  .venv/bin/python bench/train_step.py [--steps 4] [--batch-size 16] [--max-tokens 128]
           [--layouts-max-tokens 512] [--parts layouts overlap sync prefix]

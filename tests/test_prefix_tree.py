@@ -20,7 +20,6 @@ from rlvr.prefix_tree import (
     collate_folded,
     common_prefix,
     fold_rows,
-    folded_width,
     plan_micro_batches,
     rank_folded_micro_batches,
     row_tree,
@@ -49,13 +48,14 @@ def step_samples(encode) -> list[Sample]:
     that its completions continue), and a multi-turn group whose first rollout split into two
     samples that share the prompt and the first turn."""
     g = torch.Generator().manual_seed(0)
-    long_prompt = encode("Question: what is two and two? Think first, then answer. <think>")
-    short_prompt = encode("Q: 3+4? <think>")
+    system = "You are a careful assistant: reason inside think tags, then answer briefly. "
+    long_prompt = encode(system + "Question: what is two and two? Think first. <think>")
+    short_prompt = encode(system + "Q: 3+4? <think>")
     answers = [" two and two make four </think> 4", " so </think> The answer is 4", " four",
                " hmm, five? no </think> four"]  # fmt: skip
     samples = [rollout(long_prompt, [(encode(a), True)], g) for a in answers]
     samples += [rollout(short_prompt, [(encode(a), True)], g) for a in answers[:3]]
-    game = encode("Play tic-tac-toe. Your move:")
+    game = encode("You play tic-tac-toe against an opponent on a 3x3 board. Your move:")
     first, env, later = encode(" X at 5"), encode(" O at 1. Your move:"), encode(" X at 9")
     samples += [
         rollout(game, [(first, True), (env, False), (later, True)], g),
@@ -165,7 +165,9 @@ def assert_fold_matches_unshared(setup, samples: list[Sample], attention: str) -
     plan = folded[3]
     forwarded = sum(plan.forwarded(mb) for mb in plan.micro_batches)
     assert forwarded < 0.6 * sum(len(s) for s in samples)
-    assert any(len(mb) > 1 for mb in plan.micro_batches)  # several trees in one micro-batch
+    long_prompt, short_prompt = samples[0], samples[4]  # both groups in one micro-batch
+    assert any({id(long_prompt), id(short_prompt)} <= {id(s) for row in mb for s in row}
+               for mb in plan.micro_batches)  # fmt: skip
     for key in ("loss", "loss_sum", "kl_ref_sum", "entropy_sum", "ratio_sum", "mismatch_kl_sum"):
         # sums over ~200 tokens: float32's rounding of the sum, relative
         assert folded[0][key] == pytest.approx(unshared[0][key], rel=1e-6, abs=ATOL), key
@@ -178,11 +180,12 @@ def assert_fold_matches_unshared(setup, samples: list[Sample], attention: str) -
 
 
 def test_prefix_tree_folds_every_shared_prefix_once(samples):
-    """Each distinct token prefix is placed once: the multi-turn rollout's two samples share
-    their first turn as well as the prompt. Positions are the tokens' own in their samples."""
+    """Each distinct token prefix is placed once: the two single-turn groups share their
+    system prompt, and the multi-turn rollout's two samples share their first turn as well as
+    the prompt. Positions are the tokens' own in their samples."""
     first_turn, next_turn, other = samples[-3:]
     rows = fold_rows(samples, 10_000)
-    assert len(rows) == 3  # one tree per group: their prompts share too little
+    assert len(rows) == 2  # the game's prompt shares too little with the others
     (game,) = (row for row in rows if first_turn in row)
     assert sorted(map(id, game)) == sorted(map(id, (first_turn, next_turn, other)))
     tree = row_tree(game)
@@ -242,14 +245,12 @@ def test_prefix_tree_continuations_do_not_see_each_other(tiny_model_dir):
 
 def test_prefix_tree_ranks_get_whole_trees_and_equal_micro_batch_counts(samples):
     rows = fold_rows(samples, 10_000)
-    assert sorted(map(folded_width, rows)) == [47, 73, 90]
-    # rank 0 takes 90, rank 1 73 and 47, in two micro-batches of at most 100 slots
-    shares = [rank_folded_micro_batches(rows, r, 2, 100, 0) for r in range(2)]
-    assert len(shares[0]) == len(shares[1])
+    assert len(rows) == 2
+    shares = [rank_folded_micro_batches(rows, r, 3, 1000, 0) for r in range(3)]
     placed = [[id(s) for s in row] for share in shares for mb in share for row in mb]
     for row in rows:  # every tree lands whole on one rank, once
         assert placed.count([id(s) for s in row]) == 1
-    assert shares[0][1] == padding_micro_batch(0)  # rank 0 topped up to rank 1's count
+    assert shares[2] == [padding_micro_batch(0)]  # the third rank runs as many passes
 
 
 def test_prefix_sharing_keeps_the_unshared_layout_where_it_saves_little():
