@@ -277,7 +277,10 @@ def test_prefix_sharing_keeps_the_unshared_layout_where_it_saves_little():
 def test_prefix_sharing_zero3_two_ranks_pushes_the_unshared_runs_weights(tiny_server, tmp_path):
     """`accelerate launch` with ZeRO-3 on 2 CPU processes, prefix sharing on and off from the
     same initial weights and seeded rollouts: after 2 steps the adapter the trainer pushed
-    (its final adapter) is the same, while the shared run forwarded far fewer tokens."""
+    (its final adapter) is the same, while the shared run forwarded far fewer tokens. "The
+    same": Adam's first updates are about lr * sign(gradient), so where a gradient is near 0
+    float32's rounding of differently ordered sums moves a handful of elements by up to
+    ~1e-4 (of updates of ~0.03); all others agree to 1e-5."""
     from safetensors.torch import load_file
     from support import ZERO3_CPU, launch
 
@@ -294,6 +297,9 @@ def test_prefix_sharing_zero3_two_ranks_pushes_the_unshared_runs_weights(tiny_se
     assert min(saved[0]) > 0.3 and max(saved[1]) == 0
     shared, unshared = adapters
     assert shared.keys() == unshared.keys()
+    differ = 0
     for name, weight in unshared.items():
-        assert torch.allclose(shared[name], weight, atol=ATOL), name
+        assert torch.allclose(shared[name], weight, atol=1e-4), name
+        differ += int(((shared[name] - weight).abs() > ATOL).sum())
+    assert differ <= 1e-3 * sum(w.numel() for w in unshared.values())
     assert any(w.abs().max() > 0 for name, w in unshared.items() if "lora_B" in name)
