@@ -3,9 +3,16 @@ pipeline is compared against (bench/train_step.py reports efficiency = its token
 
 Every request asks for exactly `--max-tokens` tokens (`ignore_eos`), so the server is kept at
 the stated concurrency for the whole measurement. With `--adapter` (when it starts the server)
-it also loads a rank-16 LoRA adapter on every projection, as adapter sync serves the policy, and
-measures the same levels through it: the price of serving base + adapter instead of a merged
-model, in the same run (`adapter_vs_plain` = adapter tokens/s / plain tokens/s). Run:
+it also measures the same levels through one rank-16 LoRA adapter on every projection, in the
+same run, loaded three ways (`<way>_vs_plain` = its tokens/s / the plain model's):
+
+- `pushed_adapter`: pushed by `AdapterSync`, as the trainer pushes the policy;
+- `loaded_once`: the same files loaded once by `/v1/load_lora_adapter`;
+- `inplace_adapter`: the same files loaded with `load_inplace`, as adapter sync did before it
+  loaded each version under its own name (vLLM then reloads it from disk at every step).
+
+pushed vs loaded-once is the cost of the push path; loaded-once vs plain is vLLM's LoRA
+arithmetic. Run:
 
     .venv/bin/python bench/serve_throughput.py [--adapter]       # starts vf-vllm on smollm2-135m
     .venv/bin/python bench/serve_throughput.py --base-url http://127.0.0.1:8000/v1 --model NAME
@@ -113,32 +120,52 @@ def main() -> None:
         )
         payload: dict = {"model": args.model, "results": results}
         if args.adapter:
-            with load_adapter(server.base_url, args.model):
-                print("through a rank-16 LoRA adapter (adapter sync's served policy):")
-                adapter = run_all(
-                    server.base_url, "policy", args.concurrency, args.max_tokens, args.rounds
-                )
-            ratios = {
-                str(p["concurrency"]): a["tokens_per_s"] / p["tokens_per_s"]
-                for p, a in zip(results, adapter, strict=True)
-            }
-            print("adapter_vs_plain (tokens/s ratio): " + ", ".join(
-                f"{level}: {ratio:.2f}" for level, ratio in ratios.items()))  # fmt: skip
-            payload.update(adapter_results=adapter, adapter_vs_plain=ratios)
+            payload.update(adapter_throughput(server.base_url, args, results))
     save("serve_throughput", payload)
 
 
-def load_adapter(base_url: str, model: str):
-    """A rank-16 adapter on every projection, random (non-zero) like a trained one, pushed as
-    adapter sync pushes it; close the returned sync when done with it."""
+def adapter_throughput(base_url: str, args: argparse.Namespace, plain: list[dict]) -> dict:
+    """Throughput through the adapter loaded each way, and its ratio to `plain` per level."""
+    import tempfile
+
+    from rlvr.adapter_sync import AdapterSync
+    from rlvr.policy import save_adapter, trainable_state
+    from rlvr.weights import ServerControl
+
+    policy = random_adapter(args.model)
+    out: dict = {}
+    with (
+        tempfile.TemporaryDirectory() as files,
+        AdapterSync(ServerControl(base_url), base_url, "policy") as sync,
+    ):
+        sync.connect(policy)
+        sync.push(0)
+        save_adapter(policy, trainable_state(policy), Path(files))
+        for way, inplace in (("loaded_once", False), ("inplace_adapter", True)):
+            body = {"lora_name": way, "lora_path": files, "load_inplace": inplace}
+            sync.control.post("/v1/load_lora_adapter", json=body)
+        for way, name in (("pushed_adapter", sync.served_name(0)), ("loaded_once", "loaded_once"),
+                          ("inplace_adapter", "inplace_adapter")):  # fmt: skip
+            print(f"through the adapter, {way.replace('_', ' ')}:")
+            results = run_all(base_url, name, args.concurrency, args.max_tokens, args.rounds)
+            ratios = {
+                str(p["concurrency"]): a["tokens_per_s"] / p["tokens_per_s"]
+                for p, a in zip(plain, results, strict=True)
+            }
+            print(f"{way}_vs_plain=" + ", ".join(
+                f"{level}: {ratio:.2f}" for level, ratio in ratios.items()))  # fmt: skip
+            out[f"{way}_results"], out[f"{way}_vs_plain"] = results, ratios
+    return out
+
+
+def random_adapter(model: str):
+    """A rank-16 adapter on every projection, random (non-zero) like a trained one."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlvr.adapter_sync import AdapterSync
     from rlvr.config import LoraConfig
     from rlvr.models import resolve_model
     from rlvr.policy import apply_lora
-    from rlvr.weights import ServerControl
 
     base = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32)
     policy = apply_lora(base, LoraConfig(rank=16))
@@ -146,10 +173,7 @@ def load_adapter(base_url: str, model: str):
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(std=0.01)
-    sync = AdapterSync(ServerControl(base_url), base_url, "policy")
-    sync.connect(policy)
-    sync.push()
-    return sync
+    return policy
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ under its own name, and the base name keeps serving the base (vf_planner's froze
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -58,20 +59,36 @@ def test_adapter_sync_serves_base_plus_adapter_and_leaves_the_base_alone(tiny_se
     model = peft_model(tiny_server.model_dir)
     with model.disable_adapter():
         base = trainer_logprobs(model, IDS)
-    policy, base_name = Served(tiny_server, "policy"), Served(tiny_server, tiny_server.model)
+    base_name = Served(tiny_server, tiny_server.model)
     control = ServerControl(tiny_server.base_url)
+    pushed = {}
     with AdapterSync(control, tiny_server.base_url, "policy") as sync:
         sync.connect(model)
         for seed in (1, 2):
             perturb(model, seed)
             sync.push()
-            assert (server_logprobs(policy, IDS) - trainer_logprobs(model, IDS)).abs().max() < 1e-4
+            pushed[sync.version] = trainer_logprobs(model, IDS)
+            assert sync.served_name(sync.version) == f"policy-v{sync.version}"
             assert (server_logprobs(base_name, IDS) - base).abs().max() < 1e-4
-        (pushed,) = [p for p in sync.directory.iterdir() if p.name.endswith("000002")]
-        size = sum(f.stat().st_size for f in pushed.iterdir())
+        for version, expected in pushed.items():  # each version keeps serving its own adapter
+            served = server_logprobs(Served(tiny_server, f"policy-v{version}"), IDS)
+            assert (served - expected).abs().max() < 1e-4
+        (newest,) = [p for p in sync.directory.iterdir() if p.name.endswith("000001")]
+        size = sum(f.stat().st_size for f in newest.iterdir())
+        sync.release(in_use=[])  # no request needs version 0 any more: unloaded, files gone
+        assert [p.name for p in sync.directory.iterdir()] == ["v000001"]
+        assert served_names(tiny_server) & {"policy-v0", "policy-v1"} == {"policy-v1"}
     model_size = sum(p.numel() * 4 for p in model.get_base_model().parameters())
     assert size < model_size / 5, (size, model_size)  # the adapter, not the model
     assert not sync.directory.exists()  # cleaned up on close
+    assert "policy-v1" not in served_names(tiny_server)  # no name left pointing at no files
+
+
+def served_names(server) -> set[str]:
+    import httpx
+
+    models = httpx.get(f"{server.base_url}/models", timeout=30).json()["data"]
+    return {m["id"] for m in models}
 
 
 @integration
@@ -87,7 +104,7 @@ def test_adapter_sync_uploads_to_a_server_on_another_host(tiny_server):
         sync.local = False  # as if the URL named another host (same machine here)
         sync.connect(model)
         sync.push()
-        served = server_logprobs(Served(tiny_server, "remote"), IDS)
+        served = server_logprobs(Served(tiny_server, sync.served_name(0)), IDS)
     assert (served - trainer_logprobs(model, IDS)).abs().max() < 1e-4
 
 
@@ -128,7 +145,7 @@ def test_adapter_sync_grpo_raises_reward(smollm2_server, tmp_path):
                  "optim.lr=2e-3")  # fmt: skip
     trainer = Trainer(cfg, env=target_share_env(capitalised))
     history = trainer.run()
-    assert trainer.rollout_model == "policy" and trainer.sync.backend == "adapter"
+    assert trainer.sync.backend == "adapter"
     rewards = [h["reward/mean"] for h in history]
     print(f"capitalised-token share per step (adapter sync): {[round(r, 3) for r in rewards]}")
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
@@ -142,11 +159,77 @@ def test_adapter_sync_auto_falls_back_to_merged_for_an_unservable_adapter(tiny_s
     cfg = config(tiny_server, tmp_path / "run", "max_steps=1")  # lm_head is a LoRA target
     trainer = Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir)))
     history = trainer.run()
-    assert trainer.sync.backend == "shm" and trainer.rollout_model == tiny_server.model
+    assert trainer.sync.backend == "shm" and trainer.rollout_model(1) == tiny_server.model
     assert history[0]["mismatch_kl"] < 1e-3
     explicit = config(tiny_server, tmp_path / "run2", "max_steps=1", "server.lora_sync=adapter")
     with pytest.raises(ConfigError, match="lora_sync=adapter: vLLM's LoRA layers do not cover"):
         Trainer(explicit, env=target_share_env(target_id(tiny_server.model_dir))).run()
+
+
+@integration
+def test_adapter_sync_async_level_2_keeps_serving(tiny_server, tmp_path, monkeypatch):
+    """async_level 2: a batch tagged with version v may still be generating while v+1 and
+    v+2 are pushed. Each push used to reload one adapter name in place, so such a batch mixed
+    versions, and the engine died once it reloaded a version whose files were deleted. Now
+    every rollout must come from the version its batch is tagged with (its sampler logprobs
+    are that version's, recomputed from what the trainer pushed as it), with no error.
+
+    So that pushes do land mid-batch whatever the machine's speed, half the rollouts of a
+    batch two versions behind start only once the next version is pushed (the others are in
+    flight)."""
+    restore_base_weights(tiny_server)  # the adapters' base (the push probe checks it too)
+    from rlvr.batch import collate
+    from rlvr.logprobs import sequence_scores
+    from rlvr.policy import trainable_state
+    from rlvr.rollouts import RolloutWorker
+    from rlvr.weights import ServerControl
+
+    cfg = config(tiny_server, tmp_path / "run", "max_steps=4", "batch.async_level=2",
+                 "server.lora_sync=adapter", f"lora.target_modules={ADAPTER_TARGETS}",
+                 "sampling.max_tokens=32")  # fmt: skip
+    env = target_share_env(set(range(0, 512, 2)))
+    trainer = Trainer(cfg, env=env)
+    pushed, batches, spans = {}, [], []
+    started = {"version": None, "rollouts": 0}
+    push, generate, rollout = trainer.push_weights, RolloutWorker.generate_step, env.rollout
+
+    def recording_push(version, initial=False):
+        seconds = push(version, initial)
+        pushed[version] = trainable_state(trainer.accelerator.unwrap_model(trainer.model))
+        return seconds
+
+    async def recording_generate(worker, step, version):
+        # batch s is generated by version s - 2 (0 for the first two); the trainer pushes the
+        # next version once it has started
+        started["version"] = version if step - version == 2 else None
+        batch = await generate(worker, step, version)
+        spans.append(trainer.version - version)  # pushes that landed while it generated
+        batches.append(batch)
+        return batch
+
+    async def late_rollout(*args, **kwargs):
+        started["rollouts"] += 1
+        after = started["version"] if started["rollouts"] % 2 else None
+        while after is not None and trainer.version <= after:
+            await asyncio.sleep(0.05)
+        return await rollout(*args, **kwargs)
+
+    trainer.push_weights = recording_push
+    env.rollout = late_rollout
+    monkeypatch.setattr(RolloutWorker, "generate_step", recording_generate)
+    history = trainer.run()
+
+    assert ServerControl(tiny_server.base_url).health()
+    assert [h["rollouts/errored"] for h in history] == [0, 0, 0, 0]
+    assert max(spans) >= 1, spans
+    model = trainer.accelerator.unwrap_model(trainer.model).eval()
+    for batch in batches:
+        model.load_state_dict(pushed[batch.min_policy_version], strict=False)
+        mb = collate([[s] for r in batch.rollouts for s in r.samples], trainer.pad_id)
+        with torch.no_grad():
+            mine = sequence_scores(model, mb, cfg.sampling.temperature).logprobs
+        gap = ((mine - mb.sampler_logprobs).abs() * mb.loss_mask).max().item()
+        assert gap < 1e-3, (batch.step, batch.min_policy_version, gap)
 
 
 DYING_TRAINER = textwrap.dedent(
@@ -165,7 +248,7 @@ DYING_TRAINER = textwrap.dedent(
     print("pushed", flush=True)
 
     def die(*args, **kwargs):
-        os._exit(3)  # paused, new adapter written, load never requested
+        os._exit(3)  # new adapter written, load never requested
 
     control.post = lambda path, **kw: die() if path == "/v1/load_lora_adapter" else (
         ServerControl.post(control, path, **kw))
@@ -186,15 +269,16 @@ def test_adapter_sync_trainer_killed_mid_push_leaves_the_previous_adapter(tiny_s
     dead = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert dead.returncode == 3 and "pushed" in dead.stdout, dead.stderr[-2000:]
-    served = Served(tiny_server, "takeover")
+    served = Served(tiny_server, "takeover-v0")
     previous = peft_model(tiny_server.model_dir, seed=7)
-    # The dead trainer left the server paused: a new trainer's connect resumes it, and until
-    # it pushes, the previous adapter is what the name serves.
+    # Until a new trainer starts, the dead one's version 0 serves what it pushed.
+    assert (server_logprobs(served, IDS) - trainer_logprobs(previous, IDS)).abs().max() < 1e-4
+    # A new trainer under the same name (a resumed run) unloads what the dead one left and
+    # loads its own version 0.
     with AdapterSync(ServerControl(tiny_server.base_url), tiny_server.base_url, "takeover") as sync:
-        sync.connect(previous)
-        assert (server_logprobs(served, IDS) - trainer_logprobs(previous, IDS)).abs().max() < 1e-4
         newer = peft_model(tiny_server.model_dir, seed=8)
         sync.connect(newer)
+        assert "takeover-v0" not in served_names(tiny_server)
         sync.push()
         assert (server_logprobs(served, IDS) - trainer_logprobs(newer, IDS)).abs().max() < 1e-4
 
@@ -259,11 +343,11 @@ def test_adapter_sync_planner_worker_stays_frozen_while_the_policy_trains(
     trainer = Trainer(cfg, env=env)
     trainer.setup()  # the initial push: the adapter is zero, the policy is the base
     try:
-        policy_before = greedy(tiny_server, "policy", prompt)
+        policy_before = greedy(tiny_server, trainer.rollout_model(0), prompt)
         assert torch.allclose(policy_before[1], worker_before[1], atol=1e-4)
         for step in range(2):
             trainer.train_step(step)
-        policy_after = greedy(tiny_server, "policy", prompt)
+        policy_after = greedy(tiny_server, trainer.rollout_model(2), prompt)
         worker_after = greedy(tiny_server, tiny_server.model, prompt)
     finally:
         trainer.close()

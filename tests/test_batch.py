@@ -8,7 +8,15 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlvr.batch import Sample, collate, pack_rows, rank_micro_batches, split_micro_batches
+from rlvr.batch import (
+    Sample,
+    collate,
+    largest_micro_batch,
+    pack_rows,
+    rank_micro_batches,
+    slot_count,
+    split_micro_batches,
+)
 from rlvr.config import load_config
 from rlvr.logprobs import sequence_scores
 from rlvr.trainer import micro_batch_loss
@@ -104,3 +112,47 @@ def test_ranks_run_the_same_number_of_micro_batches(packing):
     everything = [s for r in range(3) for mb in rank_micro_batches(samples, r, 3, 2, 0, packing)
                   for row in mb for s in row if s.num_loss_tokens]  # fmt: skip
     assert sorted(map(id, everything)) == sorted(map(id, samples))
+
+
+def check_bounds(micro_batches: list, max_rows: int | None, budget: int) -> None:
+    """At most `max_rows` rows and `budget` slots per micro-batch (a sample longer than the
+    budget alone), and each one as full as the bounds allow: the next row would not fit."""
+    for mb in micro_batches:
+        assert max_rows is None or len(mb) <= max_rows
+        if slot_count(mb) > budget:
+            assert [len(row) for row in mb] == [1]  # one sample, longer than the budget
+    for mb, following in zip(micro_batches, micro_batches[1:], strict=False):
+        full = max_rows is not None and len(mb) == max_rows
+        assert full or slot_count([*mb, following[0]]) > budget
+
+
+@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_micro_batch_tokens_bounds_every_micro_batch(packing, world_size):
+    """Every micro-batch holds at most `max_tokens` slots (rows x widest row), except a sample
+    longer than the budget, which gets one of its own; the rows bound still applies, every
+    sample is trained exactly once and the ranks run the same number of micro-batches."""
+    long = Sample([1] * 40, [0] * 20 + [1] * 20, [0.0] * 20 + [-1.0] * 20, 1.0)
+    samples = [*make_samples(30), long]
+    budget = 24
+    for max_rows in (5, None):
+        per_rank = [
+            rank_micro_batches(samples, r, world_size, max_rows, 0, packing, max_tokens=budget)
+            for r in range(world_size)
+        ]
+        assert len({len(mbs) for mbs in per_rank}) == 1
+        trained = []
+        for mbs in per_rank:
+            mine = [mb for mb in mbs if any(s.num_loss_tokens for row in mb for s in row)]
+            check_bounds(mine, max_rows, budget)
+            trained += mine
+        assert any(slot_count(mb) > budget for mb in trained)  # the long sample, alone
+        everything = [s for mb in trained for row in mb for s in row]
+        assert sorted(map(id, everything)) == sorted(map(id, samples))
+
+
+def test_largest_micro_batch_is_the_tighter_bound_but_at_least_one_sample():
+    assert largest_micro_batch(None, 8192, 2048) == 8192
+    assert largest_micro_batch(2, 8192, 2048) == 4096
+    assert largest_micro_batch(16, None, 600) == 9600
+    assert largest_micro_batch(None, 1024, 2048) == 2048  # a whole sample fits in any case

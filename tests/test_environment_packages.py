@@ -25,7 +25,11 @@ from verifiers.scripts import eval as vf_eval_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVIRONMENTS = ["vf-deepscaler", "vf-musique", "vf-openspiel", "vf-planner"]
-SHARED = {"replies.py": ENVIRONMENTS, "hub.py": ["vf-deepscaler", "vf-musique"]}
+SHARED = {
+    "replies.py": ENVIRONMENTS,
+    "sampling.py": ENVIRONMENTS,
+    "hub.py": ["vf-deepscaler", "vf-musique"],
+}
 
 
 def module_of(env_id: str) -> str:

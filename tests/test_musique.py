@@ -19,6 +19,7 @@ import pytest
 from verifiers.types import ToolCall
 from vf_musique import DEFAULT_WEIGHTS, MusiqueDataError, answerability, load_environment
 from vf_musique import dataset as musique_dataset
+from vf_musique.hops import content_terms, searched_missing_hop
 from vf_musique.messages import parse_tool_call, tool_calls
 from vf_musique.replies import get_field, message_text
 from vf_musique.retrieval import (
@@ -299,27 +300,52 @@ def mean_reward(outputs: list[dict[str, Any]]) -> float:
 
 def small_changes(question: str) -> list[str]:
     """The question searched again and again, reworded just enough to look like new queries."""
-    return [question, f"{question} please", f"search: {question}", f"{question} (again)"]
+    return [
+        question,
+        f"{question} please",
+        f"search: {question}",
+        question.lower().rstrip("?"),
+        f"{question} (again)",
+    ]
+
+
+def extra_words(question: str) -> list[str]:
+    """The question with words put before or after it, so no query is the question verbatim."""
+    return [
+        f"documents about {question}",
+        f"{question} wikipedia article",
+        f"Find the paragraph that answers: {question} Give names, dates and places.",
+    ]
+
+
+def question_searches(rows: dict[str, dict[str, Any]]) -> dict[str, Policy]:
+    """The no-effort "unanswerable" policies that search the question itself."""
+    return {
+        "question, small changes": always_unanswerable(
+            rows, lambda r: small_changes(r["question"])
+        ),
+        "question, extra words": always_unanswerable(rows, lambda r: extra_words(r["question"])),
+    }
 
 
 def test_musique_full_junk_search_unanswerable_does_not_pay(
     full_env, fixture_rows, dev_env, dev_rows
 ):
-    """No-effort "unanswerable" policies earn at most 0.25 on the MuSiQue-Full rows (6 answerable,
+    """No-effort "unanswerable" policies earn nothing on the MuSiQue-Full rows (6 answerable,
     3 unanswerable), the gold agent at least 0.9. "Unanswerable" pays only when backed: the
     supporting paragraphs the row keeps (the hops before the missing one) shown and cited, and
-    the missing hop searched for (naming the bridge entity found on the way). So no search and
-    junk searches earn nothing; the question searched repeatedly earns only where the very first
-    hop is missing (there the honest agent can do no more than search for it either), and never
-    on an answerable row. The answerability decision is logged: its precision falls with every
-    wrong claim, its recall with every missed one. Run with -s for the numbers."""
+    a focused search for the missing hop (its own terms, none of the other hops', not the whole
+    question). So no search, junk searches and the question searched repeatedly (with small
+    changes or extra words) earn 0 on every row, also where the very first hop is missing; an
+    agent that searches each hop's sub-question but always declines earns only on the rows
+    whose first hop is missing, and never on an answerable row. The answerability decision is
+    logged: its precision falls with every wrong claim, its recall with every missed one. Run
+    with -s for the numbers."""
     junk = [f"zq{i} xv{i}" for i in range(4)]
     policies = {
         "no search": always_unanswerable(fixture_rows, lambda row: []),
         "junk searches": always_unanswerable(fixture_rows, lambda row: junk),
-        "question, small changes": always_unanswerable(
-            fixture_rows, lambda row: small_changes(row["question"])
-        ),
+        **question_searches(fixture_rows),
         "each hop searched, nothing cited": always_unanswerable(fixture_rows, sub_questions),
     }
     full = {name: run(full_env, policy) for name, policy in policies.items()}
@@ -328,10 +354,11 @@ def test_musique_full_junk_search_unanswerable_does_not_pay(
         assert all(out["metrics"]["said_unanswerable"] == 1.0 for out in outputs)
         assert all(out["reward"] == 0.0 for out in outputs if out["info"]["answerable"]), name
         assert mean_reward(outputs) <= 0.25, name
-    for name in ("no search", "junk searches"):
+    no_effort = ("no search", "junk searches", *question_searches(fixture_rows))
+    for name in no_effort:
         assert all(out["reward"] == 0.0 for out in full[name]), name
-    kept_evidence = [o for o in full["question, small changes"] if o["info"]["supporting_ids"]]
-    assert kept_evidence and all(out["reward"] == 0.0 for out in kept_evidence)
+    first_hop_missing = [o for o in honest if o["info"]["hops"][0]["support"] is None]
+    assert len(first_hop_missing) == 2 and all(o["reward"] == 1.0 for o in first_hop_missing)
     assert mean_reward(honest) >= 0.9
     assert all(o["reward"] == 1.0 for o in honest if not o["info"]["answerable"])
     dev = run(dev_env, always_unanswerable(dev_rows, sub_questions))
@@ -349,6 +376,82 @@ def test_musique_full_junk_search_unanswerable_does_not_pay(
         f"on 200 answerable dev rows: {mean_reward(dev):.3f};",
         f"gold decomposition agent: {mean_reward(honest):.3f}",
     )
+
+
+def without_hops_from(row: dict[str, Any], first_missing: int) -> dict[str, Any]:
+    """The row made unanswerable the MuSiQue-Full way: the evidence of hop `first_missing` and
+    of the hops after it is gone (the paragraphs stay, as distractors), the earlier hops keep
+    theirs."""
+    steps = [dict(step) for step in row["question_decomposition"]]
+    removed = {step.pop("paragraph_support_idx") for step in steps[first_missing:]}
+    paragraphs = [
+        {**p, "is_supporting": p["is_supporting"] and p["idx"] not in removed}
+        for p in row["paragraphs"]
+    ]
+    return {
+        **row,
+        "answerable": False,
+        "question_decomposition": steps,
+        "paragraphs": paragraphs,
+    }
+
+
+@pytest.mark.parametrize("missing", ["first", "last"])
+def test_question_searches_never_back_unanswerable_on_200_dev_rows(dev_rows, tmp_path, missing):
+    """The 200 dev rows (unseen by the rule's design), each made unanswerable by removing its
+    first or its last hop: the question searched repeatedly, with small changes or extra words,
+    backs "unanswerable" on none of them; the gold agent (each hop's sub-question searched,
+    the kept evidence it saw cited) on at least 90%."""
+    rows = {
+        q: without_hops_from(
+            row, 0 if missing == "first" else len(row["question_decomposition"]) - 1
+        )
+        for q, row in dev_rows.items()
+    }
+    path = tmp_path / "unanswerable.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows.values()))
+    env = load_environment(data_files=str(path), dataset_config="full")
+    for name, policy in question_searches(rows).items():
+        assert all(out["reward"] == 0.0 for out in run(env, policy)), name
+    gold = run(env, decomposition_agent(rows))
+    assert mean_reward(gold) >= 0.9
+    print(
+        f"\n{missing} hop removed, 200 dev rows: gold decomposition agent {mean_reward(gold):.3f}"
+    )
+
+
+def focused_for(info: dict[str, Any], *queries: str) -> bool:
+    return searched_missing_hop([content_terms(q) for q in queries], info)
+
+
+def test_a_missing_hop_counts_only_a_focused_search(full_env):
+    """A query counts for the missing hop when it asks for that hop (half its terms, or the
+    bridge answers it builds on) and for no other (no other hop's terms beyond its own, counted
+    with repeats, and not the whole question); a hop with nothing to search for backs nothing."""
+    infos = {info["id"]: info for info in full_env.get_eval_dataset()["info"]}
+    first = infos["2hop__42543_20093"]  # writer of Crazy Little Thing Called Love; hop 1 missing
+    assert focused_for(first, "who wrote crazy little thing called love")
+    assert focused_for(first, "writer of Crazy Little Thing Called Love")
+    assert not focused_for(
+        first, first["question"], "the year Crazy Little Thing Called Love's writer died"
+    )
+    second = infos["2hop__150985_444333"]  # Routledge, publisher of the journal; hop 2 missing
+    assert focused_for(second, "Routledge >> founded by")
+    assert focused_for(second, "founder of Routledge")
+    assert not focused_for(
+        second, "founded by", "Routledge, publisher of Journal of Media Economics"
+    )
+    repeated = {
+        "question": "Who is the father of Edward Baring's father?",
+        "hops": [
+            {"question": "Edward Baring >> father", "answer": "Thomas Baring", "support": None},
+            {"question": "#1 >> father", "answer": "Francis Baring", "support": None},
+        ],
+    }
+    assert focused_for(repeated, "Edward Baring's father")
+    assert not focused_for(repeated, repeated["question"], "father of Edward Baring father")
+    empty = {"question": "Who is it?", "hops": [{"question": "Who is it?", "support": None}]}
+    assert not focused_for(empty, "who is it", "it")
 
 
 def test_showing_everything_scores_below_a_precise_agent(dev_env, dev_rows):

@@ -260,10 +260,11 @@ def test_reasoning_vocab_grpo_steps_with_pushes_keep_mismatch_kl_low(rv_server, 
     )  # fmt: skip
     trainer = Trainer(cfg, env=think_env(vocab))
     history = trainer.run()
-    assert trainer.rollout_model == cfg.served_model  # merged pushes, also for LoRA
+    assert trainer.rollout_model(0) == cfg.served_model  # merged pushes, also for LoRA
     for h in history:
         print({k: round(v, 6) for k, v in h.items() if k.startswith(("reasoning/", "mismatch"))})
     assert max(h["mismatch_kl"] for h in history) < 1e-3
+    assert max(h["push/probe_kl"] for h in history) < 1e-6  # its think span: reasoning ids
     assert all(0.3 < h["reasoning/think_tokens"] < 0.7 for h in history)
     assert all(h["reasoning/reasoning_id_share"] > 0.2 for h in history)
     assert history[0]["reasoning/embedding_cosine"] < 0.999  # rows moved after step 1

@@ -23,7 +23,13 @@ from rlvr.client import RolloutClient
 from rlvr.config import ConfigError, load_config
 from rlvr.rollouts import GroupResult, PromptOrder, RolloutWorker, StepBatch, run_group
 from rlvr.samples import MissingTokensError, RolloutResult, trajectory_samples
-from rlvr.sampling import SamplingFilterError, build_sampling_args, request_seed, turn_seed
+from rlvr.sampling import (
+    FALLBACK_MAX_TOKENS,
+    SamplingFilterError,
+    build_sampling_args,
+    request_seed,
+    turn_seed,
+)
 from rlvr.trainer import build_samples
 
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
@@ -234,7 +240,7 @@ def test_sampling_args_force_token_fields_and_neutral_filters():
     env_defaults = {"n": 1, "stop": ["</answer>"], "extra_body": {"include_stop_str_in_output": 1}}
     args = build_sampling_args(cfg, env_defaults, seed=3)
     assert args["logprobs"] is True and args["seed"] == 3 and "n" not in args
-    assert args["stop"] == ["</answer>"] and args["max_tokens"] == cfg.max_tokens
+    assert args["stop"] == ["</answer>"] and args["max_tokens"] == FALLBACK_MAX_TOKENS
     assert args["top_p"] == 1.0 and args["presence_penalty"] == args["frequency_penalty"] == 0.0
     assert args["extra_body"] == {
         "include_stop_str_in_output": 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -109,38 +110,75 @@ def test_engine_failure_shows_log_tail_and_leaves_nothing_running(tiny_model_dir
     assert gone_within(30, lambda: engine_processes(marker)) == []
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-def test_sigint_stops_the_whole_engine_tree(tiny_model_dir, tmp_path):
+@contextlib.contextmanager
+def served_launcher(
+    model_dir: Path, marker: str, log_path: Path
+) -> Iterator[tuple[subprocess.Popen, int]]:
+    """vf-vllm started as a user starts it, serving `marker` (a name unique to the test), once
+    it serves: (its process, its port). The launcher, if still running, is SIGKILLed at the end."""
     from rlvr.rendezvous import free_port
 
-    marker = f"sigint-{uuid.uuid4().hex[:8]}"
     port = free_port()
-    log = open(tmp_path / "log.txt", "w")
-    proc = subprocess.Popen(
-        [VF_VLLM, "--model", str(tiny_model_dir), "--served-model-name", marker,
-         "--port", str(port), "--enforce-eager", "--dtype", "float32"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [VF_VLLM, "--model", str(model_dir), "--served-model-name", marker,
+             "--port", str(port), "--enforce-eager", "--dtype", "float32"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
-        while "vf-vllm: serving" not in (tmp_path / "log.txt").read_text():
-            assert proc.poll() is None, (tmp_path / "log.txt").read_text()[-3000:]
+        while "vf-vllm: serving" not in log_path.read_text():
+            assert proc.poll() is None, log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(1)
-        assert f"http://127.0.0.1:{port}/v1" in (tmp_path / "log.txt").read_text()
-        import psutil
-
-        # the API server, the engine core and its workers: every descendant of the launcher
-        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        assert len(tree) >= 2 and engine_processes(marker)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
-        assert gone_within(30, lambda: alive(tree)) == []
+        assert f"http://127.0.0.1:{port}/v1" in log_path.read_text()
+        yield proc, port
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
-        log.close()
+        proc.wait()
+
+
+def engine_tree(launcher: subprocess.Popen, marker: str) -> list[int]:
+    """The API server, the engine core and its workers: every descendant of the launcher."""
+    import psutil
+
+    tree = [p.pid for p in psutil.Process(launcher.pid).children(recursive=True)]
+    assert len(tree) >= 2 and engine_processes(marker), tree
+    return tree
+
+
+def port_free(port: int) -> bool:
+    from rlvr.server.launcher import port_in_use
+
+    return not port_in_use("127.0.0.1", port)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_sigint_stops_the_whole_engine_tree(tiny_model_dir, tmp_path):
+    marker = f"sigint-{uuid.uuid4().hex[:8]}"
+    with served_launcher(tiny_model_dir, marker, tmp_path / "log.txt") as (proc, _):
+        tree = engine_tree(proc, marker)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        assert gone_within(30, lambda: alive(tree)) == []
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_vf_vllm_sigkill_leaves_no_orphans(tiny_model_dir, tmp_path):
+    """A SIGKILLed launcher cannot clean up: its API server's parent-death signal and its
+    watchdog stop vLLM's whole process group, and the port is free again within seconds."""
+    marker = f"sigkill-{uuid.uuid4().hex[:8]}"
+    with served_launcher(tiny_model_dir, marker, tmp_path / "log.txt") as (proc, port):
+        tree = engine_tree(proc, marker)
+        assert not port_free(port)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        # the tree holds the watchdog too: it exits once the group is gone
+        assert gone_within(20, lambda: alive(tree) + [port] * (not port_free(port))) == []
+        assert engine_processes(marker) == []
 
 
 @pytest.mark.integration

@@ -65,6 +65,7 @@ def test_grpo_raises_reward_with_weights_pushed_every_step(tiny_server, tmp_path
         "time/weight_push",
         "throughput/gen_tokens_per_s",
         "rollouts/truncated",
+        "memory/peak_gib",
     ):
         assert key in steps[-1], key  # fmt: skip
     evals = [m for m in logged if "eval/reward" in m]

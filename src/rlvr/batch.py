@@ -21,12 +21,19 @@ so no token attends to another sample. Padding mostly disappears, but with sdpa 
 row pays for a mask over its whole width: on a CPU that costs more than the padding it saves
 (bench/train_step.py), so packing is for flash_attention_2.
 
+Micro-batches hold at most `batch.micro_batch_size` rows and `batch.micro_batch_tokens` slots
+(rows x the widest row, the positions the tensors hold: padding costs the activation memory a
+token does), whichever binds first, like verl's `ppo_max_token_len_per_gpu` and prime-rl's
+packed micro-batches: a step of long samples gets more, smaller micro-batches instead of
+running out of memory, and a step of short ones fewer, fuller ones.
+
 The loss is a sum over tokens normalised by the step's global loss-token count, so the layout
 cannot change it.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -152,17 +159,48 @@ def pack_rows(samples: list[Sample], width: int) -> list[Row]:
 
 
 def split_micro_batches(
-    samples: list[Sample], micro_batch_size: int, width: int | None = None
+    samples: list[Sample],
+    micro_batch_size: int | None,
+    width: int | None = None,
+    max_tokens: int | None = None,
 ) -> list[list[Row]]:
-    """Micro-batches of at most `micro_batch_size` rows: one sample per row, longest first (so
-    similar lengths share padding), or with `width`, samples packed into rows that wide.
+    """Micro-batches of at most `micro_batch_size` rows and `max_tokens` slots (see
+    `group_rows`; None: no bound): one sample per row, longest first (so similar lengths share
+    padding), or with `width`, samples packed into rows that wide.
     (The loss is a sum over tokens, so neither the order nor the layout changes it.)"""
     rows = (
         pack_rows(samples, width)
         if width
         else [[s] for s in sorted(samples, key=len, reverse=True)]
     )
-    return [rows[i : i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+    return group_rows(rows, micro_batch_size, max_tokens)
+
+
+def group_rows(rows: list[Row], max_rows: int | None, max_tokens: int | None) -> list[list[Row]]:
+    """Consecutive rows into micro-batches of at most `max_rows` rows whose `slot_count` (rows
+    x the widest row: padding costs the memory and compute a token does) is at most
+    `max_tokens`. A row wider than `max_tokens` gets a micro-batch of its own rather than
+    being dropped: the start-up memory check sizes the largest micro-batch as at least one
+    whole sample (`largest_micro_batch`)."""
+
+    def fits(batch: list[Row]) -> bool:
+        rows_ok = max_rows is None or len(batch) <= max_rows
+        return rows_ok and (max_tokens is None or slot_count(batch) <= max_tokens)
+
+    batches: list[list[Row]] = []
+    for row in rows:
+        if batches and fits(batches[-1] + [row]):
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+    return batches
+
+
+def largest_micro_batch(max_rows: int | None, max_tokens: int | None, max_seq_len: int) -> int:
+    """The most slots a micro-batch of samples of up to `max_seq_len` tokens can hold under
+    these bounds (at least one whole sample: see `group_rows`)."""
+    bounds = [b for b in (max_tokens, max_rows and max_rows * max_seq_len) if b]
+    return max(min(bounds), max_seq_len)
 
 
 def shard(samples: list[Sample], rank: int, world_size: int) -> list[Sample]:
@@ -183,16 +221,21 @@ def rank_micro_batches(
     samples: list[Sample],
     rank: int,
     world_size: int,
-    micro_batch_size: int,
+    micro_batch_size: int | None,
     pad_id: int,
     packing: bool = False,
+    max_tokens: int | None = None,
 ) -> list[list[Row]]:
-    """This rank's micro-batches of the step's samples, topped up with padding micro-batches
-    to the count of the busiest rank (see `padding_micro_batch`). With `packing`, rows are as
-    wide as the step's longest sample."""
-    width = max((len(s) for s in samples), default=0) if packing else None
+    """This rank's micro-batches of the step's samples (at most `micro_batch_size` rows and
+    `max_tokens` slots each, see `group_rows`), topped up with padding micro-batches to the
+    count of the busiest rank (see `padding_micro_batch`). With `packing`, rows are as wide
+    as the step's longest sample, or `max_tokens` when that is narrower (a longer sample
+    then has a row of its own)."""
+    width = None
+    if packing:
+        width = min(max((len(s) for s in samples), default=0), max_tokens or sys.maxsize)
     shards = [
-        split_micro_batches(shard(samples, r, world_size), micro_batch_size, width)
+        split_micro_batches(shard(samples, r, world_size), micro_batch_size, width, max_tokens)
         for r in range(world_size)
     ]
     count = max(len(s) for s in shards)

@@ -42,8 +42,8 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """auto: bfloat16 on CUDA, float32 on CPU (CPU bf16 matmuls are slow and imprecise)."""
     gradient_checkpointing: bool | None = None
-    """None: on for models with at least `checkpointing_min_params` parameters."""
-    checkpointing_min_params: int = 500_000_000
+    """None: the trainer chooses from its start-up memory estimate (rlvr.memory): off only when
+    the largest micro-batch fits comfortably without it. true/false: as set."""
     attn_implementation: str | None = None
     """Passed to transformers (e.g. `sdpa`, `flash_attention_2`); None lets it choose."""
     reasoning_vocab_size: int = 0
@@ -116,8 +116,14 @@ class BatchConfig:
     """Group size: rollouts of the same prompt whose rewards are compared."""
     batch_size: int = 64
     """Rollouts per optimizer step (a multiple of rollouts_per_example)."""
-    micro_batch_size: int = 4
-    """Rows per forward/backward on each rank (a row holds one sample, or several packed)."""
+    micro_batch_size: int | None = None
+    """Most rows per forward/backward on each rank (a row holds one sample, or several
+    packed); None: as many as micro_batch_tokens allows."""
+    micro_batch_tokens: int | None = 4096
+    """Most token slots per forward/backward on each rank: rows x the widest row (padding
+    costs the memory a token does). Bounds activation memory whatever the samples' lengths;
+    a sample longer than this gets a micro-batch of its own. Checked against free memory
+    before the first step (rlvr.memory). None: only micro_batch_size bounds micro-batches."""
     packing: bool = False
     """Pack short samples together into rows as wide as the step's longest sample (attention
     stays within each sample), instead of padding every sample to that width. Same loss,
@@ -157,8 +163,10 @@ class SamplingConfig:
     top_p: float = 1.0
     """Must stay 1.0: the trainer's log-probabilities cover the whole distribution, so a
     nucleus-filtered sampler would bias the importance ratio (see rlvr.sampling)."""
-    max_tokens: int = 512
-    """Most tokens per model turn."""
+    max_tokens: int | None = None
+    """Most tokens per model turn. None: the environment's own default (its
+    `sampling_args["max_tokens"]`, which each environment's README states), else 512. A value
+    set here (file or `sampling.max_tokens=N`) wins over the environment's."""
     seed_requests: bool = True
     """Give each request a seed derived from (seed, step, rollout), so runs (and resumed runs)
     sample the same tokens. vLLM 0.32's CPU backend crashes when a seeded request's prefill is
@@ -257,10 +265,23 @@ class ServerConfig:
     stream base + adapter merged, as for full fine-tuning. auto: adapter whenever the server
     can serve it, else merged (the log says why)."""
     adapter_name: str = "policy"
-    """The name the policy's adapter is served under (adapter sync); rollouts request it."""
+    """Adapter sync serves weight version v as `{adapter_name}-v{v}`; each rollout requests
+    the version its batch is tagged with. One trainer per name on a server: a trainer unloads
+    the versions under its name that it finds at start (a dead trainer's)."""
     push_weights: bool = True
     """Push weights after every optimizer step (the initial weights are pushed regardless).
     Off only for debugging: rollouts then come from the initial weights."""
+    push_probe: bool = True
+    """After every push, score a fixed token sequence on the server (prompt log-probabilities
+    of the name rollouts will request) and with the trainer's just-pushed weights, logged as
+    `push/probe_kl`: it sees a server that does not serve what was pushed (stale or partly
+    updated weights), which mismatch-KL cannot tell from policy lag at async_level >= 1."""
+    probe_kl_max: float | None = None
+    """A push whose `push/probe_kl` exceeds this raises an error. None: calibrated by the
+    initial push, where both sides hold the same weights: 10x its probe_kl (the rounding
+    between server and trainer: ~1e-13 with float32 on both, ~1e-3 for a bf16 server against
+    a float32 trainer on SmolLM2), within [1e-6, 1e-2]. Set it for servers in lower precision
+    (fp8)."""
 
 
 @dataclass
@@ -303,7 +324,11 @@ class Config:
             b.batch_size,
             f"must be a positive multiple of batch.rollouts_per_example ({b.rollouts_per_example})",
         )
-        _require(b.micro_batch_size >= 1, "batch.micro_batch_size", b.micro_batch_size)
+        for name in ("micro_batch_size", "micro_batch_tokens"):
+            value = getattr(b, name)
+            _require(value is None or value >= 1, f"batch.{name}", value, "must be >= 1 or null")
+        _require(bool(b.micro_batch_size or b.micro_batch_tokens), "batch.micro_batch_tokens", None,
+                 "set it or batch.micro_batch_size: nothing would bound a micro-batch")  # fmt: skip
         _require(b.async_level >= 0, "batch.async_level", b.async_level, "must be >= 0")
         _require(0 <= b.max_errored_frac <= 1, "batch.max_errored_frac", b.max_errored_frac,
                  "must be between 0 and 1")  # fmt: skip
@@ -312,10 +337,13 @@ class Config:
         _require(self.max_steps >= 1, "max_steps", self.max_steps)
         self.optim.validate()
         _require(self.sampling.temperature > 0, "sampling.temperature", self.sampling.temperature)
-        _require(self.sampling.max_tokens >= 1, "sampling.max_tokens", self.sampling.max_tokens)
+        _require(self.sampling.max_tokens is None or self.sampling.max_tokens >= 1,
+                 "sampling.max_tokens", self.sampling.max_tokens)  # fmt: skip
         self._check_sampling_filters()
         _require(self.server.transfer_timeout_s > 0, "server.transfer_timeout_s",
                  self.server.transfer_timeout_s)  # fmt: skip
+        probe_max = self.server.probe_kl_max
+        _require(probe_max is None or probe_max > 0, "server.probe_kl_max", probe_max)
         _require(0 <= self.server.transfer_port < 65536, "server.transfer_port",
                  self.server.transfer_port, "must be a port number (0: any free port)")  # fmt: skip
         self.distributed.validate()

@@ -2,9 +2,9 @@
 `metrics.jsonl` / `samples.jsonl` files that hold the same numbers whatever W&B does.
 
 Only the main process logs. Metric names are grouped by prefix (GRPO: `reward/`,
-`env/<metric>`, `loss/`, `ratio/`, `time/`, `throughput/`, `rollouts/`, `eval/`; SFT: `train/`,
-`val/`, `data/`) so W&B's panels sort them. Any trainer's config works: the logger reads its
-`output_dir` and `wandb` sections and records the whole config with the W&B run.
+`env/<metric>`, `loss/`, `ratio/`, `time/`, `throughput/`, `rollouts/`, `push/`, `eval/`; SFT:
+`train/`, `val/`, `data/`) so W&B's panels sort them. Any trainer's config works: the logger
+reads its `output_dir` and `wandb` sections and records the whole config with the W&B run.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The trainable policy, for every trainer (GRPO and SFT): loading and the final save.
 
 Loading resolves the model name (embedded short name, directory or hub id), reads the tokenizer
-and its pad id, loads the weights in the configured dtype, switches gradient checkpointing on
-for large models and wraps the model in a LoRA adapter (new, or one to continue from). The
-final save writes the adapter or the full model in Hugging Face format, and `merge_adapter`
-turns a saved adapter into a plain model for serving.
+and its pad id, loads the weights in the configured dtype, wraps the model in a LoRA adapter
+(new, or one to continue from) and switches gradient checkpointing on where the trainer's
+largest micro-batch needs it (`rlvr.memory`). The final save writes the adapter or the full
+model in Hugging Face format, and `merge_adapter` turns a saved adapter into a plain model for
+serving.
 
 Precision: every weight the optimizer updates is float32. A bfloat16 weight of 0.02 moves
 only by steps of 1.2e-4, so AdamW updates below half of that (lr 1e-6 for thousands of steps)
@@ -30,6 +31,7 @@ import torch
 
 from rlvr.atomic import atomic_directory
 from rlvr.config import ConfigError, LoraConfig, ModelConfig
+from rlvr.memory import Budget, plan_memory
 from rlvr.reasoning_vocab import ReasoningVocab, expand_model, load_tokenizer
 from rlvr.reasoning_vocab import attach as attach_reasoning_vocab
 
@@ -198,10 +200,17 @@ def reference_mode(model: torch.nn.Module):
 
 
 def load_policy(
-    model_cfg: ModelConfig, lora_cfg: LoraConfig, accelerator: Any, keep_reference: bool = False
+    model_cfg: ModelConfig,
+    lora_cfg: LoraConfig,
+    accelerator: Any,
+    keep_reference: bool = False,
+    budget: Budget | None = None,
 ) -> Policy:
     """Everything a trainer needs to start training the model `model_cfg.name`
-    (`keep_reference`: see `apply_lora`)."""
+    (`keep_reference`: see `apply_lora`). With the `budget` of its largest micro-batch, the
+    step's peak memory is checked against the device's (a ConfigError when it cannot fit)
+    and gradient checkpointing, unless set, is on only when the step needs it
+    (`rlvr.memory.plan_memory`); without one, checkpointing is as set (default off)."""
     from accelerate.utils import DistributedType
 
     from rlvr.models import resolve_model
@@ -217,13 +226,16 @@ def load_policy(
     if compute_dtype is not None:  # after any resize: it replaces the head module
         mixed_precision(model, compute_dtype, accelerator.device.type)
     model.config.use_cache = False
-    checkpointing = model_cfg.gradient_checkpointing
-    if checkpointing is None:
-        checkpointing = num_parameters(model) >= model_cfg.checkpointing_min_params
-    if checkpointing:
-        model.gradient_checkpointing_enable({"use_reentrant": False})
     if lora_cfg.enabled:
         model = apply_lora(model, lora_cfg, keep_reference, reasoning_vocab)
+    plan = None
+    if budget is not None:  # refuse a step that cannot fit; choose checkpointing for it
+        reference_copy = keep_reference and not lora_cfg.enabled
+        plan = plan_memory(model, model_cfg.gradient_checkpointing, budget, accelerator,
+                           reference_copy=reference_copy)  # fmt: skip
+    checkpointing = plan.checkpointing if plan else bool(model_cfg.gradient_checkpointing)
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
     if accelerator.is_main_process:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         kind = "LoRA" if lora_cfg.enabled else "full"
@@ -234,6 +246,8 @@ def load_policy(
             + f", gradient checkpointing {checkpointing}"
             + (f", reasoning vocabulary {reasoning_vocab.size}" if reasoning_vocab else "")
         )
+        if plan is not None:
+            print(plan.describe())
     pad_id = pad if pad is not None else tokenizer.eos_token_id
     return Policy(model, tokenizer, pad_id, path, reasoning_vocab, compute_dtype)
 

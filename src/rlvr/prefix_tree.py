@@ -45,9 +45,10 @@ it, and a step whose fold saves less than `MIN_SAVED_FRACTION` of its tokens kee
 unshared layout (bench/train_step.py --parts prefix measures both sides; the README has the
 numbers).
 
-Micro-batches. A folded row is never wider than the unshared layout's micro-batch (rows x
-the widest sample), and a folded micro-batch holds no more slots than that, so activation
-memory stays within what the unshared layout would use. Rows, not samples, are distributed
+Micro-batches. A folded row is never wider than the unshared layout's largest micro-batch
+(`batch.micro_batch_tokens` slots, or `micro_batch_size` x the step's longest sample if that
+binds first), and a folded micro-batch holds no more slots than that, so activation memory
+stays within what the memory check sized for the unshared layout. Rows, not samples, are distributed
 over ranks (a group is never cut in two by sharding), balanced by folded tokens.
 """
 
@@ -61,7 +62,15 @@ from typing import Any
 
 import torch
 
-from rlvr.batch import MicroBatch, Row, Sample, collate, padding_micro_batch, slot_count
+from rlvr.batch import (
+    MicroBatch,
+    Row,
+    Sample,
+    collate,
+    largest_micro_batch,
+    padding_micro_batch,
+    slot_count,
+)
 from rlvr.batch import rank_micro_batches as unshared_micro_batches
 from rlvr.config import BatchConfig
 
@@ -290,7 +299,7 @@ def plan_micro_batches(
     and the fold saves at least `MIN_SAVED_FRACTION` of the step's tokens; otherwise the
     unshared layout of `rlvr.batch`. Decided from the whole step, so every rank decides alike."""
     longest = max((len(s) for s in samples), default=0)
-    max_slots = cfg.micro_batch_size * longest
+    max_slots = largest_micro_batch(cfg.micro_batch_size, cfg.micro_batch_tokens, longest)
     if attention is not None:
         rows = fold_rows(samples, max_slots)
         saved = saved_fraction(samples, rows)
@@ -299,7 +308,7 @@ def plan_micro_batches(
             fold = functools.partial(collate_folded, pad_id=pad_id, attention=attention)
             return Plan(mine, fold, folded_slot_count, _folded_tokens)
     mine = unshared_micro_batches(
-        samples, rank, world_size, cfg.micro_batch_size, pad_id, cfg.packing
+        samples, rank, world_size, cfg.micro_batch_size, pad_id, cfg.packing, cfg.micro_batch_tokens
     )
     return Plan(mine, functools.partial(collate, pad_id=pad_id), slot_count, _sample_tokens)
 

@@ -11,7 +11,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,7 +148,8 @@ class StepBatch:
     generate_s: float
     """Wall time from starting the step's rollouts to the last group finishing."""
     min_policy_version: int
-    """The weight version the server held when these rollouts started."""
+    """The weight version the server held when these rollouts started: under adapter sync the
+    version that generated all of them; merged pushes may change the weights mid-batch."""
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -225,6 +228,41 @@ class _Batches:
             return [self.ready[s] for s in steps]
 
 
+class _Versions:
+    """The newest weight version the server holds, and how many batches and evaluations are
+    generating with each version. A version is taken (`lease`) and registered in one locked
+    step, so once the trainer has moved to a newer version, `in_use` names every older one a
+    request can still ask for: the adapter sync may unload the rest."""
+
+    def __init__(self, current: int):
+        self._lock = threading.Lock()
+        self.current = current
+        self._leases: Counter[int] = Counter()
+
+    def advance(self, version: int) -> None:
+        with self._lock:
+            self.current = version
+
+    @contextmanager
+    def lease(self) -> Iterator[int]:
+        """The current version, kept in use until the block ends."""
+        with self._lock:
+            version = self.current
+            self._leases[version] += 1
+        try:
+            yield version
+        finally:
+            with self._lock:
+                self._leases[version] -= 1
+                if not self._leases[version]:
+                    del self._leases[version]
+
+    def in_use(self) -> set[int]:
+        """Leased versions and the current one (which the next batch takes)."""
+        with self._lock:
+            return {self.current, *self._leases}
+
+
 class RolloutWorker:
     """Generates step batches in a background thread, at most `async_level` steps ahead.
 
@@ -252,19 +290,21 @@ class RolloutWorker:
         data_position: int = 0,
         prompt_fits: Callable[[dict], bool] | None = None,
         preloaded: list[StepBatch] | None = None,
-        model: str | None = None,
+        model: str | Callable[[int], str] | None = None,
     ):
         self.env = env
         self.dataset = dataset
         self.cfg = config
         self.client_factory = client_factory
-        self.model = model or config.served_model
-        """The name rollouts request: the served base model, or the policy's adapter."""
+        name = model or config.served_model
+        self.model = model if callable(model) else lambda version: name
+        """The name that serves weight version v to rollouts: one name whatever the version
+        (the served base model, merged pushes), or that version's adapter."""
         self.order = PromptOrder(len(dataset), config.seed)
         self.start_step = start_step
         self.position = data_position
         self.prompt_fits = prompt_fits or (lambda row: True)
-        self._version = version
+        self._versions = _Versions(version)
         self._batches = _Batches()
         self._preloaded = {b.step: b for b in preloaded or []}
         self._loop = asyncio.new_event_loop()
@@ -283,7 +323,7 @@ class RolloutWorker:
 
     def set_version(self, version: int) -> None:
         """Called by the trainer after each weight push."""
-        self._version = version
+        self._versions.advance(version)
         if self._version_event is not None:
             self._loop.call_soon_threadsafe(self._version_event.set)
 
@@ -307,6 +347,10 @@ class RolloutWorker:
         policy; later batches start from the saved policy either way."""
         last = first + self.cfg.batch.async_level - 1
         return self._batches.in_flight(first, last, timeout_s)
+
+    def versions_in_use(self) -> set[int]:
+        """Weight versions that running batches or evaluations request, and the current one."""
+        return self._versions.in_use()
 
     def ready_steps(self) -> list[int]:
         return sorted(self._batches.ready)
@@ -356,8 +400,9 @@ class RolloutWorker:
                     self.position = batch.data_position
                 else:
                     await self._wait_for_version(step - self.cfg.batch.async_level)
-                    self._batches.start(step)
-                    batch = await self.generate_step(step)
+                    with self._versions.lease() as version:  # before the trainer may push on
+                        self._batches.start(step)
+                        batch = await self.generate_step(step, version)
                 self._batches.put(batch)
             await asyncio.Event().wait()  # stay up for evaluations until close()
         except asyncio.CancelledError:
@@ -370,9 +415,9 @@ class RolloutWorker:
 
     async def _wait_for_version(self, needed: int) -> None:
         assert self._version_event is not None
-        while self._version < needed:
+        while self._versions.current < needed:
             self._version_event.clear()
-            if self._version >= needed:
+            if self._versions.current >= needed:
                 return
             await self._version_event.wait()
 
@@ -383,8 +428,10 @@ class RolloutWorker:
         return build_sampling_args(self.cfg.sampling, self.env.sampling_args, seed)
 
     async def _run_groups(
-        self, rows: list[dict], step: int, first_position: int, group_size: int
+        self, rows: list[dict], step: int, first_position: int, group_size: int, version: int
     ) -> list[GroupResult]:
+        """Generate and score the groups of `rows`, every request through the model name
+        that serves weight `version`."""
         limit = self.cfg.batch.max_concurrent
         semaphore = asyncio.Semaphore(limit if limit > 0 else len(rows) or 1)
 
@@ -394,7 +441,7 @@ class RolloutWorker:
                 return await run_group(
                     self.env,
                     self._client,
-                    self.model,
+                    self.model(version),
                     row,
                     args,
                     self.cfg.batch.max_seq_len,
@@ -424,11 +471,12 @@ class RolloutWorker:
                 )
         return rows, first, skipped
 
-    async def generate_step(self, step: int) -> StepBatch:
+    async def generate_step(self, step: int, version: int) -> StepBatch:
+        """The batch of `step`, every request through the name serving weight `version`."""
         rows, first, skipped = self._next_rows(self.cfg.examples_per_step)
-        version = self._version
         began = time.perf_counter()
-        groups = await self._run_groups(rows, step, first, self.cfg.batch.rollouts_per_example)
+        group_size = self.cfg.batch.rollouts_per_example
+        groups = await self._run_groups(rows, step, first, group_size, version)
         errors = [e for g in groups for e in g.errors]
         for message in errors[:3]:
             log.warning("step %d: rollout errored: %s", step, message)
@@ -445,7 +493,8 @@ class RolloutWorker:
     async def _evaluate(self, num_examples: int, rollouts_per_example: int) -> EvalResult:
         dataset = self.env.get_eval_dataset(n=num_examples)
         rows = [dataset[i] for i in range(len(dataset))]
-        groups = await self._run_groups(rows, -1, 0, rollouts_per_example)
+        with self._versions.lease() as version:
+            groups = await self._run_groups(rows, -1, 0, rollouts_per_example, version)
         rollouts = [r for g in groups for r in g.rollouts]
         metrics: dict[str, float] = {}
         for name in sorted({k for r in rollouts for k in r.metrics}):

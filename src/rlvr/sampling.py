@@ -124,17 +124,32 @@ def check_logprobs_mode(mode: str | None, temperature: float) -> None:
     )
 
 
+# Reply budget of a run whose config and environment both leave max_tokens unset.
+FALLBACK_MAX_TOKENS = 512
+
+
+def max_tokens(cfg: SamplingConfig, env_defaults: dict[str, Any]) -> int:
+    """The run config's `sampling.max_tokens` when it sets one, else the environment's default
+    (a length that fits its task), else FALLBACK_MAX_TOKENS."""
+    if cfg.max_tokens is not None:
+        return cfg.max_tokens
+    return env_defaults.get("max_tokens") or FALLBACK_MAX_TOKENS
+
+
 def build_sampling_args(
     cfg: SamplingConfig, env_defaults: dict[str, Any] | None = None, seed: int | None = None
 ) -> dict[str, Any]:
     """The environment's own sampling defaults, then ours, then the neutral filters and the
     token-return fields (those must win: training cannot run without them). `extra_body` is
-    merged key by key. Raises SamplingFilterError for a filter the trainer cannot reproduce."""
+    merged key by key; `max_tokens` comes from `max_tokens()`. Raises SamplingFilterError for a
+    filter the trainer cannot reproduce."""
     env_defaults = env_defaults or {}
     check_reproducible(env_defaults, "the environment's sampling_args")
     check_reproducible({"top_p": cfg.top_p, "extra_body": cfg.extra_body}, "sampling")
     args: dict[str, Any] = {k: v for k, v in env_defaults.items() if k != "extra_body"}
-    args.update(temperature=cfg.temperature, max_tokens=cfg.max_tokens, **NEUTRAL_OPENAI)
+    args.update(
+        temperature=cfg.temperature, max_tokens=max_tokens(cfg, env_defaults), **NEUTRAL_OPENAI
+    )
     args.pop("n", None)
     if seed is not None:
         args["seed"] = seed

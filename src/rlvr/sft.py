@@ -29,6 +29,7 @@ from rlvr.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.config import SFTConfig, save_config, to_yaml
 from rlvr.logprobs import sequence_scores
 from rlvr.loss import normalised_loss
+from rlvr.memory import Budget
 from rlvr.metrics import RunLogger
 from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_policy, save_final
@@ -104,7 +105,10 @@ class SFTTrainer:
             self.out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
             print(f"# rlvr SFT config (saved to {self.out / 'config.yaml'})\n{to_yaml(cfg)}")
-        policy = load_policy(cfg.model, cfg.lora, acc)
+        tokens = cfg.train.micro_batch_size * cfg.data.max_seq_len
+        knob = "train.micro_batch_size x data.max_seq_len"
+        budget = Budget(tokens, knob, cfg.data.max_seq_len, "data.max_seq_len")
+        policy = load_policy(cfg.model, cfg.lora, acc, budget=budget)
         self.tokenizer, self.pad_id = policy.tokenizer, policy.pad_id
         self.reasoning_vocab = policy.reasoning_vocab
         self.gate = None

@@ -7,8 +7,9 @@ One step:
   2. each rank trains on its shard in micro-batches; the loss is normalised by the step's
      global loss-token count, and every rank runs the same number of micro-batches;
   3. one optimizer step (clipped), one scheduler step;
-  4. push the new weights into vf-vllm (generation paused, prefix cache reset) and tell the
-     worker the server now holds version step+1;
+  4. push the new weights into vf-vllm, check with a probe that the server serves them
+     (`rlvr.push_probe`), tell the worker the server now holds version step+1, and let the
+     adapter sync unload versions no rollout still requests;
   5. log, evaluate and checkpoint on their cadences.
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from rlvr.advantages import group_advantages
-from rlvr.batch import MicroBatch, Sample
+from rlvr.batch import MicroBatch, Sample, largest_micro_batch
 from rlvr.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
 from rlvr.client import make_client
 from rlvr.config import Config, ConfigError, save_config, to_yaml
@@ -32,10 +33,12 @@ from rlvr.cores import pin_to_cores
 from rlvr.logprobs import MaskLogits, sequence_scores
 from rlvr.lora import MergedWeightSource
 from rlvr.loss import StatsAccumulator, normalised_loss, policy_loss
+from rlvr.memory import GIB, Budget, peak_bytes, reset_peak
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_model, load_policy, reference_mode, save_final
 from rlvr.prefix_tree import plan_micro_batches, tree_attention
+from rlvr.push_probe import PushProbe, probe_ids, probe_kl, served_logprobs, trainer_logprobs
 from rlvr.reasoning_vocab import row_cosines
 from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
 from rlvr.sampling import SamplingFilterError, build_sampling_args, check_logprobs_mode
@@ -146,6 +149,8 @@ class Trainer:
         self.sync = None
         self.pushes = 0
         """Weight pushes this rank took part in (every rank joins every push)."""
+        self.probe_kl: float | None = None
+        """`push/probe_kl` of the last push (None: not probed)."""
         self.logger: RunLogger | None = None
 
     # ---- set-up ---------------------------------------------------------------------
@@ -169,7 +174,7 @@ class Trainer:
             self._load_env()
         self._load_policy()
         self.opt = Optimization(
-            acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size
+            acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size or 1
         )
         self.model = self.opt.model
         resume = resolve_resume(cfg.checkpoint.resume, cfg.output_dir)
@@ -197,7 +202,9 @@ class Trainer:
 
     def _load_policy(self) -> None:
         cfg, acc = self.cfg, self.accelerator
-        policy = load_policy(cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0)
+        policy = load_policy(
+            cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0, budget=self._budget()
+        )
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.reasoning_vocab = policy.reasoning_vocab
         self.compute_dtype = policy.compute_dtype
@@ -213,6 +220,13 @@ class Trainer:
                 )
             self.ref_model = load_model(policy.path, cfg.model, policy.reasoning_vocab)
             self.ref_model.requires_grad_(False).eval().to(acc.device)
+
+    def _budget(self) -> Budget:
+        """The largest micro-batch this run can form, for the start-up memory check."""
+        b = self.cfg.batch
+        tokens = largest_micro_batch(b.micro_batch_size, b.micro_batch_tokens, b.max_seq_len)
+        knob = "batch.micro_batch_tokens" if b.micro_batch_tokens else "batch.micro_batch_size"
+        return Budget(tokens, knob, b.max_seq_len, "batch.max_seq_len")
 
     def _connect_server(self) -> None:
         """Rank 0 picks how weights reach the server (asking it how it runs) and tells the
@@ -245,12 +259,25 @@ class Trainer:
         if push == "adapter":
             self.sync = AdapterSync(merged.control, server.base_url, server.adapter_name, self.rank)
             self.sync.connect(unwrapped)
-            self.rollout_model = server.adapter_name
+            requested = f"{self.sync.name(self.start_step)!r}, one name per weight version"
         else:
             self.sync = merged
             self.sync.connect(MergedWeightSource(unwrapped, dtype=self.compute_dtype), push)
-            self.rollout_model = self.cfg.served_model
-        self.logger.print(f"weight push: {push}; rollouts request model {self.rollout_model!r}")
+            requested = repr(self.cfg.served_model)
+        self.logger.print(f"weight push: {push}; rollouts request model {requested}")
+        self.probe = None
+        if server.push_probe:
+            ids = probe_ids(self.tokenizer, self.reasoning_vocab)
+            self.probe = PushProbe(ids, server.probe_kl_max)
+
+    def rollout_model(self, version: int) -> str:
+        """The model name that serves weight `version` to rollouts: that version's adapter
+        under adapter sync; the served base model under merged pushes."""
+        from rlvr.adapter_sync import AdapterSync
+
+        if isinstance(self.sync, AdapterSync):
+            return self.sync.served_name(version)
+        return self.cfg.served_model
 
     def _check_served_vocabulary(self, control: Any) -> None:
         """The server must sample from the policy's vocabulary: a reasoning vocabulary needs
@@ -397,6 +424,8 @@ class Trainer:
         return 0.9 * self.cfg.distributed.timeout_s
 
     def train_step(self, step: int) -> dict[str, float]:
+        device = self.accelerator.device
+        reset_peak(device)
         began = time.perf_counter()
         samples, metrics, rows, data_position = self._next_batch(step)
         waited = time.perf_counter() - began
@@ -432,11 +461,13 @@ class Trainer:
                 "time/forward_backward": t1 - t0,
                 "time/optimizer": t2 - t1,
                 "time/weight_push": push_s,
+                **({"push/probe_kl": self.probe_kl} if self.probe_kl is not None else {}),
                 "time/step": step_s,
                 "throughput/train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
                 "throughput/padded_frac": 1 - forwarded / max(stats.get("slots", forwarded), 1),
                 "throughput/prefix_saved_frac": 1 - forwarded / max(train_tokens, 1),
                 "throughput/tokens_per_s": metrics["rollouts/completion_tokens"] / step_s,
+                "memory/peak_gib": peak_bytes(device) / GIB,
             }
         )
         if self.reasoning_vocab is not None:  # every rank: ZeRO-3 gathers the rows
@@ -488,35 +519,54 @@ class Trainer:
             return sequence_scores(model, mb, temperature, mask_logits=mask_logits).logprobs
 
     def push_weights(self, version: int, initial: bool = False) -> float:
-        """Send the current weights to vf-vllm (all ranks take part) and record the version.
-        Not before the last batch the previous version generates has started (see
+        """Send the current weights to vf-vllm as weight `version` (all ranks take part),
+        probe that the server serves them, and record the version; returns the push's
+        seconds. Not before the last batch the previous version generates has started (see
         `RolloutWorker`): every batch's policy version is then fixed, also across resumes."""
         if self.worker is not None and not initial:
             self.worker.wait_for_batches_of(version - 1, timeout_s=self._rank0_deadline_s)
         seconds = 0.0
         if initial or self.cfg.server.push_weights:
-            seconds = self.sync.push()
+            seconds = self.sync.push(version)
             self.pushes += 1
+            self.probe_kl = self._probe_push(version)
         self.version = version
         if self.worker is not None:
             self.worker.set_version(version)
+            self.sync.release(self.worker.versions_in_use())
         return seconds
+
+    def _probe_push(self, version: int) -> float | None:
+        """`push/probe_kl` of the push of `version` (see rlvr.push_probe); every rank runs the
+        forward and raises together when it is over the limit."""
+        if self.probe is None:
+            return None
+        ids = self.probe.ids
+        mine = trainer_logprobs(self.model, ids, self.accelerator.device)
+        result = None
+        if self.accelerator.is_main_process:
+            name = self.rollout_model(version)
+            result = probe_kl(mine, served_logprobs(self.sync.control, name, ids)), name
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            result = broadcast_object_list([result])[0]
+        kl, name = result
+        self.probe.check(kl, version, name)
+        return kl
 
     def _report(self, step: int, metrics: dict[str, float], rows: list) -> None:
         logger = self.logger
         kl, lag = metrics["mismatch_kl"], metrics["rollouts/policy_lag"]
-        if kl > self.cfg.logging.mismatch_kl_warn:
-            # Rollouts sampled by an older policy (async_level >= 1) differ from the trainer's
-            # by the updates since, which is no fault of the push
-            cause = (
-                f"it includes {lag:.1f} steps of policy lag (async rollouts), so it also "
-                "measures how far the policy moved since sampling"
-                if lag > 0
-                else "weights may not have arrived"
-            )
+        if kl > self.cfg.logging.mismatch_kl_warn and lag == 0:
+            # Only a batch sampled by the weights it trains measures what the sampler and the
+            # trainer disagree on; with lag it also measures how far the policy moved since,
+            # and the push probe (push/probe_kl) checks the pushes instead.
             logger.warn(
                 f"step {step}: mismatch-KL {kl:.3g} between vf-vllm's sampling logprobs and "
-                f"the trainer's exceeds {self.cfg.logging.mismatch_kl_warn:g}: {cause}"
+                f"the trainer's exceeds {self.cfg.logging.mismatch_kl_warn:g} on a batch "
+                "sampled by the weights it trains: the server samples differently from what "
+                "the trainer computes (sampling settings, precision) or weights did not arrive"
             )
         logger.log(step, metrics)
         if rows and (step % self.cfg.logging.table_every == 0 or step == 1):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -298,7 +299,8 @@ class WeightSync:
         self.engine: TrainerWeightTransferEngine | None = None
         self.meeting: Meeting | None = None
         """Where the gloo/nccl rendezvous took place (rank 0; None for shm/ipc)."""
-        self.version = 0
+        self.version = -1
+        """The weight version of the last push (-1: none yet)."""
 
     def resolve(self) -> str:
         """The transfer this trainer uses (asked of the server when `auto` on a CUDA trainer
@@ -367,23 +369,27 @@ class WeightSync:
             self.control.finish_weight_update()
             log.warning("closed a weight update that an earlier trainer left open")
 
-    def push(self) -> float:
-        """Send the current weights; returns the seconds the server was paused."""
+    def push(self, version: int | None = None) -> float:
+        """Send the current weights as weight `version` (default: one more than the last
+        push); returns the seconds the server was paused."""
         if self.engine is None:
             raise RuntimeError("WeightSync.push() before connect()")
         start = time.perf_counter()
-        if self.rank != 0:
+        if self.rank == 0:
+            self.control.pause()
+            try:
+                self.engine.send_weights()
+                self.control.reset_prefix_cache()
+            finally:
+                self.control.resume()
+        else:
             self.engine.send_weights()
-            self.version += 1
-            return time.perf_counter() - start
-        self.control.pause()
-        try:
-            self.engine.send_weights()
-            self.control.reset_prefix_cache()
-        finally:
-            self.control.resume()
-        self.version += 1
+        self.version = self.version + 1 if version is None else version
         return time.perf_counter() - start
+
+    def release(self, in_use: Iterable[int]) -> None:
+        """Nothing to release: a merged push replaces the served weights (the adapter sync's
+        counterpart unloads old versions)."""
 
     def close(self) -> None:
         if self.engine is not None:

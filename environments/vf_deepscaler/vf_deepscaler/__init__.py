@@ -11,6 +11,7 @@ from vf_deepscaler.generator import generate_problems
 from vf_deepscaler.parser import BoxedAnswerParser, last_boxed
 from vf_deepscaler.pool import Verdict, VerifierPool
 from vf_deepscaler.rubric import DeepScaleRRubric
+from vf_deepscaler.sampling import DefaultSampling
 
 SYSTEM_PROMPT = (
     "Solve the following math problem. Reason step by step, then give the final answer "
@@ -20,6 +21,18 @@ THINK_SYSTEM_PROMPT = (
     "Solve the following math problem. Think it through between <think> and </think>, then, "
     "after </think>, give the final answer in \\boxed{}."
 )
+
+
+# Reply budget (measured by bench/reply_lengths.py with the embedded model's tokenizer): the
+# reference solutions of the DeepScaleR rows take a median of 540 tokens and 1,088 at the 99th
+# percentile (98.5% fit), so this fits honest reasoning while a model that never boxes an
+# answer cannot ramble to the end of its context. `vf-eval -t` or the trainer's
+# sampling.max_tokens override it.
+DEFAULT_SAMPLING_ARGS = {"max_tokens": 1024}
+
+
+class DeepScaleREnv(DefaultSampling, vf.SingleTurnEnv):
+    """A single-turn math environment whose requests keep its default sampling arguments."""
 
 
 def _default_prompt(use_think: bool) -> str:
@@ -40,7 +53,7 @@ def load_environment(
     verify_timeout_s: float = 5.0,
     verify_workers: int | None = None,
     seed: int = 0,
-) -> vf.SingleTurnEnv:
+) -> DeepScaleREnv:
     """A single-turn math environment; see the package README for every argument.
 
     Training rows come from ``data_files`` (local jsonl/json/parquet) or else ``dataset_name``
@@ -76,19 +89,22 @@ def load_environment(
         use_think=use_think,
         think_format_weight=think_format_weight,
     )
-    return vf.SingleTurnEnv(
+    return DeepScaleREnv(
         dataset=dataset,
         eval_dataset=eval_dataset,
         system_prompt=_default_prompt(use_think) if system_prompt is None else system_prompt,
         parser=parser,
         rubric=rubric,
+        sampling_args=DEFAULT_SAMPLING_ARGS,
     )
 
 
 __all__ = [
     "BoxedAnswerParser",
     "DEFAULT_DATASET",
+    "DEFAULT_SAMPLING_ARGS",
     "DatasetFormatError",
+    "DeepScaleREnv",
     "DeepScaleRRubric",
     "Verdict",
     "VerifierPool",

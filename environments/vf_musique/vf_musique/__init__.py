@@ -21,6 +21,7 @@ from .rubric import DEFAULT_WEIGHTS, MuSiQueRubric, answerability
 from .tools import DEFAULT_TOP_N, MAX_TOP_N
 
 __all__ = [
+    "DEFAULT_SAMPLING_ARGS",
     "DEFAULT_WEIGHTS",
     "MuSiQueEnv",
     "MuSiQueRubric",
@@ -30,6 +31,12 @@ __all__ = [
     "load_environment",
     "weight_by_hops",
 ]
+
+# Reply budget per turn (bench/reply_lengths.py, embedded model's tokenizer): an honest turn is one
+# tool call (a query per hop, then the submission), at most 66 tokens in the dev rows; the rest
+# leaves room for a line of reasoning before it. `vf-eval -t`, the trainer's
+# sampling.max_tokens, or a `sampling_args` argument here override it.
+DEFAULT_SAMPLING_ARGS = {"max_tokens": 256}
 
 
 def load_environment(
@@ -80,6 +87,7 @@ def load_environment(
         system_prompt=system_prompt(dataset_config, max_turns),
         rubric=MuSiQueRubric(reward_weights=reward_weights, top_n=top_n),
         max_turns=max_turns,
+        sampling_args={**DEFAULT_SAMPLING_ARGS, **kwargs.pop("sampling_args", {})},
         **kwargs,
     )
 

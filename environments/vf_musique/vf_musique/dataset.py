@@ -110,8 +110,9 @@ def to_example(row: dict[str, Any], noise_rate: float, seed: int) -> dict[str, A
     """One environment row. Unanswerable rows (MuSiQue-Full) take the gold answer
     "unanswerable"; answerable rows keep the answer and its aliases as golds. `hops` keeps the
     decomposition (with each hop's supporting paragraph, None where MuSiQue-Full removed it), so
-    the rubric can tell which hops an honest agent could answer before one went missing;
-    `pair_id` is the MuSiQue id, which an answerable question and its unanswerable twin share."""
+    the rubric can tell which hops an honest agent could answer before one went missing and
+    whether a search asked for one hop or for the whole `question`; `pair_id` is the MuSiQue
+    id, which an answerable question and its unanswerable twin share."""
     answerable = row.get("answerable", True) is not False
     golds = [row["answer"], *(row.get("answer_aliases") or [])] if answerable else [UNANSWERABLE]
     return {
@@ -119,6 +120,7 @@ def to_example(row: dict[str, Any], noise_rate: float, seed: int) -> dict[str, A
         "answer": golds[0],
         "info": {
             "id": str(row["id"]),
+            "question": row["question"],
             "answerable": answerable,
             "answers": golds,
             "pair_id": str(row["id"]),
@@ -147,7 +149,13 @@ def prepare(
         raw = raw.filter(lambda row: row["answerable"] is not False)
     if max_examples > 0:
         raw = raw.select(range(min(max_examples, len(raw))))
-    return raw.map(lambda row: to_example(row, noise_rate, seed), remove_columns=raw.column_names)
+    # The datasets cache keys a map by the lambda, not by `to_example`'s code, so a cached map
+    # would serve rows built by an older version of this environment; building them is cheap.
+    return raw.map(
+        lambda row: to_example(row, noise_rate, seed),
+        remove_columns=raw.column_names,
+        load_from_cache_file=False,
+    )
 
 
 def weight_by_hops(dataset: Dataset) -> Dataset:

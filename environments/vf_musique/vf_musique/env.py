@@ -14,6 +14,7 @@ from verifiers.utils.async_utils import maybe_await
 
 from .messages import ParsedToolCall, tool_calls
 from .retrieval import IndexCache, QuestionIndex, Retriever, index_from_info, index_key
+from .sampling import DefaultSampling
 from .tools import ERROR_PREFIX, ToolUseError, make_retrieve_documents, submit_answer
 
 INJECTED_ARGS = ["state"]
@@ -25,7 +26,7 @@ def tool_error(message: str) -> str:
     return f"{ERROR_PREFIX}{message}"
 
 
-class MuSiQueEnv(vf.StatefulToolEnv):
+class MuSiQueEnv(DefaultSampling, vf.StatefulToolEnv):
     """Multi-hop QA: search the question's own paragraphs, then submit one answer with citations."""
 
     def __init__(

@@ -8,7 +8,8 @@ from .dataset import UNANSWERABLE, DatasetConfig
 def system_prompt(dataset_config: DatasetConfig, max_turns: int) -> str:
     """Instructions: search hop by hop, then one short answer with citations."""
     unanswerable = (
-        " If, after searching for every hop, the documents do not contain what the question "
+        " If, after searching for every hop on its own (a query for that hop alone, not the "
+        "whole question), the documents do not contain what the question "
         f'needs, submit "{UNANSWERABLE}", citing the documents that support the hops you '
         "could answer."
         if dataset_config == "full"

@@ -13,9 +13,11 @@ saved results (dict messages, tool calls as JSON strings) score the same as fres
 * "unanswerable" is backed when the agent did what finding the gap takes (`backed`). MuSiQue-Full
   removes the evidence of one hop and keeps the supporting paragraphs of the hops before it, so
   the agent must have been shown and have cited every supporting paragraph the row keeps, and
-  have searched for the first missing hop: a hop built on earlier answers with a query naming
-  them (it learned the bridge entity), a first hop with a query holding at least half of its
-  terms. No search, junk searches, or the question searched again and again back nothing.
+  have searched for the first missing hop with a focused query (`hops`): one that asks for that
+  hop (names the earlier answers it builds on, or holds at least half of a first hop's terms)
+  and for nothing else (no term of another hop's sub-question beyond the hop's own, and not the
+  whole question). No search, junk searches, or the question searched again and again, with
+  small changes or extra words, back nothing.
 
 * EM and F1 use SQuAD normalisation, best over the answer and its aliases.
 * citation precision and recall count a cited paragraph as right only when it supports the answer
@@ -36,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,9 +46,9 @@ from typing import Any
 import verifiers as vf
 
 from .dataset import UNANSWERABLE
+from .hops import content_terms, searched_missing_hop
 from .messages import ParsedToolCall, tool_calls
 from .replies import get_field, message_text
-from .retrieval import tokenize
 from .scoring import (
     best_over_golds,
     exact_match,
@@ -78,7 +81,7 @@ class RolloutFacts:
 
     submission: Submission | None
     retrieved: frozenset[int]
-    queries: frozenset[frozenset[str]]
+    queries: tuple[Counter[str], ...]
     tool_errors: int
 
 
@@ -90,41 +93,23 @@ def _arguments(call: ParsedToolCall) -> dict[str, Any]:
     return args if isinstance(args, dict) else {}
 
 
-def _distinct_queries(calls: Iterable[ParsedToolCall]) -> frozenset[frozenset[str]]:
-    """Answered searches' queries as sets of non-stopword terms, so a reworded or repeated query
-    is one search, and a query of stopwords alone is none."""
-    queries = {frozenset(tokenize(str(_arguments(c).get("query", "")))) for c in calls}
-    return frozenset(queries - {frozenset()})
-
-
-def searched_missing_hop(queries: Iterable[frozenset[str]], info: Mapping[str, Any]) -> bool:
-    """Whether a search looked for the first hop whose evidence MuSiQue-Full removed.
-
-    A hop built on earlier hops ("#1 >> founded by") is searched by a query naming every answer
-    it builds on: the agent must have found them. A first hop is searched by a query holding at
-    least half of its terms. True when the row marks no hop missing (nothing to look for)."""
-    hops = info.get("hops") or []
-    missing = next((hop for hop in hops if hop.get("support") is None), None)
-    if missing is None:
-        return True
-    built_on = [int(k) for k in re.findall(r"#(\d+)", missing["question"])]
-    if built_on:
-        needed = frozenset(t for k in built_on for t in tokenize(hops[k - 1]["answer"]))
-        return any(needed <= query for query in queries)
-    terms = frozenset(tokenize(missing["question"]))
-    return any(2 * len(terms & query) >= len(terms) for query in queries)
+def _search_terms(calls: Iterable[ParsedToolCall]) -> tuple[Counter[str], ...]:
+    """Answered searches' queries as content terms; a query of stopwords alone is none."""
+    queries = (content_terms(str(_arguments(c).get("query", ""))) for c in calls)
+    return tuple(query for query in queries if query)
 
 
 def backed(facts: RolloutFacts, cited: set[int], info: Mapping[str, Any]) -> bool:
     """An "unanswerable" verdict backed by the work that finds the gap: every supporting
-    paragraph the row keeps was shown and cited, and the first missing hop was searched for."""
+    paragraph the row keeps was shown and cited, and a focused search looked for the first
+    missing hop (`hops.searched_missing_hop`)."""
     evidence = set(info.get("supporting_ids") or [])
     found = evidence <= set(facts.retrieved) and evidence <= cited
     return found and searched_missing_hop(facts.queries, info)
 
 
 def read_rollout(completion: Any) -> RolloutFacts:
-    """Accepted submission, documents shown by the tools, distinct answered searches, and the
+    """Accepted submission, documents shown by the tools, answered searches' terms, and the
     number of error replies."""
     messages = completion if isinstance(completion, list) else []
     replies = {
@@ -146,7 +131,7 @@ def read_rollout(completion: Any) -> RolloutFacts:
     searches = [c for c in answered if c.name == "retrieve_documents"]
     shown = frozenset(int(i) for c in searches for i in _DOC_ID_LINE.findall(replies[c.id]))
     errors = sum(1 for text in replies.values() if text.startswith(ERROR_PREFIX))
-    return RolloutFacts(submission, shown, _distinct_queries(searches), errors)
+    return RolloutFacts(submission, shown, _search_terms(searches), errors)
 
 
 def score_components(
@@ -180,7 +165,7 @@ def score_components(
         "citation_precision": citation_p if submitted else 0.0,
         "citation_f1": f_score(citation_p, citation_r) if submitted else 0.0,
         "format": float(submitted),
-        "searches": float(len(facts.queries)),
+        "searches": float(len({frozenset(query) for query in facts.queries})),
         "said_unanswerable": float(claimed),
         "unanswerable_hit": float(claimed and not answerable),
         "unanswerable_miss": float(not claimed and not answerable),

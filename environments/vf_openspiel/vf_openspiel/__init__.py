@@ -15,6 +15,10 @@ from .prompts import SYSTEM_PROMPT
 from .rubric import OpenSpielRubric
 
 MODES = ("game", "move")
+# Reply budget per turn (bench/reply_lengths.py, embedded model's tokenizer): the longest legal
+# move in its tag takes at most 16 tokens; the rest leaves room for a few sentences of reasoning
+# before it. `vf-eval -t` or the trainer's sampling.max_tokens override it.
+DEFAULT_SAMPLING_ARGS = {"max_tokens": 256}
 REWARD_MODES = ("outcome", "legal")
 
 
@@ -83,6 +87,7 @@ def load_environment(
         system_prompt=system_prompt,
         parser=parser,
         rubric=OpenSpielRubric(reward_mode, parser, float(truncation_reward)),
+        sampling_args=DEFAULT_SAMPLING_ARGS,
     )
 
 
@@ -114,6 +119,7 @@ def _model_player(value: int | str) -> int | str:
 
 __all__ = [
     "DEFAULT_CASES",
+    "DEFAULT_SAMPLING_ARGS",
     "RECORD_KEY",
     "SESSION_KEY",
     "SYSTEM_PROMPT",

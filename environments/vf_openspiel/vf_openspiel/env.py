@@ -19,6 +19,7 @@ import verifiers as vf
 from .opponents import Opponent
 from .parser import MoveParser, match_move
 from .prompts import illegal_text, turn_text
+from .sampling import DefaultSampling
 from .session import GameSession, verdict
 
 SESSION_KEY = "openspiel_session"
@@ -46,7 +47,7 @@ def new_record(info: Mapping[str, Any], game: pyspiel.Game) -> dict[str, Any]:
     }
 
 
-class OpenSpielEnv(vf.MultiTurnEnv):
+class OpenSpielEnv(DefaultSampling, vf.MultiTurnEnv):
     """The model holds one seat of an OpenSpiel game; chance and the opponent hold the rest."""
 
     def __init__(

@@ -17,7 +17,18 @@ from vf_planner.pipeline import Outcome, PlannerPipeline
 from vf_planner.plan import Plan, PlanError, PlanParser, parse_plan
 from vf_planner.prompts import planner_system
 from vf_planner.rubric import PlannerRubric, RewardWeights, efficiency, reward_components
+from vf_planner.sampling import DefaultSampling
 from vf_planner.worker import Worker, WorkerError, WorkerPool, WorkerSettings
+
+# The planner's reply budget (bench/reply_lengths.py, embedded model's tokenizer): a plan with one
+# subproblem per step of the GSM8K reference solution takes a median of 110 tokens, 213 at the
+# 99th percentile. `vf-eval -t` or the trainer's sampling.max_tokens override it; the worker's
+# budget is `worker_max_tokens`.
+DEFAULT_SAMPLING_ARGS = {"max_tokens": 512}
+
+
+class PlannerEnv(DefaultSampling, vf.SingleTurnEnv):
+    """The planner's single turn, whose requests keep the default sampling arguments."""
 
 
 def load_environment(
@@ -38,7 +49,7 @@ def load_environment(
     token_weight: float = 0.2,
     independence_weight: float = 0.3,
     seed: int | None = None,
-) -> vf.Environment:
+) -> PlannerEnv:
     """The planner environment (a SingleTurnEnv whose rubric runs the frozen worker).
 
     worker_base_url=None sends worker requests to the server that serves the policy, with the
@@ -68,11 +79,12 @@ def load_environment(
         )
     )
     parser = PlanParser(max_subproblems)
-    env = vf.SingleTurnEnv(
+    env = PlannerEnv(
         dataset=dataset,
         system_prompt=planner_system(max_subproblems),
         parser=parser,
         rubric=PlannerRubric(PlannerPipeline(parser, workers), weights),
+        sampling_args=DEFAULT_SAMPLING_ARGS,
     )
     # Read by trainers (rlvr): without worker_base_url the frozen worker is the base model of
     # the policy's own server, which stays frozen only if training pushes an adapter (served
@@ -82,11 +94,13 @@ def load_environment(
 
 
 __all__ = [
+    "DEFAULT_SAMPLING_ARGS",
     "Independence",
     "Outcome",
     "Plan",
     "PlanError",
     "PlanParser",
+    "PlannerEnv",
     "PlannerPipeline",
     "PlannerRubric",
     "RewardWeights",

@@ -3,7 +3,8 @@
 The weight routes replace the served model, so the server binds 127.0.0.1 unless `--host` opens
 it on purpose. Every argument we do not define is passed to vLLM unchanged. The launcher stays
 in the foreground: it prints where it serves once the engine is ready and, on SIGINT/SIGTERM,
-takes the whole engine process tree down with it.
+takes the whole engine process tree down with it; if it is killed outright, its parent-death
+signal and watchdog do that (rlvr.server.lifetime).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import urllib.request
 
 from rlvr.models import resolve_model
 from rlvr.reasoning_vocab import ReasoningVocab
+from rlvr.server.lifetime import dies_with, start_watchdog
 from rlvr.server.plugin import REASONING_VOCAB_PROCESSOR, REASONING_VOCAB_TOKENIZER_MODE
 from rlvr.vllm_lora import lora_rank_limit
 
@@ -312,8 +314,10 @@ def run(argv: list[str] | None = None) -> int:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,
+        start_new_session=True,  # its own process group, which vLLM's processes join
+        preexec_fn=dies_with(os.getpid()),
     )
+    watchdog = start_watchdog(proc.pid)  # stops that group if this process is SIGKILLed
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
     threading.Thread(target=pump, args=(proc.stdout, tail), daemon=True).start()
 
@@ -332,6 +336,8 @@ def run(argv: list[str] | None = None) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut cleanup
             signal.signal(signum, signal.SIG_IGN)
         stop_tree(proc)
+        watchdog.stdin.close()  # nothing left to watch: it finds the group gone and exits
+        watchdog.wait()
 
 
 def serve(args, cmd: list[str], proc: subprocess.Popen, tail: collections.deque[str]) -> int:

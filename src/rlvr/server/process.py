@@ -13,17 +13,7 @@ from pathlib import Path
 import httpx
 
 from rlvr.rendezvous import free_port
-
-
-def _stop_when_parent_dies() -> None:
-    """Ask Linux to SIGTERM the launcher if this process dies without stopping it (a crashed
-    test run must not leave servers behind); elsewhere this is a no-op."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
+from rlvr.server.lifetime import dies_with
 
 PORT_ATTEMPTS = 3
 PORT_TAKEN_MESSAGE = "already in use"
@@ -96,7 +86,8 @@ class VLLMServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_stop_when_parent_dies,
+                # a crashed test run must not leave servers behind: SIGTERM when we die
+                preexec_fn=dies_with(os.getpid()),
             )
         self._wait_ready()
         return self

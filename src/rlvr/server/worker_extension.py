@@ -15,6 +15,7 @@ dev-mode `/collective_rpc` route: questions vLLM's own routes do not answer.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -23,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 ADAPTER_ROOT = Path(os.environ.get("RLVR_ADAPTER_DIR", "/dev/shm/rlvr-adapters"))
-KEEP_VERSIONS = 2
 
 
 class WorkerExtension:
@@ -43,9 +43,9 @@ class WorkerExtension:
 
     def rlvr_store_adapter(self, payload: str) -> dict[str, str]:
         """Write one adapter version (`{"run", "version", "files": {name: base64}}`) to this
-        host's adapter directory and return its path; keep the run's newest versions only.
-        Workers on one host write the same files: each into its own temporary directory,
-        renamed into place by whichever finishes first."""
+        host's adapter directory and return its path. Workers on one host write the same
+        files: each into its own temporary directory, renamed into place by whichever
+        finishes first."""
         data = json.loads(payload)
         run = ADAPTER_ROOT / Path(data["run"]).name
         final = run / Path(data["version"]).name
@@ -58,7 +58,16 @@ class WorkerExtension:
                 tmp.rename(final)
             except OSError:  # another worker of this host got there first
                 shutil.rmtree(tmp, ignore_errors=True)
-        versions = sorted(p for p in run.iterdir() if not p.name.startswith("."))
-        for old in versions[:-KEEP_VERSIONS]:
-            shutil.rmtree(old, ignore_errors=True)
         return {"path": str(final)}
+
+    def rlvr_drop_adapters(self, payload: str) -> dict[str, int]:
+        """Delete adapter versions (`{"run", "versions": [names]}`) the trainer has unloaded:
+        only it knows which versions requests still use (the run's folder goes with its last
+        version)."""
+        data = json.loads(payload)
+        run = ADAPTER_ROOT / Path(data["run"]).name
+        for version in data["versions"]:
+            shutil.rmtree(run / Path(version).name, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            run.rmdir()  # only when empty
+        return {"dropped": len(data["versions"])}

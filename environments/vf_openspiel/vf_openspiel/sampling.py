@@ -1,0 +1,1 @@
+../../shared/sampling.py

@@ -1,0 +1,102 @@
+"""No process of vf-vllm outlives its launcher, however the launcher stops.
+
+On SIGINT/SIGTERM the launcher takes vLLM's process group down itself (`launcher.stop_tree`).
+A SIGKILL (or a crash) gives it no chance, and vLLM's API server and engine core would run on
+as orphans holding the port. Two guards cover that, both from what Linux offers:
+
+- the API server gets a parent-death signal (`prctl(PR_SET_PDEATHSIG)`): SIGTERM the moment
+  the launcher dies, which vLLM answers by shutting its engine down. It does not chain: vLLM's
+  engine core is a multiprocessing child of the API server with no parent-death signal of its
+  own, so if the API server itself dies hard, the engine core would stay;
+- so a watchdog (`python -m rlvr.server.lifetime PGID`), in a session of its own so that signals
+  aimed at the launcher's group do not reach it, holds the read end of a pipe whose only write
+  end is the launcher's. The kernel closes it however the launcher ends; the watchdog then
+  SIGTERMs vLLM's whole process group (API server, engine core, workers: vLLM starts them
+  all in the group the launcher gave the API server), waits `GRACE_S` and SIGKILLs what is
+  left. After a clean stop it finds the group gone and just exits.
+
+Standard library only: the watchdog starts in milliseconds and needs nothing of vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+GRACE_S = 5.0
+"""How long vLLM gets to shut down on SIGTERM before the watchdog SIGKILLs its group."""
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int, signum: int = signal.SIGTERM) -> None:
+    """In a child about to exec (a Popen `preexec_fn`, via `dies_with`): ask Linux to send
+    `signum` when its parent dies, and send it at once if the parent, pid `parent`, already
+    died between fork and this call. Elsewhere this is a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signum)
+
+
+def dies_with(parent: int, signum: int = signal.SIGTERM) -> Callable[[], None]:
+    """A Popen `preexec_fn` that ties the child's life to process `parent` (the caller's pid)."""
+    return functools.partial(die_with_parent, parent, signum)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process (a zombie included) is still in process group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(pgid: int, grace_s: float = GRACE_S) -> None:
+    """SIGTERM process group `pgid`, then SIGKILL it if anything is left after `grace_s`."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def start_watchdog(pgid: int) -> subprocess.Popen:
+    """Start the watchdog of process group `pgid`; it acts when the returned Popen's stdin
+    (held by this process alone) closes, i.e. when this process ends or closes it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlvr.server.lifetime", str(pgid)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def watch(pgid: int) -> None:
+    """Wait for the launcher's end (EOF on stdin), then stop its engine's process group."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe decides when to act
+    while sys.stdin.buffer.read(4096):
+        pass
+    if group_alive(pgid):
+        print(f"vf-vllm: the launcher is gone; stopping vLLM (group {pgid})", file=sys.stderr)
+        stop_group(pgid)
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]))
