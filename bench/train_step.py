@@ -25,9 +25,17 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
    only the adapter (`server.lora_sync=adapter`, rollouts request the adapter's name) or the
    merged model (`merged`, rollouts request the base name): step time, push time and
    generation tokens/s, so a LoRA serving cost that eats the push gain shows in the step time.
+4. Prefix sharing (no server). The trainer's forward_backward (SmolLM2-135M, LoRA) on the
+   same synthetic groups with `batch.prefix_sharing` on and off, alternating which goes first,
+   at the issue's shapes (prompt tokens, group size, completion tokens): (a) 1,000 / 8 / 128,
+   (b) 470 / 8 / 90, (c) 150 / 8 / 128, and (d) 60 / 8 / 256 with the folded layout forced
+   (`MIN_SAVED_FRACTION` off): its samples share too little to join a tree, so it times the
+   tree mask's own cost on the same tokens. Seconds per step, the process's peak resident
+   memory above its level before the pass (RSS: only the first pass of a process is exact,
+   later ones reuse freed memory), tokens forwarded. Prints `prefix_sharing_speedup=` (a).
 
 Run:  .venv/bin/python bench/train_step.py [--steps 4] [--batch-size 16] [--max-tokens 128]
-          [--layouts-max-tokens 512] [--parts layouts overlap sync]
+          [--layouts-max-tokens 512] [--parts layouts overlap sync prefix]
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -244,6 +253,137 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
     return payload
 
 
+# (name, prompt tokens, completion tokens, fold even below MIN_SAVED_FRACTION)
+PREFIX_SHAPES = (
+    ("a: long prompt", 1000, 128, False),
+    ("b: tool schemas", 470, 90, False),
+    ("c: gsm8k-like", 150, 128, False),
+    ("d: short prompt, long answers", 60, 256, True),
+)
+
+
+class PeakRSS:
+    """The process's peak resident memory above its level at entry, sampled every 5 ms (a
+    CPU has no allocator statistics to reset between the passes being compared)."""
+
+    def __enter__(self) -> PeakRSS:
+        self.base = self.peak = self._rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self._rss())
+
+    @staticmethod
+    def _rss() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    @property
+    def gib(self) -> float:
+        return (self.peak - self.base) / 2**30
+
+
+def prefix_trainer(args: argparse.Namespace, out: Path):
+    """A Trainer with its policy and optimizer but no server or environment: only
+    forward_backward runs. Gradient checkpointing on: without it the unshared layout of (a)
+    needs ~8 GiB, more than a shared 2-core machine here spares."""
+    from rlvr.config import load_config
+    from rlvr.optimization import Optimization, make_accelerator
+    from rlvr.trainer import Trainer
+
+    cfg = load_config(overrides=["model.name=smollm2-135m", "wandb.mode=disabled",
+                                 "model.gradient_checkpointing=true",
+                                 f"batch.micro_batch_size={args.micro_batch_size}",
+                                 "batch.max_seq_len=4096", f"output_dir={out}"])  # fmt: skip
+    trainer = Trainer(cfg)
+    trainer.accelerator = make_accelerator(cfg.distributed.timeout_s)
+    trainer.ds, trainer.rank, trainer.world = False, 0, 1
+    trainer._load_policy()
+    trainer.opt = Optimization(trainer.accelerator, trainer.model, cfg.optim, 1,
+                               cfg.batch.micro_batch_size)  # fmt: skip
+    trainer.model = trainer.opt.model
+    return trainer
+
+
+def prefix_group(prompt_len: int, completion_len: int, group: int, g) -> list:
+    """One group's samples: a random prompt, `group` random completions (timing does not
+    depend on which tokens they are)."""
+    import torch
+
+    from rlvr.batch import Sample
+
+    prompt = torch.randint(100, 40000, (prompt_len,), generator=g).tolist()
+    samples = []
+    for _ in range(group):
+        completion = torch.randint(100, 40000, (completion_len,), generator=g).tolist()
+        mask = [0] * prompt_len + [1] * completion_len
+        logprobs = [-1.0 * m for m in mask]
+        samples.append(
+            Sample(prompt + completion, mask, logprobs, float(torch.randn(1, generator=g)))
+        )
+    return samples
+
+
+def timed_pass(trainer, samples: list, sharing: bool) -> dict:
+    trainer.cfg.batch.prefix_sharing = sharing
+    trainer.model.zero_grad()
+    tokens = sum(s.num_loss_tokens for s in samples)
+    with PeakRSS() as memory:
+        began = time.perf_counter()
+        stats = trainer.forward_backward(samples, tokens)
+        seconds = time.perf_counter() - began
+    return {"seconds": seconds, "peak_gib": memory.gib, "forwarded": stats["forwarded"],
+            "slots": stats["slots"], "loss": stats["loss"]}  # fmt: skip
+
+
+def compare_prefix_sharing(args: argparse.Namespace, out: Path) -> dict:
+    """Shared vs unshared forward_backward on the same samples, per shape (see the docstring)."""
+    import torch
+
+    import rlvr.prefix_tree
+
+    trainer = prefix_trainer(args, out)
+    g = torch.Generator().manual_seed(0)
+    warm = prefix_group(64, 16, args.prefix_group, g)
+    timed_pass(trainer, warm, True), timed_pass(trainer, warm, False)
+    results = {}
+    for name, prompt_len, completion_len, force in PREFIX_SHAPES:
+        groups = [prefix_group(prompt_len, completion_len, args.prefix_group, g)
+                  for _ in range(args.prefix_groups)]  # fmt: skip
+        samples = [s for group in groups for s in group]
+        threshold = rlvr.prefix_tree.MIN_SAVED_FRACTION
+        rlvr.prefix_tree.MIN_SAVED_FRACTION = 0.0 if force else threshold
+        runs: dict[str, list[dict]] = {"shared": [], "unshared": []}
+        try:
+            for i in range(args.prefix_repeats):
+                order = ("shared", "unshared") if i % 2 == 0 else ("unshared", "shared")
+                for layout in order:
+                    runs[layout].append(timed_pass(trainer, samples, layout == "shared"))
+        finally:
+            rlvr.prefix_tree.MIN_SAVED_FRACTION = threshold
+        row = {layout: {"seconds": statistics.fmean(r["seconds"] for r in rs),
+                        "peak_gib": max(r["peak_gib"] for r in rs),
+                        "forwarded_tokens": rs[0]["forwarded"], "slots": rs[0]["slots"],
+                        "loss": rs[0]["loss"]}
+               for layout, rs in runs.items()}  # fmt: skip
+        row["speedup"] = row["unshared"]["seconds"] / row["shared"]["seconds"]
+        row["tokens"] = sum(len(s) for s in samples)
+        row["forced"] = force
+        results[name] = row
+        print(f"  {name}: {row['tokens']} tokens, shared {row['shared']['forwarded_tokens']:.0f}; "
+              f"{row['unshared']['seconds']:.1f} s -> {row['shared']['seconds']:.1f} s "
+              f"({row['speedup']:.2f}x), peak {row['unshared']['peak_gib']:.2f} -> "
+              f"{row['shared']['peak_gib']:.2f} GiB", flush=True)  # fmt: skip
+    return results
+
+
 def print_layouts(layouts: dict) -> None:
     print(f"\n{'layout':>22} {'padding':>8} {'fwd/bwd s':>9} {'trainer tok/s':>13} {'vs first':>8}")
     for name, r in layouts["layouts"].items():
@@ -279,21 +419,34 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--layouts-max-tokens", type=int, default=512,
                         help="the layouts part's completion limit (see the docstring)")  # fmt: skip
-    parser.add_argument("--parts", nargs="+", choices=["layouts", "overlap", "sync"],
+    parser.add_argument("--parts", nargs="+", choices=["layouts", "overlap", "sync", "prefix"],
                         default=["layouts", "overlap", "sync"])  # fmt: skip
+    parser.add_argument("--prefix-group", type=int, default=8, help="prefix part: group size")
+    parser.add_argument("--prefix-groups", type=int, default=1, help="prefix part: groups a step")
+    parser.add_argument("--prefix-repeats", type=int, default=2,
+                        help="prefix part: timed passes per layout and shape")  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    if args.base_url:
-        payload = run(args.base_url, args)
-    else:
+    payload: dict = {}
+    if "prefix" in args.parts:
+        print("prefix sharing (forward_backward, shared vs unshared, same samples):", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            payload["prefix_sharing"] = compare_prefix_sharing(args, Path(tmp))
+        speedup = payload["prefix_sharing"][PREFIX_SHAPES[0][0]]["speedup"]
+        print(f"prefix_sharing_speedup={speedup:.2f}")
+    served = set(args.parts) - {"prefix"}
+    if served and args.base_url:
+        payload.update(run(args.base_url, args))
+    elif served:
         from rlvr.server.launcher import lora_flags
         from rlvr.server.process import VLLMServer
 
         flags = [*SERVER_FLAGS, *(lora_flags(16) if "sync" in args.parts else [])]
         with VLLMServer("smollm2-135m", extra_args=flags) as server:
-            payload = run(server.base_url, args)
-    save("train_step", {"model": "smollm2-135m", "env": "vf-deepscaler", **vars(args), **payload})
+            payload.update(run(server.base_url, args))
+    name = "train_step" if served else "train_step_prefix"  # keep the served parts' results
+    save(name, {"model": "smollm2-135m", "env": "vf-deepscaler", **vars(args), **payload})
 
 
 if __name__ == "__main__":

@@ -94,8 +94,15 @@ class MicroBatch:
             return {"input_ids": self.input_ids, "position_ids": self.position_ids}
         return {"input_ids": self.input_ids}
 
+    def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+        """The final hidden states [n, H] that make the predictions `select` [B, T-1] picks,
+        from the forward's `hidden` [B, T, H] (a folded micro-batch gathers them instead:
+        `rlvr.prefix_tree`)."""
+        return hidden[:, :-1][select]
+
     def to(self, device: torch.device | str) -> MicroBatch:
-        return MicroBatch(**{k: None if v is None else v.to(device) for k, v in vars(self).items()})
+        fields = vars(self).items()
+        return type(self)(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in fields})
 
 
 def collate(rows: list[Row], pad_id: int) -> MicroBatch:

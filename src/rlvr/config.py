@@ -129,6 +129,12 @@ class BatchConfig:
     stays within each sample), instead of padding every sample to that width. Same loss,
     less padding; pays with attn_implementation=flash_attention_2, slower with sdpa on a CPU
     (see `rlvr.batch`)."""
+    prefix_sharing: bool = True
+    """Forward each token prefix that several samples share (a group's prompt, a rollout's
+    earlier turns) once, in a prefix tree whose attention keeps samples apart: the same
+    log-probabilities and gradients for fewer tokens. Applies with attn_implementation sdpa
+    (the default; a dense mask) or flex_attention (GPUs, no dense mask), on steps where it
+    saves enough tokens to pay (see `rlvr.prefix_tree`); false: every sample on its own."""
     max_seq_len: int = 2048
     """Longest training sequence (prompt + completion tokens); longer turns are truncated."""
     max_prompt_len: int = 1024

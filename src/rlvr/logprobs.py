@@ -37,7 +37,8 @@ the row). Set forbidden entries to -inf (e.g. `logits.masked_fill(forbid[positio
 in_range, -inf)`); both the log-probabilities and the entropy then follow the masked
 distribution, as the sampler's processed logprobs do. In packed micro-batches (see
 `rlvr.batch`) a row holds several samples; `MicroBatch.position_ids` restart at 0 where each
-sample starts.
+sample starts. A folded micro-batch (`rlvr.prefix_tree`) forwards a prefix tree but keeps this
+grid, one sample per row: its hidden states are gathered back to it (`prediction_states`).
 """
 
 from __future__ import annotations
@@ -227,12 +228,11 @@ def sequence_scores(
         model(**mb.model_inputs(), use_cache=False)
     if len(captured) != 1:
         raise RuntimeError(f"the output head ran {len(captured)} times in one forward, not once")
-    hidden = captured[0][:, :-1]
     select = mb.loss_mask > 0
     positions = select.flatten().nonzero()[:, 0]
     picked, entropy_sum = head_logprobs(
         head,
-        hidden[select],
+        mb.prediction_states(captured[0], select),
         mb.input_ids[:, 1:][select],
         positions,
         temperature,

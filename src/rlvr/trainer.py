@@ -25,14 +25,7 @@ from typing import Any
 import torch
 
 from rlvr.advantages import group_advantages
-from rlvr.batch import (
-    MicroBatch,
-    Sample,
-    collate,
-    largest_micro_batch,
-    rank_micro_batches,
-    slot_count,
-)
+from rlvr.batch import MicroBatch, Sample, largest_micro_batch
 from rlvr.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
 from rlvr.client import make_client
 from rlvr.config import Config, ConfigError, save_config, to_yaml
@@ -44,6 +37,7 @@ from rlvr.memory import GIB, Budget, peak_bytes, reset_peak
 from rlvr.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.optimization import Optimization, make_accelerator
 from rlvr.policy import load_model, load_policy, reference_mode, save_final
+from rlvr.prefix_tree import plan_micro_batches, tree_attention
 from rlvr.push_probe import PushProbe, probe_ids, probe_kl, served_logprobs, trainer_logprobs
 from rlvr.reasoning_vocab import row_cosines
 from rlvr.rollouts import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
@@ -447,6 +441,7 @@ class Trainer:
         self.data_position = data_position
         step_s = t3 - began
         train_tokens = sum(len(s) for s in samples)
+        forwarded = stats.get("forwarded", train_tokens)
         metrics.update(
             {
                 "loss/total": stats.get("loss", 0.0),
@@ -469,8 +464,8 @@ class Trainer:
                 **({"push/probe_kl": self.probe_kl} if self.probe_kl is not None else {}),
                 "time/step": step_s,
                 "throughput/train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
-                "throughput/padded_frac": 1
-                - train_tokens / max(stats.get("slots", train_tokens), 1),
+                "throughput/padded_frac": 1 - forwarded / max(stats.get("slots", forwarded), 1),
+                "throughput/prefix_saved_frac": 1 - forwarded / max(train_tokens, 1),
                 "throughput/tokens_per_s": metrics["rollouts/completion_tokens"] / step_s,
                 "memory/peak_gib": peak_bytes(device) / GIB,
             }
@@ -484,22 +479,16 @@ class Trainer:
     def forward_backward(self, samples: list[Sample], global_tokens: int) -> dict[str, float]:
         """Accumulate gradients of this rank's shard; return stats reduced over all ranks."""
         cfg = self.cfg
-        mine = rank_micro_batches(
-            samples,
-            self.rank,
-            self.world,
-            cfg.batch.micro_batch_size,
-            self.pad_id,
-            cfg.batch.packing,
-            cfg.batch.micro_batch_tokens,
-        )
+        attention = tree_attention(self.model) if cfg.batch.prefix_sharing else None
+        plan = plan_micro_batches(samples, self.rank, self.world, cfg.batch, self.pad_id, attention)
+        mine = plan.micro_batches
         acc = StatsAccumulator()
         if global_tokens == 0:
             return acc.summary()
         self.model.train()
         for i, chunk in enumerate(mine):
             last = i == len(mine) - 1
-            mb = collate(chunk, self.pad_id).to(self.accelerator.device)
+            mb = plan.collate(chunk).to(self.accelerator.device)
             mask = self.gate.logit_mask(mb) if self.gate else None
             reference = functools.partial(self._reference_logprobs, mask_logits=mask)
             with self.opt.accumulating(last):
@@ -507,7 +496,7 @@ class Trainer:
                     self.model, mb, cfg, global_tokens, self.world, reference, mask
                 )
                 self.opt.backward(loss, last)
-            acc.add({**stats, "slots": slot_count(chunk)})
+            acc.add({**stats, "slots": plan.slots(chunk), "forwarded": plan.forwarded(chunk)})
         if self.world > 1:
             from accelerate.utils import gather_object
 
