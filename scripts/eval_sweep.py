@@ -16,9 +16,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from rlvr.cli import json_object
-from rlvr.evaluation import ResultsError
-from rlvr.sweep import (
+from rlvr.config.cli import json_object
+from rlvr.eval.vf_eval import ResultsError
+from rlvr.eval.sweep.run import (
     Shared,
     SweepError,
     load_sweep,

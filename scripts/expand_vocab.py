@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from rlvr.config import ConfigError, ModelConfig
-from rlvr.reasoning_vocab import ReasoningVocab, ReasoningVocabError, expand_checkpoint
+from rlvr.reasoning_vocab.mapping import ReasoningVocab, ReasoningVocabError, expand_checkpoint
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ merging starts. --dry-run writes everything into merged/ and lists what would be
 import argparse
 from pathlib import Path
 
-from rlvr.policy import merge_adapter
-from rlvr.publish import (
+from rlvr.model.policy import merge_adapter
+from rlvr.model.publish import (
     PublishError,
     check_hub_access,
     check_repo_id,

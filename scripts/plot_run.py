@@ -10,7 +10,7 @@ The PNG goes to RUN/curves.png unless --out says otherwise.
 import argparse
 from pathlib import Path
 
-from rlvr.plots import RUN_CURVE_KEYS, plot_run_curves
+from rlvr.eval.plots import RUN_CURVE_KEYS, plot_run_curves
 
 
 def main() -> None:

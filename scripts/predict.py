@@ -17,9 +17,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from rlvr.cli import json_object, positive_int
-from rlvr.client import make_client
-from rlvr.predict import (
+from rlvr.config.cli import json_object, positive_int
+from rlvr.rollouts.client import make_client
+from rlvr.eval.predict import (
     PredictError,
     environment_rows,
     predict,
@@ -27,7 +27,7 @@ from rlvr.predict import (
     read_prompts,
     write_predictions,
 )
-from rlvr.serving import serve
+from rlvr.server.serve_model import serve
 
 
 def parse_args() -> argparse.Namespace:

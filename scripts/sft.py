@@ -11,7 +11,7 @@ max_steps, batch sizes, eval cadence), `checkpoint.*`, `wandb.*`, `seed`, `outpu
 
 import logging
 
-from rlvr.cli import config_from_argv
+from rlvr.config.cli import config_from_argv
 from rlvr.config import SFTConfig
 
 
@@ -22,8 +22,8 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
-    from rlvr.sft import SFTTrainer
-    from rlvr.sft_data import DataError
+    from rlvr.trainer.sft import SFTTrainer
+    from rlvr.data.sft_rows import DataError
 
     try:
         SFTTrainer(config).run()

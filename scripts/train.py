@@ -8,7 +8,7 @@ Every option is a field of `rlvr.config.Config` (file + dotted overrides); see -
 
 import logging
 
-from rlvr.cli import config_from_argv
+from rlvr.config.cli import config_from_argv
 
 
 def main() -> None:
@@ -18,7 +18,7 @@ def main() -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
 
-    from rlvr.trainer import Trainer
+    from rlvr.trainer.grpo import Trainer
 
     Trainer(config).run()
 

@@ -71,7 +71,7 @@ config_model() {
     "$PYTHON" -c '
 import sys
 from rlvr import config
-from rlvr.cli import config_from_argv
+from rlvr.config.cli import config_from_argv
 print(config_from_argv(sys.argv[2:], getattr(config, sys.argv[1])).model.name)
 ' "$cls" "$@"
 }

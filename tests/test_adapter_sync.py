@@ -15,7 +15,7 @@ from support import config, restore_base_weights, server_logprobs, target_id, tr
 from toy_env import target_share_env
 
 from rlvr.config import ConfigError, LoraConfig
-from rlvr.trainer import Trainer
+from rlvr.trainer.grpo import Trainer
 
 ADAPTER_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
 integration = pytest.mark.integration
@@ -32,7 +32,7 @@ class Served:
 def peft_model(model_dir, targets=("q_proj", "v_proj", "down_proj"), seed: int = 0):
     from transformers import AutoModelForCausalLM
 
-    from rlvr.policy import apply_lora
+    from rlvr.model.policy import apply_lora
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     torch.manual_seed(seed)  # lora_A's random init: the same adapter in every process
@@ -53,8 +53,8 @@ def perturb(model, seed: int) -> None:
 @integration
 def test_adapter_sync_serves_base_plus_adapter_and_leaves_the_base_alone(tiny_server):
     restore_base_weights(tiny_server)
-    from rlvr.adapter_sync import AdapterSync
-    from rlvr.weights import ServerControl
+    from rlvr.weight_sync.adapter import AdapterSync
+    from rlvr.weight_sync.push import ServerControl
 
     model = peft_model(tiny_server.model_dir)
     with model.disable_adapter():
@@ -96,8 +96,8 @@ def test_adapter_sync_uploads_to_a_server_on_another_host(tiny_server):
     """A server elsewhere cannot read the trainer's /dev/shm: the adapter's bytes travel in
     the request to vf-vllm's worker extension, which writes them where vLLM reads."""
     restore_base_weights(tiny_server)
-    from rlvr.adapter_sync import AdapterSync
-    from rlvr.weights import ServerControl
+    from rlvr.weight_sync.adapter import AdapterSync
+    from rlvr.weight_sync.push import ServerControl
 
     model = peft_model(tiny_server.model_dir, seed=3)
     with AdapterSync(ServerControl(tiny_server.base_url), tiny_server.base_url, "remote") as sync:
@@ -109,7 +109,7 @@ def test_adapter_sync_uploads_to_a_server_on_another_host(tiny_server):
 
 
 def test_adapter_sync_problems_are_named():
-    from rlvr.adapter_sync import adapter_sync_problem
+    from rlvr.weight_sync.adapter import adapter_sync_problem
 
     assert adapter_sync_problem(_lora_model(["q_proj"]), 16) is None
     assert "lm_head" in adapter_sync_problem(_lora_model(["q_proj", "lm_head"]), 16)
@@ -121,7 +121,7 @@ def test_adapter_sync_problems_are_named():
 def _lora_model(targets, rank: int = 4):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rlvr.policy import apply_lora
+    from rlvr.model.policy import apply_lora
 
     config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
@@ -178,11 +178,11 @@ def test_adapter_sync_async_level_2_keeps_serving(tiny_server, tmp_path, monkeyp
     batch two versions behind start only once the next version is pushed (the others are in
     flight)."""
     restore_base_weights(tiny_server)  # the adapters' base (the push probe checks it too)
-    from rlvr.batch import collate
-    from rlvr.logprobs import sequence_scores
-    from rlvr.policy import trainable_state
-    from rlvr.rollouts import RolloutWorker
-    from rlvr.weights import ServerControl
+    from rlvr.trainer.micro_batches import collate
+    from rlvr.trainer.logprobs import sequence_scores
+    from rlvr.model.policy import trainable_state
+    from rlvr.rollouts.worker import RolloutWorker
+    from rlvr.weight_sync.push import ServerControl
 
     cfg = config(tiny_server, tmp_path / "run", "max_steps=4", "batch.async_level=2",
                  "server.lora_sync=adapter", f"lora.target_modules={ADAPTER_TARGETS}",
@@ -237,8 +237,8 @@ DYING_TRAINER = textwrap.dedent(
     import os, sys
     sys.path.insert(0, {tests!r})
     from test_adapter_sync import peft_model
-    from rlvr.adapter_sync import AdapterSync
-    from rlvr.weights import ServerControl
+    from rlvr.weight_sync.adapter import AdapterSync
+    from rlvr.weight_sync.push import ServerControl
 
     model = peft_model({model_dir!r}, seed=7)
     control = ServerControl({url!r})
@@ -260,8 +260,8 @@ DYING_TRAINER = textwrap.dedent(
 @integration
 def test_adapter_sync_trainer_killed_mid_push_leaves_the_previous_adapter(tiny_server):
     restore_base_weights(tiny_server)
-    from rlvr.adapter_sync import AdapterSync
-    from rlvr.weights import ServerControl
+    from rlvr.weight_sync.adapter import AdapterSync
+    from rlvr.weight_sync.push import ServerControl
 
     tests = str(Path(__file__).resolve().parent)
     script = DYING_TRAINER.format(tests=tests, model_dir=str(tiny_server.model_dir),

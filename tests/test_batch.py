@@ -1,4 +1,4 @@
-"""Micro-batch layouts (rlvr.batch): packing several samples into one row changes neither the
+"""Micro-batch layouts (rlvr.trainer.micro_batches): packing several samples into one row changes neither the
 loss nor its gradients, keeps attention inside each sample, and keeps the ranks' micro-batch
 counts equal."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlvr.batch import (
+from rlvr.trainer.micro_batches import (
     Sample,
     collate,
     largest_micro_batch,
@@ -18,8 +18,8 @@ from rlvr.batch import (
     split_micro_batches,
 )
 from rlvr.config import load_config
-from rlvr.logprobs import sequence_scores
-from rlvr.trainer import micro_batch_loss
+from rlvr.trainer.logprobs import sequence_scores
+from rlvr.trainer.grpo import micro_batch_loss
 
 VOCAB = 64
 

@@ -96,7 +96,7 @@ def test_example_configs_load():
 
 
 def test_command_line_shortcuts_and_overrides(tmp_path):
-    from rlvr.cli import config_from_argv, parse_args
+    from rlvr.config.cli import config_from_argv, parse_args
 
     path, overrides = parse_args(
         ["--config", "run.yaml", "--env", "vf-musique", "optim.lr=1e-5", "--batch.async_level", "0",

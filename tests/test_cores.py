@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from rlvr.cores import pin_to_cores
+from rlvr.trainer.cores import pin_to_cores
 
 PINNED = """
 import os, threading, torch
-from rlvr.cores import pin_to_cores, set_affinity
+from rlvr.trainer.cores import pin_to_cores, set_affinity
 original = os.sched_getaffinity(0)
 seen, pinned = [], threading.Event()
 def look():

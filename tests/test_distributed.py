@@ -26,9 +26,9 @@ from support import (
 )
 from toy_env import target_share_env
 
-from rlvr.checkpoint import list_checkpoints
-from rlvr.rendezvous import RendezvousError, route_address
-from rlvr.trainer import Trainer
+from rlvr.trainer.checkpoint import list_checkpoints
+from rlvr.weight_sync.rendezvous import RendezvousError, route_address
+from rlvr.trainer.grpo import Trainer
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +86,7 @@ def pushes_arrive(server, backend: str, device: str = "cpu") -> None:
     whole stream), and differ from the previous push's."""
     from transformers import AutoModelForCausalLM
 
-    from rlvr.weights import WeightSync
+    from rlvr.weight_sync.push import WeightSync
 
     model = AutoModelForCausalLM.from_pretrained(server.model_dir, dtype=torch.float32)
     model = model.to(device)
@@ -136,7 +136,7 @@ def test_two_hosts_unreachable_transfer_host_fails_within_the_timeout(remote_tp_
     namespace is its own) fails after server.transfer_timeout_s, naming both addresses and
     the port, instead of hanging. Runs last on this server: vLLM leaves the second worker's
     failed reply queued after a failed multi-worker call (see the README's troubleshooting)."""
-    from rlvr.weights import WeightSync
+    from rlvr.weight_sync.push import WeightSync
 
     sync = WeightSync(remote_tp_server.base_url, backend="gloo", transfer_timeout_s=10,
                       transfer_host="127.0.0.1")  # fmt: skip

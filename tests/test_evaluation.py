@@ -1,4 +1,4 @@
-"""rlvr.evaluation.run_vf_eval without a model server: the real vf-eval's own error reaches the
+"""rlvr.eval.vf_eval.run_vf_eval without a model server: the real vf-eval's own error reaches the
 caller, and (with a stand-in vf-eval script) a run that saves nothing is an error while saved rows
 come back with the command line users would type."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvr import evaluation
-from rlvr.evaluation import run_vf_eval
+from rlvr.eval import vf_eval
+from rlvr.eval.vf_eval import run_vf_eval
 
 UNREACHABLE = "http://127.0.0.1:9/v1"
 
@@ -23,7 +23,7 @@ def fake_vf_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> 
         f"args = sys.argv[1:]\nout = Path(args[args.index('-o') + 1])\n{body}\n"
     )
     script.chmod(0o755)
-    monkeypatch.setattr(evaluation, "VF_EVAL", script)
+    monkeypatch.setattr(vf_eval, "VF_EVAL", script)
 
 
 def test_unknown_environment_raises_with_vf_evals_error(tmp_path: Path):
@@ -83,7 +83,7 @@ def test_saved_rows_come_back_and_the_command_line_is_complete(tmp_path: Path, m
     assert [row["reward"] for row in rows] == [1.0, 0.0]
     assert rows[0]["key"] == "EMPTY"
     assert rows[0]["args"] == [
-        "vf-x", "-m", "m", "-b", "http://host:1/v1", "-k", evaluation.API_KEY_VAR,
+        "vf-x", "-m", "m", "-b", "http://host:1/v1", "-k", vf_eval.API_KEY_VAR,
         "-n", "2", "-r", "3", "-s", "-d", "-o", str(out),
         "-t", "64", "-a", '{"max_turns": 2}', "-C", "a,b",
     ]  # fmt: skip
@@ -101,6 +101,6 @@ def test_no_counts_leave_n_and_r_to_the_environments_defaults(tmp_path: Path, mo
         num_examples=None, rollouts_per_example=None,
     )  # fmt: skip
     assert row["args"] == [
-        "vf-x", "-m", "m", "-b", "http://host:1/v1", "-k", evaluation.API_KEY_VAR,
+        "vf-x", "-m", "m", "-b", "http://host:1/v1", "-k", vf_eval.API_KEY_VAR,
         "-s", "-d", "-o", str(out),
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Chunked log-probabilities (rlvr.logprobs) against the full-vocabulary computation they replace:
+"""Chunked log-probabilities (rlvr.trainer.logprobs) against the full-vocabulary computation they replace:
 the same values and gradients (float32, 1e-5) for plain, tied, untied and LoRA-on-lm_head
 models, the head run only on loss positions, per-position logit masks, and refusal of models
 whose forward transforms the head's logits."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rlvr import logprobs
-from rlvr.batch import MicroBatch, Sample, collate
-from rlvr.logprobs import head_logprobs, output_head, sequence_scores
+from rlvr.trainer import logprobs
+from rlvr.trainer.micro_batches import MicroBatch, Sample, collate
+from rlvr.trainer.logprobs import head_logprobs, output_head, sequence_scores
 
 VOCAB = 64
 
@@ -49,7 +49,7 @@ def micro_batch() -> MicroBatch:
 
 def full_vocabulary(model, mb: MicroBatch, temperature: float, mask_logits=None):
     """The computation the chunked path replaces: every position's logits, in float32, with
-    the padding masked (the chunked path leaves the mask out: see rlvr.batch)."""
+    the padding masked (the chunked path leaves the mask out: see rlvr.trainer.micro_batches)."""
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
     logits = logits[:, :-1].float() / temperature
     if mask_logits is not None:
@@ -162,7 +162,7 @@ def test_models_that_transform_their_logits_are_refused():
 
 
 def test_a_micro_batch_without_loss_tokens_still_reaches_every_parameter():
-    """Padding micro-batches (see rlvr.batch.padding_micro_batch) must run a backward that
+    """Padding micro-batches (see rlvr.trainer.micro_batches.padding_micro_batch) must run a backward that
     touches every parameter, or DDP and ZeRO-3 ranks fall out of step."""
     model = tiny_model(tied=False, lora_head=True)
     mb = collate([[Sample([0, 0], [0, 0], [0.0, 0.0])]], 0)

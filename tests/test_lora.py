@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlvr.config import LoraConfig
-from rlvr.lora import MergedWeightSource, hf_name
-from rlvr.policy import apply_lora
+from rlvr.weight_sync.merged_stream import MergedWeightSource, hf_name
+from rlvr.model.policy import apply_lora
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,7 +102,7 @@ def test_merge_adapter_script(tmp_path):
     base_dir = tmp_path / "base"
     model = tiny_model()
     model.save_pretrained(base_dir)
-    from rlvr.tiny_model import _train_tokenizer
+    from rlvr.model.tiny_model import _train_tokenizer
 
     _train_tokenizer(64 + 8).save_pretrained(base_dir)
     peft = trained_lora(AutoModelForCausalLM.from_pretrained(base_dir))
@@ -128,7 +128,7 @@ def test_merge_adapter_script(tmp_path):
 def test_policy_and_merging_need_no_vllm():
     """SFT and adapter merging run on hosts without vLLM (training-only GPU boxes)."""
     code = (
-        "import sys, rlvr.policy, rlvr.sft\n"
+        "import sys, rlvr.model.policy, rlvr.trainer.sft\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'vllm')\n"
         "assert not loaded, loaded\n"
     )
@@ -148,7 +148,7 @@ def test_lora_on_a_tied_head_or_embedding_is_refused_with_the_reason(target):
 def test_kl_reference_after_resume_is_the_resumed_adapter_not_the_base(tmp_path):
     """With lora.resume_from (e.g. an SFT adapter), the initial policy is base + that adapter:
     the KL reference must be it, frozen, while the trained copy moves."""
-    from rlvr.policy import reference_mode
+    from rlvr.model.policy import reference_mode
 
     sft = trained_lora(tiny_model())
     sft.save_pretrained(tmp_path / "sft")
@@ -175,7 +175,7 @@ def test_kl_reference_after_resume_is_the_resumed_adapter_not_the_base(tmp_path)
 
 
 def test_without_resume_the_reference_is_the_base_with_the_adapter_off():
-    from rlvr.policy import reference_mode
+    from rlvr.model.policy import reference_mode
 
     policy = trained_lora(tiny_model())
     ids = torch.tensor([[1, 5, 9, 13]])

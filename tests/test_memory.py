@@ -1,4 +1,4 @@
-"""The start-up memory check (rlvr.memory): what the estimate counts against what autograd
+"""The start-up memory check (rlvr.trainer.memory): what the estimate counts against what autograd
 really keeps, gradient checkpointing chosen by what the largest micro-batch needs, settings
 that cannot fit refused before the trainer generates or steps, and the per-step peak."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlvr import memory
+from rlvr.trainer import memory
 from rlvr.config import ConfigError, load_config
-from rlvr.memory import GIB, Budget, ModelShape, estimate, plan_memory
+from rlvr.trainer.memory import GIB, Budget, ModelShape, estimate, plan_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -134,7 +134,7 @@ def test_unfit_settings_fail_before_the_first_step(tiny_model_dir, tmp_path, mon
     connects to a server, generates or steps (no server runs here at all)."""
     from toy_env import target_share_env
 
-    from rlvr.trainer import Trainer
+    from rlvr.trainer.grpo import Trainer
 
     with_free_memory(monkeypatch, 0.25 * GIB)
     cfg = load_config(

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.models import resolve_model
+from rlvr.model.names import resolve_model
 
 
 def test_missing_path_is_a_clear_error(tmp_path):
@@ -74,7 +74,7 @@ def test_template_without_tools_is_plain_chatml(tiny_model_dir: Path):
 
 
 def test_previous_turn_is_a_token_prefix_of_the_next_prompt(tiny_model_dir: Path):
-    """The trainer stitches turns into one sample when this holds (see rlvr.samples)."""
+    """The trainer stitches turns into one sample when this holds (see rlvr.rollouts.to_samples)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

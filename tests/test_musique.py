@@ -539,7 +539,7 @@ def test_tool_messages_are_role_tool_and_model_turns_hold_only_assistant_message
 def test_tool_messages_get_no_loss_in_the_trainers_token_masks(full_env, fixture_rows):
     """The trainer's own sample builder on this env's trajectory: loss falls on exactly the
     model's turns; the retrieved documents sit in the sequence with mask 0."""
-    from rlvr.samples import trajectory_samples
+    from rlvr.rollouts.to_samples import trajectory_samples
 
     state = rollout_state(full_env, decomposition_agent(fixture_rows), row_index=3, tokens=True)
     samples = trajectory_samples(state["trajectory"], max_seq_len=1_000_000)

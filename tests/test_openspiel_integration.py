@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from vf_openspiel import DEFAULT_CASES
 
-from rlvr.evaluation import run_vf_eval
+from rlvr.eval.vf_eval import run_vf_eval
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from rlvr.batch import Sample, collate
+from rlvr.trainer.micro_batches import Sample, collate
 from rlvr.config import LoraConfig, ModelConfig, load_config
-from rlvr.lora import MergedWeightSource
-from rlvr.optimization import Optimization
-from rlvr.policy import load_policy
-from rlvr.trainer import micro_batch_loss
+from rlvr.weight_sync.merged_stream import MergedWeightSource
+from rlvr.trainer.optimizer import Optimization
+from rlvr.model.policy import load_policy
+from rlvr.trainer.grpo import micro_batch_loss
 
 STEPS, LR = 10, 1e-6
 

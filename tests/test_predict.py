@@ -1,4 +1,4 @@
-"""Predictions (rlvr.predict, rlvr.serving, scripts/predict.py).
+"""Predictions (rlvr.eval.predict, rlvr.server.serve_model, scripts/predict.py).
 
 Unit tests cover reading prompt files and the vf-vllm flags an adapter directory needs; the
 integration tests run the script against a real vf-vllm that serves the tiny model with a LoRA
@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rlvr.predict import PredictError, final_text, output_row, read_prompts
-from rlvr.serving import served_model
-from rlvr.tiny_model import build_tiny_adapter
-from rlvr.vllm_lora import lora_rank_limit, lora_serving_problem
+from rlvr.eval.predict import PredictError, final_text, output_row, read_prompts
+from rlvr.server.serve_model import served_model
+from rlvr.model.tiny_model import build_tiny_adapter
+from rlvr.weight_sync.vllm_lora import lora_rank_limit, lora_serving_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "predict.py"

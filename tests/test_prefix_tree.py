@@ -1,4 +1,4 @@
-"""Shared-prefix training (rlvr.prefix_tree): folding a step's samples into prefix trees changes
+"""Shared-prefix training (rlvr.trainer.prefix_tree): folding a step's samples into prefix trees changes
 no log-probability, loss term or gradient, keeps every continuation blind to the others, and
 keeps groups whole across ranks."""
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from rlvr.batch import Sample, padding_micro_batch
+from rlvr.trainer.micro_batches import Sample, padding_micro_batch
 from rlvr.config import load_config
-from rlvr.logprobs import sequence_scores
-from rlvr.policy import load_policy, reference_mode
-from rlvr.prefix_tree import (
+from rlvr.trainer.logprobs import sequence_scores
+from rlvr.model.policy import load_policy, reference_mode
+from rlvr.trainer.prefix_tree import (
     FoldedMicroBatch,
     collate_folded,
     common_prefix,
@@ -26,8 +26,8 @@ from rlvr.prefix_tree import (
     tree_attention,
     visibility,
 )
-from rlvr.think_gate import ThinkGate
-from rlvr.trainer import micro_batch_loss
+from rlvr.reasoning_vocab.gate import ThinkGate
+from rlvr.trainer.grpo import micro_batch_loss
 
 ATOL = 1e-5
 
@@ -68,7 +68,7 @@ def step_samples(encode) -> list[Sample]:
 
 @pytest.fixture(scope="module")
 def samples(tiny_model_dir) -> list[Sample]:
-    from rlvr.reasoning_vocab import load_tokenizer
+    from rlvr.reasoning_vocab.mapping import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     return step_samples(lambda text: tokenizer.encode(text, add_special_tokens=False))

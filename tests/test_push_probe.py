@@ -8,16 +8,16 @@ import torch
 from support import config, restore_base_weights
 from toy_env import target_share_env
 
-from rlvr.lora import MergedWeightSource
-from rlvr.push_probe import (
+from rlvr.weight_sync.merged_stream import MergedWeightSource
+from rlvr.weight_sync.probe import (
     PROBE_KL_FLOOR,
     PushProbe,
     WeightsNotServedError,
     probe_ids,
     probe_kl,
 )
-from rlvr.reasoning_vocab import ReasoningVocab
-from rlvr.trainer import Trainer
+from rlvr.reasoning_vocab.mapping import ReasoningVocab
+from rlvr.trainer.grpo import Trainer
 
 
 def test_probe_kl_is_zero_only_when_both_sides_agree():
@@ -95,13 +95,13 @@ def test_mismatch_kl_warns_only_on_batches_sampled_by_the_weights_they_train(tmp
     import logging
 
     from rlvr.config import load_config
-    from rlvr.metrics import RunLogger
+    from rlvr.trainer.metrics import RunLogger
 
     trainer = Trainer.__new__(Trainer)  # only what reporting reads
     trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}", "wandb.mode=disabled",
                                          "logging.progress_bar=false"])  # fmt: skip
     trainer.logger = RunLogger(trainer.cfg, True, 0)
-    with caplog.at_level(logging.WARNING, logger="rlvr.metrics"):
+    with caplog.at_level(logging.WARNING, logger="rlvr.trainer.metrics"):
         trainer._report(2, {"mismatch_kl": 0.1, "rollouts/policy_lag": 1}, [])
         assert not caplog.records
         trainer._report(3, {"mismatch_kl": 0.1, "rollouts/policy_lag": 0}, [])

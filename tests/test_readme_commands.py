@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.evaluation import find_results, iter_results
+from rlvr.eval.vf_eval import find_results, iter_results
 
 pytestmark = pytest.mark.integration
 

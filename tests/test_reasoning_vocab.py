@@ -13,11 +13,11 @@ from accelerate import Accelerator
 from tokenizers.decoders import DecodeStream
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
-from rlvr.batch import Sample, collate
+from rlvr.trainer.micro_batches import Sample, collate
 from rlvr.config import ConfigError, LoraConfig, ModelConfig, load_config
-from rlvr.logprobs import sequence_scores
-from rlvr.policy import load_policy, merge_adapter, save_final
-from rlvr.reasoning_vocab import (
+from rlvr.trainer.logprobs import sequence_scores
+from rlvr.model.policy import load_policy, merge_adapter, save_final
+from rlvr.reasoning_vocab.mapping import (
     MARKER,
     ReasoningVocab,
     attach,
@@ -26,7 +26,7 @@ from rlvr.reasoning_vocab import (
     load_tokenizer,
     with_trained_rows,
 )
-from rlvr.think_gate import ThinkGate, ThinkTracker
+from rlvr.reasoning_vocab.gate import ThinkGate, ThinkTracker
 
 TEXT = "Solve 2+2. <think> two and two make four, so </think> The answer is \\boxed{4}."
 
@@ -98,7 +98,7 @@ def test_reasoning_vocab_never_copies_special_tokens(tiny_model_dir):
 
 
 def test_reasoning_vocab_of_the_embedded_model_skips_its_special_tokens():
-    from rlvr.models import ensure_embedded_model
+    from rlvr.model.names import ensure_embedded_model
 
     tokenizer = load_tokenizer(ensure_embedded_model())
     candidates = copyable_ids(tokenizer, 49152)
@@ -193,8 +193,8 @@ def test_reasoning_vocab_lora_trains_only_the_new_rows_and_merges(tiny_model_dir
 def test_reasoning_vocab_lora_pushes_merged_weights_not_the_adapter(tiny_model_dir, tmp_path):
     """vLLM's LoRA cannot serve the trained reasoning rows: `auto` falls back to merged pushes
     and says why, `adapter` is refused, even on a server that loads adapters (rank 16)."""
-    from rlvr.adapter_sync import adapter_sync_problem
-    from rlvr.trainer import Trainer
+    from rlvr.weight_sync.adapter import adapter_sync_problem
+    from rlvr.trainer.grpo import Trainer
 
     lora = LoraConfig(rank=4, target_modules=["q_proj"])
     cfg = ModelConfig(name=str(tiny_model_dir), reasoning_vocab_size=40)
@@ -221,7 +221,7 @@ def test_reasoning_vocab_on_one_side_only_is_refused(tiny_model_dir, tmp_path, p
     """A policy with copies against a server without them (its pushes could not land, its
     samples would never think in them), or the reverse, fails before the first push."""
     from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE
-    from rlvr.trainer import Trainer
+    from rlvr.trainer.grpo import Trainer
 
     trainer = Trainer.__new__(Trainer)
     trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}"])

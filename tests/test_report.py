@@ -1,4 +1,4 @@
-"""Evaluation reports (rlvr.report, rlvr.stats, scripts/eval_report.py).
+"""Evaluation reports (rlvr.eval.report, rlvr.eval.stats, scripts/eval_report.py).
 
 Unit tests write hand-built rollouts in the layout `vf-eval -s -o DIR` saves
 (DIR/evals/<env>--<model>/<id>/results.jsonl + metadata.json) and check exact numbers worked out
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from rlvr.evaluation import ResultsError, run_vf_eval
-from rlvr.report import (
+from rlvr.eval.vf_eval import ResultsError, run_vf_eval
+from rlvr.eval.report import (
     build_report,
     export_chat_jsonl,
     load_run,
@@ -27,7 +27,7 @@ from rlvr.report import (
     report_json,
     summarize,
 )
-from rlvr.stats import clustered_mean, k_values, mean_with_ci, pass_at_k
+from rlvr.eval.stats import clustered_mean, k_values, mean_with_ci, pass_at_k
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "eval_report.py"

@@ -14,7 +14,7 @@ import verifiers as vf
 from vf_deepscaler.sampling import fill_unset
 
 from rlvr.config import load_config
-from rlvr.sampling import FALLBACK_MAX_TOKENS, build_sampling_args
+from rlvr.rollouts.request_args import FALLBACK_MAX_TOKENS, build_sampling_args
 from rlvr.testing import ScriptedClient
 
 ENV_ARGS = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlvr.schedule import Schedule, run_steps
+from rlvr.trainer.cadence import Schedule, run_steps
 
 
 def events(schedule: Schedule, start: int = 0, stop_after: int | None = None):

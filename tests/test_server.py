@@ -97,7 +97,7 @@ def test_engine_failure_shows_log_tail_and_leaves_nothing_running(tiny_model_dir
     broken = tmp_path / "broken"
     shutil.copytree(tiny_model_dir, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    from rlvr.rendezvous import free_port
+    from rlvr.weight_sync.rendezvous import free_port
 
     marker = f"broken-{uuid.uuid4().hex[:8]}"
     port = str(free_port())
@@ -116,7 +116,7 @@ def served_launcher(
 ) -> Iterator[tuple[subprocess.Popen, int]]:
     """vf-vllm started as a user starts it, serving `marker` (a name unique to the test), once
     it serves: (its process, its port). The launcher, if still running, is SIGKILLed at the end."""
-    from rlvr.rendezvous import free_port
+    from rlvr.weight_sync.rendezvous import free_port
 
     port = free_port()
     with open(log_path, "w") as log:

@@ -1,4 +1,4 @@
-"""SFT (rlvr.sft, rlvr.sft_data, scripts/sft.py) on the CPU with the tiny model and real GSM8K
+"""SFT (rlvr.trainer.sft, rlvr.data.sft_rows, scripts/sft.py) on the CPU with the tiny model and real GSM8K
 rows: the assistant-only loss mask, loss normalisation that ignores how a step is split,
 learning, exact resume, the saved outputs, and clear errors for bad input.
 
@@ -21,12 +21,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr.batch import collate, rank_micro_batches
-from rlvr.checkpoint import list_checkpoints
+from rlvr.trainer.micro_batches import collate, rank_micro_batches
+from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.config import ConfigError, SFTConfig, SFTDataConfig, load_config
-from rlvr.loss import normalised_loss
-from rlvr.sft import SFTTrainer, nll_sum
-from rlvr.sft_data import (
+from rlvr.trainer.loss import normalised_loss
+from rlvr.trainer.sft import SFTTrainer, nll_sum
+from rlvr.data.sft_rows import (
     DataError,
     assistant_mask,
     read_conversations,
@@ -155,7 +155,7 @@ def test_prompt_completion_rows_and_the_system_prompt(tiny_model_dir):
 
 def test_long_examples_are_truncated_or_dropped_and_counted(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    from rlvr.sft_data import Conversation
+    from rlvr.data.sft_rows import Conversation
 
     def conversation(prompt_words: int, answer_words: int) -> Conversation:
         messages = [{"role": "user", "content": "what " * prompt_words},
@@ -181,7 +181,7 @@ def test_loss_normalisation_ignores_the_micro_batch_and_rank_split(tiny_model_di
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     cfg = SFTDataConfig(format="prompt_completion", prompt_column="question",
                         completion_column="answer", max_seq_len=256)  # fmt: skip
-    from rlvr.sft_data import read_conversations
+    from rlvr.data.sft_rows import read_conversations
 
     examples, _ = tokenize(read_conversations([gsm8k(shared_data)], cfg)[:8], tokenizer, cfg)
     samples = [e.sample for e in examples]
@@ -289,7 +289,7 @@ def test_sft_learns_gsm8k_and_leaves_a_complete_run(tiny_model_dir, shared_data,
     assert saved.data.max_examples == 48 and saved.lora.enabled
     assert [p.name for p in list_checkpoints(out)] == ["step_000016", "step_000020"]
     assert list((out / "wandb").glob("offline-run-*")), "W&B runs offline without a key"
-    from rlvr.policy import merge_adapter
+    from rlvr.model.policy import merge_adapter
 
     merged = merge_adapter(out / "final", tmp_path / "merged")
     assert AutoModelForCausalLM.from_pretrained(merged).config.model_type == "qwen2"
@@ -343,7 +343,7 @@ def test_missing_data_file_fails_before_the_model_loads(tmp_path):
 
 def test_bad_rows_name_the_row(tmp_path):
     cfg = SFTDataConfig(format="prompt_completion")
-    from rlvr.sft_data import read_conversations
+    from rlvr.data.sft_rows import read_conversations
 
     gap = write_jsonl(tmp_path / "gap.jsonl", [{"prompt": "a", "completion": "b"},
                       {"prompt": "c", "completion": None}])  # fmt: skip

@@ -1,4 +1,4 @@
-"""Evaluation sweeps (rlvr.sweep, scripts/eval_sweep.py).
+"""Evaluation sweeps (rlvr.eval.sweep.run, scripts/eval_sweep.py).
 
 Unit tests run the sweep against a stand-in vf-eval that saves rows in vf-eval's layout with
 rewards chosen by the test, so the report's numbers can be checked exactly (and cells can fail
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from rlvr import evaluation
-from rlvr.evaluation import ResultsError, iter_results
-from rlvr.report import load_run, summarize
-from rlvr.stats import Estimate, clustered_mean
-from rlvr.sweep import (
+from rlvr.eval import vf_eval
+from rlvr.eval.vf_eval import ResultsError, iter_results
+from rlvr.eval.report import load_run, summarize
+from rlvr.eval.stats import Estimate, clustered_mean
+from rlvr.eval.sweep.run import (
     Shared,
     SweepError,
     build_sweep_report,
@@ -89,7 +89,7 @@ def fake_vf_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         f"#!{sys.executable}\nimport json, os, sys\nfrom pathlib import Path\n{FAKE_VF_EVAL}"
     )
     script.chmod(0o755)
-    monkeypatch.setattr(evaluation, "VF_EVAL", script)
+    monkeypatch.setattr(vf_eval, "VF_EVAL", script)
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FAKE_LOG", str(log))
     monkeypatch.setenv("FAKE_REWARDS", json.dumps(REWARDS))

@@ -1,4 +1,4 @@
-"""The figures of sweeps, run reports and model cards (rlvr.plots, scripts/plot_run.py): which
+"""The figures of sweeps, run reports and model cards (rlvr.eval.plots, scripts/plot_run.py): which
 series are drawn, what bad input says, and that each call leaves a PNG."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.plots import (
+from rlvr.eval.plots import (
     metric_label,
     metric_series,
     plot_before_after,
@@ -22,7 +22,7 @@ from rlvr.plots import (
     run_curve_keys,
     spread_band,
 )
-from rlvr.stats import Estimate
+from rlvr.eval.stats import Estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

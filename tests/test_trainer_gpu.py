@@ -35,7 +35,7 @@ TRAIN = textwrap.dedent(
     from toy_env import target_share_env
     from transformers import AutoTokenizer
     from rlvr.config import load_config
-    from rlvr.trainer import Trainer
+    from rlvr.trainer.grpo import Trainer
 
     cfg = load_config(overrides={overrides!r})
     target = AutoTokenizer.from_pretrained({model!r}).convert_tokens_to_ids("42")
@@ -100,8 +100,8 @@ def test_merged_stream_under_zero3_matches_the_unpartitioned_merge(tmp_path):
             from accelerate import Accelerator
             from transformers import Qwen2Config, Qwen2ForCausalLM
             from rlvr.config import LoraConfig
-            from rlvr.lora import MergedWeightSource
-            from rlvr.policy import apply_lora
+            from rlvr.weight_sync.merged_stream import MergedWeightSource
+            from rlvr.model.policy import apply_lora
 
             acc = Accelerator()
             ds = acc.state.deepspeed_plugin.deepspeed_config

@@ -28,7 +28,7 @@ def trainer_model(tiny_server):
 
 @pytest.mark.parametrize("transport", ["shm", "gloo"])
 def test_pushed_weights_are_what_vllm_serves(tiny_server, trainer_model, transport):
-    from rlvr.weights import WeightSync
+    from rlvr.weight_sync.push import WeightSync
 
     model, ids = trainer_model
     with WeightSync(tiny_server.base_url, backend=transport) as sync:
@@ -57,7 +57,7 @@ DYING_TRAINER = textwrap.dedent(
     import os, sys, torch
     from transformers import AutoModelForCausalLM
     from vllm.distributed.weight_transfer.base import ModuleSource
-    from rlvr.weights import WeightSync
+    from rlvr.weight_sync.push import WeightSync
 
     class DiesMidway(ModuleSource):
         def __iter__(self):
@@ -78,7 +78,7 @@ DYING_TRAINER = textwrap.dedent(
 
 
 def test_server_survives_a_trainer_dying_mid_update(tiny_server, trainer_model):
-    from rlvr.weights import WeightSync
+    from rlvr.weight_sync.push import WeightSync
 
     model, ids = trainer_model
     with WeightSync(tiny_server.base_url) as sync:
@@ -105,7 +105,7 @@ def test_server_survives_a_trainer_dying_mid_update(tiny_server, trainer_model):
 
 
 def test_a_new_trainer_takes_over_an_update_a_dead_one_left_open(tiny_server, trainer_model):
-    from rlvr.weights import WeightSync
+    from rlvr.weight_sync.push import WeightSync
 
     model, ids = trainer_model
     with WeightSync(tiny_server.base_url) as sync:
@@ -122,7 +122,7 @@ def test_a_new_trainer_takes_over_an_update_a_dead_one_left_open(tiny_server, tr
 
 
 def test_control_errors_carry_the_servers_message(tiny_server):
-    from rlvr.weights import ServerControl, ServerError
+    from rlvr.weight_sync.push import ServerControl, ServerError
 
     control = ServerControl(tiny_server.base_url, timeout_s=30)
     with pytest.raises(ServerError, match="update_weights -> 4|update_weights -> 5"):
@@ -145,7 +145,7 @@ def test_ipc_push_into_vllm_sharing_the_trainers_gpu(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlvr.server.process import VLLMServer
-    from rlvr.weights import WeightSync
+    from rlvr.weight_sync.push import WeightSync
 
     flags = ["--dtype", "float32", "--gpu-memory-utilization", "0.3", "--enforce-eager",
              "--weight-transfer-backend", "ipc"]  # fmt: skip

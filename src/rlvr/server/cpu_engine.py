@@ -35,7 +35,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferInitInfo,
 )
 
-from rlvr.rendezvous import GlooGroup, Meeting, with_deadline
+from rlvr.weight_sync.rendezvous import GlooGroup, Meeting, with_deadline
 from rlvr.server.packing import (
     PackedUpdateInfo,
     checked,

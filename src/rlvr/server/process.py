@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from rlvr.rendezvous import free_port
+from rlvr.weight_sync.rendezvous import free_port
 from rlvr.server.lifetime import dies_with
 
 PORT_ATTEMPTS = 3

@@ -1,0 +1,1 @@
+"""Sweeps of vf-eval runs over checkpoints and settings: inputs, the runs, the report."""
