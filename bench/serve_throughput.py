@@ -128,8 +128,8 @@ def adapter_throughput(base_url: str, args: argparse.Namespace, plain: list[dict
     """Throughput through the adapter loaded each way, and its ratio to `plain` per level."""
     import tempfile
 
-    from rlvr.weight_sync.adapter import AdapterSync
     from rlvr.model.policy import save_adapter, trainable_state
+    from rlvr.weight_sync.adapter import AdapterSync
     from rlvr.weight_sync.push import ServerControl
 
     policy = random_adapter(args.model)

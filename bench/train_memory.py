@@ -75,10 +75,10 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from rlvr.trainer import memory
     from rlvr.config import LoraConfig, ModelConfig, OptimConfig
-    from rlvr.trainer.optimizer import Optimization
     from rlvr.model.policy import load_policy
+    from rlvr.trainer import memory
+    from rlvr.trainer.optimizer import Optimization
 
     torch.set_num_threads(args.threads)
     runtime = resident_bytes()

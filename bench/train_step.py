@@ -295,8 +295,8 @@ def prefix_trainer(args: argparse.Namespace, out: Path):
     forward_backward runs. Gradient checkpointing on: without it the unshared layout of (a)
     needs ~8 GiB, more than a shared 2-core machine here spares."""
     from rlvr.config import load_config
-    from rlvr.trainer.optimizer import Optimization, make_accelerator
     from rlvr.trainer.grpo import Trainer
+    from rlvr.trainer.optimizer import Optimization, make_accelerator
 
     cfg = load_config(overrides=["model.name=smollm2-135m", "wandb.mode=disabled",
                                  "model.gradient_checkpointing=true",

@@ -30,11 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save, summary  # noqa: E402
 
-from rlvr.weight_sync.adapter import AdapterSync  # noqa: E402
-from rlvr.weight_sync.merged_stream import MergedWeightSource  # noqa: E402
 from rlvr.model.names import ensure_embedded_model  # noqa: E402
 from rlvr.server.launcher import lora_flags  # noqa: E402
 from rlvr.server.process import VLLMServer  # noqa: E402
+from rlvr.weight_sync.adapter import AdapterSync  # noqa: E402
+from rlvr.weight_sync.merged_stream import MergedWeightSource  # noqa: E402
 from rlvr.weight_sync.push import ServerControl, WeightSync  # noqa: E402
 
 

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from rlvr.config.cli import json_object
-from rlvr.eval.vf_eval import ResultsError
 from rlvr.eval.sweep.run import (
     Shared,
     SweepError,
@@ -29,6 +28,7 @@ from rlvr.eval.sweep.run import (
     run_sweep,
     write_report,
 )
+from rlvr.eval.vf_eval import ResultsError
 
 
 def parse_args() -> argparse.Namespace:

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from rlvr.config.cli import json_object, positive_int
-from rlvr.rollouts.client import make_client
 from rlvr.eval.predict import (
     PredictError,
     environment_rows,
@@ -27,6 +26,7 @@ from rlvr.eval.predict import (
     read_prompts,
     write_predictions,
 )
+from rlvr.rollouts.client import make_client
 from rlvr.server.serve_model import serve
 
 

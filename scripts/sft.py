@@ -11,8 +11,8 @@ max_steps, batch sizes, eval cadence), `checkpoint.*`, `wandb.*`, `seed`, `outpu
 
 import logging
 
-from rlvr.config.cli import config_from_argv
 from rlvr.config import SFTConfig
+from rlvr.config.cli import config_from_argv
 
 
 def main() -> None:
@@ -22,8 +22,8 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
-    from rlvr.trainer.sft import SFTTrainer
     from rlvr.data.sft_rows import DataError
+    from rlvr.trainer.sft import SFTTrainer
 
     try:
         SFTTrainer(config).run()

@@ -8,6 +8,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlvr.config import load_config
+from rlvr.trainer.grpo import micro_batch_loss
+from rlvr.trainer.logprobs import sequence_scores
 from rlvr.trainer.micro_batches import (
     Sample,
     collate,
@@ -17,9 +20,6 @@ from rlvr.trainer.micro_batches import (
     slot_count,
     split_micro_batches,
 )
-from rlvr.config import load_config
-from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.grpo import micro_batch_loss
 
 VOCAB = 64
 

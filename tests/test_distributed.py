@@ -27,8 +27,8 @@ from support import (
 from toy_env import target_share_env
 
 from rlvr.trainer.checkpoint import list_checkpoints
-from rlvr.weight_sync.rendezvous import RendezvousError, route_address
 from rlvr.trainer.grpo import Trainer
+from rlvr.weight_sync.rendezvous import RendezvousError, route_address
 
 pytestmark = pytest.mark.integration
 

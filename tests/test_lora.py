@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlvr.config import LoraConfig
-from rlvr.weight_sync.merged_stream import MergedWeightSource, hf_name
 from rlvr.model.policy import apply_lora
+from rlvr.weight_sync.merged_stream import MergedWeightSource, hf_name
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,11 +9,17 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlvr.trainer.advantages import group_advantages
-from rlvr.trainer.micro_batches import Sample, collate, padding_micro_batch, shard, split_micro_batches
 from rlvr.config import LossConfig, load_config
-from rlvr.trainer.loss import StatsAccumulator, normalised_loss, policy_loss
+from rlvr.trainer.advantages import group_advantages
 from rlvr.trainer.grpo import micro_batch_loss
+from rlvr.trainer.loss import StatsAccumulator, normalised_loss, policy_loss
+from rlvr.trainer.micro_batches import (
+    Sample,
+    collate,
+    padding_micro_batch,
+    shard,
+    split_micro_batches,
+)
 
 # ---- advantages ------------------------------------------------------------------------
 

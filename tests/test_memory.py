@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlvr.trainer import memory
 from rlvr.config import ConfigError, load_config
+from rlvr.trainer import memory
 from rlvr.trainer.memory import GIB, Budget, ModelShape, estimate, plan_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -13,12 +13,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from rlvr.trainer.micro_batches import Sample, collate
 from rlvr.config import LoraConfig, ModelConfig, load_config
-from rlvr.weight_sync.merged_stream import MergedWeightSource
-from rlvr.trainer.optimizer import Optimization
 from rlvr.model.policy import load_policy
 from rlvr.trainer.grpo import micro_batch_loss
+from rlvr.trainer.micro_batches import Sample, collate
+from rlvr.trainer.optimizer import Optimization
+from rlvr.weight_sync.merged_stream import MergedWeightSource
 
 STEPS, LR = 10, 1e-6
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from rlvr.eval.predict import PredictError, final_text, output_row, read_prompts
-from rlvr.server.serve_model import served_model
 from rlvr.model.tiny_model import build_tiny_adapter
+from rlvr.server.serve_model import served_model
 from rlvr.weight_sync.vllm_lora import lora_rank_limit, lora_serving_problem
 
 ROOT = Path(__file__).resolve().parents[1]

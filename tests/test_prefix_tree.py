@@ -11,10 +11,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from rlvr.trainer.micro_batches import Sample, padding_micro_batch
 from rlvr.config import load_config
-from rlvr.trainer.logprobs import sequence_scores
 from rlvr.model.policy import load_policy, reference_mode
+from rlvr.reasoning_vocab.gate import ThinkGate
+from rlvr.trainer.grpo import micro_batch_loss
+from rlvr.trainer.logprobs import sequence_scores
+from rlvr.trainer.micro_batches import Sample, padding_micro_batch
 from rlvr.trainer.prefix_tree import (
     FoldedMicroBatch,
     collate_folded,
@@ -26,8 +28,6 @@ from rlvr.trainer.prefix_tree import (
     tree_attention,
     visibility,
 )
-from rlvr.reasoning_vocab.gate import ThinkGate
-from rlvr.trainer.grpo import micro_batch_loss
 
 ATOL = 1e-5
 

@@ -18,8 +18,8 @@ import yaml
 
 from rlvr.config import load_config, save_config
 from rlvr.eval.plots import plot_estimate_bars
-from rlvr.model.publish import RunRecord, demote_headings, hub_id, model_card, read_run
 from rlvr.eval.stats import Estimate
+from rlvr.model.publish import RunRecord, demote_headings, hub_id, model_card, read_run
 from rlvr.model.tiny_model import build_tiny_adapter
 
 ROOT = Path(__file__).resolve().parents[1]

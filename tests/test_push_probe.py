@@ -8,6 +8,8 @@ import torch
 from support import config, restore_base_weights
 from toy_env import target_share_env
 
+from rlvr.reasoning_vocab.mapping import ReasoningVocab
+from rlvr.trainer.grpo import Trainer
 from rlvr.weight_sync.merged_stream import MergedWeightSource
 from rlvr.weight_sync.probe import (
     PROBE_KL_FLOOR,
@@ -16,8 +18,6 @@ from rlvr.weight_sync.probe import (
     probe_ids,
     probe_kl,
 )
-from rlvr.reasoning_vocab.mapping import ReasoningVocab
-from rlvr.trainer.grpo import Trainer
 
 
 def test_probe_kl_is_zero_only_when_both_sides_agree():

@@ -13,10 +13,9 @@ from accelerate import Accelerator
 from tokenizers.decoders import DecodeStream
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
-from rlvr.trainer.micro_batches import Sample, collate
 from rlvr.config import ConfigError, LoraConfig, ModelConfig, load_config
-from rlvr.trainer.logprobs import sequence_scores
 from rlvr.model.policy import load_policy, merge_adapter, save_final
+from rlvr.reasoning_vocab.gate import ThinkGate, ThinkTracker
 from rlvr.reasoning_vocab.mapping import (
     MARKER,
     ReasoningVocab,
@@ -26,7 +25,8 @@ from rlvr.reasoning_vocab.mapping import (
     load_tokenizer,
     with_trained_rows,
 )
-from rlvr.reasoning_vocab.gate import ThinkGate, ThinkTracker
+from rlvr.trainer.logprobs import sequence_scores
+from rlvr.trainer.micro_batches import Sample, collate
 
 TEXT = "Solve 2+2. <think> two and two make four, so </think> The answer is \\boxed{4}."
 
@@ -193,8 +193,8 @@ def test_reasoning_vocab_lora_trains_only_the_new_rows_and_merges(tiny_model_dir
 def test_reasoning_vocab_lora_pushes_merged_weights_not_the_adapter(tiny_model_dir, tmp_path):
     """vLLM's LoRA cannot serve the trained reasoning rows: `auto` falls back to merged pushes
     and says why, `adapter` is refused, even on a server that loads adapters (rank 16)."""
-    from rlvr.weight_sync.adapter import adapter_sync_problem
     from rlvr.trainer.grpo import Trainer
+    from rlvr.weight_sync.adapter import adapter_sync_problem
 
     lora = LoraConfig(rank=4, target_modules=["q_proj"])
     cfg = ModelConfig(name=str(tiny_model_dir), reasoning_vocab_size=40)

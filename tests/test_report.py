@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from rlvr.eval.vf_eval import ResultsError, run_vf_eval
 from rlvr.eval.report import (
     build_report,
     export_chat_jsonl,
@@ -28,6 +27,7 @@ from rlvr.eval.report import (
     summarize,
 )
 from rlvr.eval.stats import clustered_mean, k_values, mean_with_ci, pass_at_k
+from rlvr.eval.vf_eval import ResultsError, run_vf_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "eval_report.py"

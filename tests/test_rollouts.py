@@ -18,11 +18,8 @@ from datasets import Dataset
 from openai.types.chat import ChatCompletion
 from transformers import AutoTokenizer
 
-from rlvr.trainer.micro_batches import Sample
-from rlvr.rollouts.client import RolloutClient
 from rlvr.config import ConfigError, load_config
-from rlvr.rollouts.worker import GroupResult, PromptOrder, RolloutWorker, StepBatch, run_group
-from rlvr.rollouts.to_samples import MissingTokensError, RolloutResult, trajectory_samples
+from rlvr.rollouts.client import RolloutClient
 from rlvr.rollouts.request_args import (
     FALLBACK_MAX_TOKENS,
     SamplingFilterError,
@@ -30,7 +27,10 @@ from rlvr.rollouts.request_args import (
     request_seed,
     turn_seed,
 )
+from rlvr.rollouts.to_samples import MissingTokensError, RolloutResult, trajectory_samples
+from rlvr.rollouts.worker import GroupResult, PromptOrder, RolloutWorker, StepBatch, run_group
 from rlvr.trainer.grpo import build_samples
+from rlvr.trainer.micro_batches import Sample
 
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
 FINAL = "The value is \\boxed{42}."

@@ -21,11 +21,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr.trainer.micro_batches import collate, rank_micro_batches
-from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.config import ConfigError, SFTConfig, SFTDataConfig, load_config
-from rlvr.trainer.loss import normalised_loss
-from rlvr.trainer.sft import SFTTrainer, nll_sum
 from rlvr.data.sft_rows import (
     DataError,
     assistant_mask,
@@ -34,6 +30,10 @@ from rlvr.data.sft_rows import (
     to_tools,
     tokenize,
 )
+from rlvr.trainer.checkpoint import list_checkpoints
+from rlvr.trainer.loss import normalised_loss
+from rlvr.trainer.micro_batches import collate, rank_micro_batches
+from rlvr.trainer.sft import SFTTrainer, nll_sum
 
 ROOT = Path(__file__).resolve().parents[1]
 LORA_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"

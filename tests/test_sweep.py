@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from rlvr.eval import vf_eval
-from rlvr.eval.vf_eval import ResultsError, iter_results
 from rlvr.eval.report import load_run, summarize
 from rlvr.eval.stats import Estimate, clustered_mean
 from rlvr.eval.sweep.run import (
@@ -32,6 +31,7 @@ from rlvr.eval.sweep.run import (
     run_sweep,
     write_report,
 )
+from rlvr.eval.vf_eval import ResultsError, iter_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "eval_sweep.py"

@@ -27,10 +27,10 @@ from support import (
 )
 from toy_env import multi_turn_target_env, target_share_env
 
-from rlvr.trainer.checkpoint import list_checkpoints
-from rlvr.rollouts.client import make_client
 from rlvr.config import ConfigError, load_config
+from rlvr.rollouts.client import make_client
 from rlvr.rollouts.worker import RolloutWorker
+from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.trainer.grpo import Trainer
 from rlvr.weight_sync.push import ServerControl
 

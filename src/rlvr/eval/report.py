@@ -23,8 +23,8 @@ from statistics import fmean
 from typing import Any
 
 from rlvr.atomic import atomic_write_text
-from rlvr.eval.vf_eval import ResultsError, find_results, iter_results
 from rlvr.eval.stats import Estimate, clustered_mean, k_values, mean_with_ci, pass_at_k
+from rlvr.eval.vf_eval import ResultsError, find_results, iter_results
 
 # A weighted rubric sum meant to be exactly 1.0 can come out as 0.9999999999999999; rounding
 # must not turn a success into a failure.

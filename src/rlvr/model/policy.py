@@ -31,9 +31,9 @@ import torch
 
 from rlvr.atomic import atomic_directory
 from rlvr.config import ConfigError, LoraConfig, ModelConfig
-from rlvr.trainer.memory import Budget, plan_memory
 from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_model, load_tokenizer
 from rlvr.reasoning_vocab.mapping import attach as attach_reasoning_vocab
+from rlvr.trainer.memory import Budget, plan_memory
 
 
 @dataclass

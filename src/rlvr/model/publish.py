@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from rlvr.atomic import atomic_write_text
-from rlvr.trainer.checkpoint import STATE_FILE, list_checkpoints
 from rlvr.model.names import is_embedded
+from rlvr.trainer.checkpoint import STATE_FILE, list_checkpoints
 
 HUB_PROBE_TIMEOUT_S = 5.0
 CURVES_FILE = "training_curves.png"

@@ -41,9 +41,9 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
+from rlvr.reasoning_vocab.gate import ThinkGate, ThinkTracker
 from rlvr.reasoning_vocab.mapping import ReasoningVocab, load_tokenizer
 from rlvr.server.plugin import REASONING_VOCAB_PROCESSOR
-from rlvr.reasoning_vocab.gate import ThinkGate, ThinkTracker
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -18,8 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.config import Config
-from rlvr.rollouts.to_samples import MissingTokensError, RolloutResult, message_field, rollout_result
 from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args, request_seed
+from rlvr.rollouts.to_samples import (
+    MissingTokensError,
+    RolloutResult,
+    message_field,
+    rollout_result,
+)
 
 log = logging.getLogger(__name__)
 

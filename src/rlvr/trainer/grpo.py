@@ -24,26 +24,26 @@ from typing import Any
 
 import torch
 
-from rlvr.trainer.advantages import group_advantages
-from rlvr.trainer.micro_batches import MicroBatch, Sample, largest_micro_batch
-from rlvr.trainer.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
-from rlvr.rollouts.client import make_client
 from rlvr.config import Config, ConfigError, save_config, to_yaml
+from rlvr.model.policy import load_model, load_policy, reference_mode, save_final
+from rlvr.reasoning_vocab.gate import ThinkGate
+from rlvr.reasoning_vocab.mapping import row_cosines
+from rlvr.rollouts.client import make_client
+from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args, check_logprobs_mode
+from rlvr.rollouts.worker import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
+from rlvr.trainer.advantages import group_advantages
+from rlvr.trainer.cadence import Schedule, run_steps
+from rlvr.trainer.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
 from rlvr.trainer.cores import pin_to_cores
 from rlvr.trainer.logprobs import MaskLogits, sequence_scores
-from rlvr.weight_sync.merged_stream import MergedWeightSource
 from rlvr.trainer.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.trainer.memory import GIB, Budget, peak_bytes, reset_peak
 from rlvr.trainer.metrics import RunLogger, distribution, mean, metric_means
+from rlvr.trainer.micro_batches import MicroBatch, Sample, largest_micro_batch
 from rlvr.trainer.optimizer import Optimization, make_accelerator
-from rlvr.model.policy import load_model, load_policy, reference_mode, save_final
 from rlvr.trainer.prefix_tree import plan_micro_batches, tree_attention
+from rlvr.weight_sync.merged_stream import MergedWeightSource
 from rlvr.weight_sync.probe import PushProbe, probe_ids, probe_kl, served_logprobs, trainer_logprobs
-from rlvr.reasoning_vocab.mapping import row_cosines
-from rlvr.rollouts.worker import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
-from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args, check_logprobs_mode
-from rlvr.trainer.cadence import Schedule, run_steps
-from rlvr.reasoning_vocab.gate import ThinkGate
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from rlvr.trainer.checkpoint import keep_trainable_only
 from rlvr.config import OptimConfig
+from rlvr.trainer.checkpoint import keep_trainable_only
 
 
 def make_accelerator(timeout_s: float) -> Any:

@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 
+from rlvr.config import BatchConfig
 from rlvr.trainer.micro_batches import (
     MicroBatch,
     Row,
@@ -72,7 +73,6 @@ from rlvr.trainer.micro_batches import (
     slot_count,
 )
 from rlvr.trainer.micro_batches import rank_micro_batches as unshared_micro_batches
-from rlvr.config import BatchConfig
 
 log = logging.getLogger(__name__)
 

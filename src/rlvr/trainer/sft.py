@@ -24,17 +24,7 @@ from typing import Any
 
 import torch
 
-from rlvr.trainer.micro_batches import MicroBatch, Sample, collate, rank_micro_batches
-from rlvr.trainer.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.config import SFTConfig, save_config, to_yaml
-from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.loss import normalised_loss
-from rlvr.trainer.memory import Budget
-from rlvr.trainer.metrics import RunLogger
-from rlvr.trainer.optimizer import Optimization, make_accelerator
-from rlvr.model.policy import load_policy, save_final
-from rlvr.reasoning_vocab.mapping import row_cosines
-from rlvr.trainer.cadence import Schedule, run_steps
 from rlvr.data.sft_rows import (
     Conversation,
     DataError,
@@ -43,7 +33,17 @@ from rlvr.data.sft_rows import (
     read_conversations,
     tokenize,
 )
+from rlvr.model.policy import load_policy, save_final
 from rlvr.reasoning_vocab.gate import ThinkGate
+from rlvr.reasoning_vocab.mapping import row_cosines
+from rlvr.trainer.cadence import Schedule, run_steps
+from rlvr.trainer.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from rlvr.trainer.logprobs import sequence_scores
+from rlvr.trainer.loss import normalised_loss
+from rlvr.trainer.memory import Budget
+from rlvr.trainer.metrics import RunLogger
+from rlvr.trainer.micro_batches import MicroBatch, Sample, collate, rank_micro_batches
+from rlvr.trainer.optimizer import Optimization, make_accelerator
 
 
 def nll_sum(model: torch.nn.Module, mb: MicroBatch, gate: ThinkGate | None = None) -> torch.Tensor:

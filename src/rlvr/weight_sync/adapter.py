@@ -56,9 +56,9 @@ import torch
 
 from rlvr.atomic import atomic_directory
 from rlvr.model.policy import save_adapter, trainable_state
+from rlvr.weight_sync.push import ServerControl, ServerError, server_host
 from rlvr.weight_sync.rendezvous import LOOPBACK
 from rlvr.weight_sync.vllm_lora import lora_serving_problem
-from rlvr.weight_sync.push import ServerControl, ServerError, server_host
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from typing import Any
 import yaml
 
 from rlvr.atomic import atomic_directory, atomic_write_text
-from rlvr.eval.vf_eval import ResultsError, run_vf_eval
 from rlvr.eval.report import (
     Comparison,
     Rollout,
@@ -46,6 +45,7 @@ from rlvr.eval.report import (
     summarize,
     table_row,
 )
+from rlvr.eval.vf_eval import ResultsError, run_vf_eval
 from rlvr.server.serve_model import serve
 
 SPEC_FILE = "sweep.json"
