@@ -1,5 +1,6 @@
 """Peak memory of one training micro-batch's log-probabilities: full-vocabulary logits (the
-trainer's old path, kept here only as the baseline) vs rlvr.trainer.logprobs' chunked head, in one run.
+trainer's old path, kept here only as the baseline) vs rlvr.trainer.logprobs' chunked head, in one
+run.
 
 A Llama-style model with a 32k vocabulary (small trunk: the head and the log-softmax are what
 differ) on a micro-batch of 4 x 4096 tokens whose second halves are loss tokens (a GRPO

@@ -1,6 +1,6 @@
-"""Micro-batch layouts (rlvr.trainer.micro_batches): packing several samples into one row changes neither the
-loss nor its gradients, keeps attention inside each sample, and keeps the ranks' micro-batch
-counts equal."""
+"""Micro-batch layouts (rlvr.trainer.micro_batches): packing several samples into one row changes
+neither the loss nor its gradients, keeps attention inside each sample, and keeps the ranks'
+micro-batch counts equal."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Chunked log-probabilities (rlvr.trainer.logprobs) against the full-vocabulary computation they replace:
-the same values and gradients (float32, 1e-5) for plain, tied, untied and LoRA-on-lm_head
+"""Chunked log-probabilities (rlvr.trainer.logprobs) against the full-vocabulary computation they
+replace: the same values and gradients (float32, 1e-5) for plain, tied, untied and LoRA-on-lm_head
 models, the head run only on loss positions, per-position logit masks, and refusal of models
 whose forward transforms the head's logits."""
 
@@ -162,8 +162,8 @@ def test_models_that_transform_their_logits_are_refused():
 
 
 def test_a_micro_batch_without_loss_tokens_still_reaches_every_parameter():
-    """Padding micro-batches (see rlvr.trainer.micro_batches.padding_micro_batch) must run a backward that
-    touches every parameter, or DDP and ZeRO-3 ranks fall out of step."""
+    """Padding micro-batches (see rlvr.trainer.micro_batches.padding_micro_batch) must run a
+    backward that touches every parameter, or DDP and ZeRO-3 ranks fall out of step."""
     model = tiny_model(tied=False, lora_head=True)
     mb = collate([[Sample([0, 0], [0, 0], [0.0, 0.0])]], 0)
     scores = sequence_scores(model, mb, with_entropy=True)

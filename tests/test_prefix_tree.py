@@ -1,5 +1,5 @@
-"""Shared-prefix training (rlvr.trainer.prefix_tree): folding a step's samples into prefix trees changes
-no log-probability, loss term or gradient, keeps every continuation blind to the others, and
+"""Shared-prefix training (rlvr.trainer.prefix_tree): folding a step's samples into prefix trees
+changes no log-probability, loss term or gradient, keeps every continuation blind to the others, and
 keeps groups whole across ranks."""
 
 from __future__ import annotations

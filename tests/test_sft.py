@@ -1,5 +1,5 @@
-"""SFT (rlvr.trainer.sft, rlvr.data.sft_rows, scripts/sft.py) on the CPU with the tiny model and real GSM8K
-rows: the assistant-only loss mask, loss normalisation that ignores how a step is split,
+"""SFT (rlvr.trainer.sft, rlvr.data.sft_rows, scripts/sft.py) on the CPU with the tiny model and
+real GSM8K rows: the assistant-only loss mask, loss normalisation that ignores how a step is split,
 learning, exact resume, the saved outputs, and clear errors for bad input.
 
 Numbers (tiny model, LoRA rank 16 on every projection + lm_head, lr 1e-2, 48 GSM8K rows cut to

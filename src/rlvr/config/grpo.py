@@ -39,7 +39,8 @@ class BatchConfig:
     """Most token slots per forward/backward on each rank: rows x the widest row (padding
     costs the memory a token does). Bounds activation memory whatever the samples' lengths;
     a sample longer than this gets a micro-batch of its own. Checked against free memory
-    before the first step (rlvr.trainer.memory). None: only micro_batch_size bounds micro-batches."""
+    before the first step (rlvr.trainer.memory). None: only micro_batch_size bounds
+    micro-batches."""
     packing: bool = False
     """Pack short samples together into rows as wide as the step's longest sample (attention
     stays within each sample), instead of padding every sample to that width. Same loss,

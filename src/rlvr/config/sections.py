@@ -17,8 +17,8 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """auto: bfloat16 on CUDA, float32 on CPU (CPU bf16 matmuls are slow and imprecise)."""
     gradient_checkpointing: bool | None = None
-    """None: the trainer chooses from its start-up memory estimate (rlvr.trainer.memory): off only when
-    the largest micro-batch fits comfortably without it. true/false: as set."""
+    """None: the trainer chooses from its start-up memory estimate (rlvr.trainer.memory): off only
+    when the largest micro-batch fits comfortably without it. true/false: as set."""
     attn_implementation: str | None = None
     """Passed to transformers (e.g. `sdpa`, `flash_attention_2`); None lets it choose."""
     reasoning_vocab_size: int = 0

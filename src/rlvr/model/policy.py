@@ -15,8 +15,9 @@ weights itself; a full fine-tune elsewhere (one process, DDP) in a half dtype th
 float32 weights and computes in the half dtype under autocast (`mixed_precision`), whatever
 accelerate's own mixed_precision says. Pushes to vf-vllm stream the half dtype.
 
-Nothing here imports vLLM (the merged-weight stream for vf-vllm lives in `rlvr.weight_sync.merged_stream`), so SFT
-runs on machines that have no vLLM, such as training-only GPU hosts.
+Nothing here imports vLLM (the merged-weight stream for vf-vllm lives in
+`rlvr.weight_sync.merged_stream`), so SFT runs on machines that have no vLLM, such as training-only
+GPU hosts.
 """
 
 from __future__ import annotations

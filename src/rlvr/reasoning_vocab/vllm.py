@@ -3,8 +3,8 @@
 Two parts, both switched on by vf-vllm when the model directory holds `reasoning_vocab.json`:
 
 * `ReasoningVocabLogitsProcessor` (`--logits-processors
-  rlvr.reasoning_vocab.vllm:ReasoningVocabLogitsProcessor`) applies `rlvr.reasoning_vocab.gate`'s rule
-  to every request: reasoning ids only inside think spans, the copied pair's mass split
+  rlvr.reasoning_vocab.vllm:ReasoningVocabLogitsProcessor`) applies `rlvr.reasoning_vocab.gate`'s
+  rule to every request: reasoning ids only inside think spans, the copied pair's mass split
   inside. vLLM 0.32 has two model runners with two processor interfaces, and each loader
   rejects the other's classes: the V2 runner (CUDA with Triton) takes
   `vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor` (`__init__(vllm_config,

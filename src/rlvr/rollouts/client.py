@@ -7,9 +7,9 @@ for `logprobs` and `return_token_ids`: it then returns `prompt_token_ids` and ea
 `token_ids`, which verifiers' own response parser stores in `trajectory[i]["tokens"]`.
 
 Verifiers sends a rollout's one `sampling_args` on every turn. `RolloutClient` adds what only
-the request itself knows: the turn's own seed (`rlvr.rollouts.request_args.turn_seed`, from the number of
-turns the rollout has taken) and, for training, a last check that nothing the trainer cannot
-reproduce (a forced tool call, a response format an environment sets per request) reaches the
+the request itself knows: the turn's own seed (`rlvr.rollouts.request_args.turn_seed`, from the
+number of turns the rollout has taken) and, for training, a last check that nothing the trainer
+cannot reproduce (a forced tool call, a response format an environment sets per request) reaches the
 sampler.
 """
 

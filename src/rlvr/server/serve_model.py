@@ -63,7 +63,8 @@ def served_model(model: str, name: str | None = None) -> ServedModel:
     """What serving `model` takes. `name` is what clients call it (default: `model` as given,
     as vf-vllm does). For an adapter directory the base model named in its adapter_config.json
     is served and the adapter added as the LoRA module `name`, or, for an adapter vLLM cannot
-    apply (`rlvr.weight_sync.vllm_lora`), its merged copy is served as `name` (merging it here, once)."""
+    apply (`rlvr.weight_sync.vllm_lora`), its merged copy is served as `name` (merging it here,
+    once)."""
     name = name or model
     if not is_adapter(model):
         return ServedModel(model, name, ("--served-model-name", name))

@@ -537,8 +537,8 @@ class Trainer:
         return seconds
 
     def _probe_push(self, version: int) -> float | None:
-        """`push/probe_kl` of the push of `version` (see rlvr.weight_sync.probe); every rank runs the
-        forward and raises together when it is over the limit."""
+        """`push/probe_kl` of the push of `version` (see rlvr.weight_sync.probe); every rank runs
+        the forward and raises together when it is over the limit."""
         if self.probe is None:
             return None
         ids = self.probe.ids

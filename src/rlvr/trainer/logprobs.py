@@ -36,9 +36,10 @@ next-token predictions (the layout of `MicroBatch.loss_mask`; column c predicts 
 the row). Set forbidden entries to -inf (e.g. `logits.masked_fill(forbid[positions][:, None] &
 in_range, -inf)`); both the log-probabilities and the entropy then follow the masked
 distribution, as the sampler's processed logprobs do. In packed micro-batches (see
-`rlvr.trainer.micro_batches`) a row holds several samples; `MicroBatch.position_ids` restart at 0 where each
-sample starts. A folded micro-batch (`rlvr.trainer.prefix_tree`) forwards a prefix tree but keeps this
-grid, one sample per row: its hidden states are gathered back to it (`prediction_states`).
+`rlvr.trainer.micro_batches`) a row holds several samples; `MicroBatch.position_ids` restart at 0
+where each sample starts. A folded micro-batch (`rlvr.trainer.prefix_tree`) forwards a prefix tree
+but keeps this grid, one sample per row: its hidden states are gathered back to it
+(`prediction_states`).
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ and the peak each step actually reached.
 A run whose micro-batch does not fit used to die in the kernel's OOM killer with nothing but
 `Killed` (issue 22: 16 rows x 570 tokens of SmolLM2-135M + LoRA, no gradient checkpointing,
 18.7 GB resident on a 24 GB machine). `plan_memory` estimates the peak of a step for the loaded
-model, the largest micro-batch the batch settings allow (in token slots, see `rlvr.trainer.micro_batches`) and
-the dtype, compares it with what the device has free, switches gradient checkpointing on when
-the step only fits with it (unless the user chose), and refuses settings that fit neither way
-with a ConfigError that names the knobs to turn.
+model, the largest micro-batch the batch settings allow (in token slots, see
+`rlvr.trainer.micro_batches`) and the dtype, compares it with what the device has free, switches
+gradient checkpointing on when the step only fits with it (unless the user chose), and refuses
+settings that fit neither way with a ConfigError that names the knobs to turn.
 
 What the estimate counts, per rank (`MemoryEstimate`):
 
@@ -22,9 +22,9 @@ What the estimate counts, per rank (`MemoryEstimate`):
   40 KB, per token per layer, as saved-tensor hooks count them; tests/test_memory.py checks the
   formula against them). With gradient checkpointing each layer keeps only its input, and
   backward recomputes one layer at a time beside its gradients. A padding slot costs what a
-  token costs, so the count is in slots (rows x widest row, see `rlvr.trainer.micro_batches`). Plus the output
-  head's share in `rlvr.trainer.logprobs`, every slot taken as a loss token (the worst case): the
-  float32 softmax kept for backward (up to `MAX_SAVED_ELEMENTS`) and one chunk's logits,
+  token costs, so the count is in slots (rows x widest row, see `rlvr.trainer.micro_batches`). Plus
+  the output head's share in `rlvr.trainer.logprobs`, every slot taken as a loss token (the worst
+  case): the float32 softmax kept for backward (up to `MAX_SAVED_ELEMENTS`) and one chunk's logits,
   log-softmax and softmax while it is computed;
 - allocator (CPU only): freed activation memory glibc's heap keeps (`HEAP_RETENTION`);
 - runtime (CPU only): the interpreter and libraries (`CPU_RUNTIME_BYTES`).

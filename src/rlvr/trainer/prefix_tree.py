@@ -34,8 +34,8 @@ which is what the unshared layout's separate copies sum to. This is the paper's 
 (prefix outputs expanded back to every sample) rather than repeating the last prefix token
 at the start of each continuation, which would add a token per sample and shift positions.
 The loss, its masks, the sampler's log-probabilities, the advantages and the reasoning gate's
-per-position rule all stay on the unshared [samples, longest - 1] grid of `rlvr.trainer.micro_batches`: only
-the forward's input changes.
+per-position rule all stay on the unshared [samples, longest - 1] grid of
+`rlvr.trainer.micro_batches`: only the forward's input changes.
 
 When it pays. Folding saves the shared tokens' forward and backward but attends over the
 folded row's full width (the dense mask computes every W x W score, read or not), and with
@@ -191,8 +191,8 @@ def tree_attention_mask(scope_end: torch.Tensor, attention: str) -> Any:
 @dataclass
 class FoldedMicroBatch(MicroBatch):
     """A micro-batch whose forward runs on folded rows. The inherited fields are the unshared
-    layout of its samples (one sample per row, see `rlvr.trainer.micro_batches.collate`): the loss, the
-    targets and the reasoning gate read them unchanged; only the forward and the gathering of
+    layout of its samples (one sample per row, see `rlvr.trainer.micro_batches.collate`): the loss,
+    the targets and the reasoning gate read them unchanged; only the forward and the gathering of
     its hidden states differ."""
 
     tree_ids: torch.Tensor | None = None
@@ -297,7 +297,8 @@ def plan_micro_batches(
 ) -> Plan:
     """Folded micro-batches when `attention` (see `tree_attention`) can take the tree's mask
     and the fold saves at least `MIN_SAVED_FRACTION` of the step's tokens; otherwise the
-    unshared layout of `rlvr.trainer.micro_batches`. Decided from the whole step, so every rank decides alike."""
+    unshared layout of `rlvr.trainer.micro_batches`. Decided from the whole step, so every rank
+    decides alike."""
     longest = max((len(s) for s in samples), default=0)
     max_slots = largest_micro_batch(cfg.micro_batch_size, cfg.micro_batch_tokens, longest)
     if attention is not None:

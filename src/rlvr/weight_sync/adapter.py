@@ -31,8 +31,8 @@ A trainer that dies mid-push leaves the previous versions serving: vLLM reads a 
 when asked to load it, and it is only asked once the directory is complete. A trainer that
 ends unloads its versions: a name left loaded would point at deleted files.
 
-Not every adapter can be served this way (see rlvr.weight_sync.vllm_lora: vLLM's LoRA layers cover the
-linear projections only, and its engine dies on a refused load), so `adapter_sync_problem`
+Not every adapter can be served this way (see rlvr.weight_sync.vllm_lora: vLLM's LoRA layers cover
+the linear projections only, and its engine dies on a refused load), so `adapter_sync_problem`
 says why and the trainer falls back to merged pushes (or refuses, when
 `server.lora_sync=adapter` was asked for explicitly).
 """

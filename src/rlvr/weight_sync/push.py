@@ -233,7 +233,8 @@ def _trainer_init_info(backend: str, meeting: Meeting | None, chunk_bytes: int, 
 
 class _Adapted(WeightSource):
     """vLLM's `WeightSource` over one of ours (`metadata()` of name/dtype/shape records and
-    iteration; e.g. `rlvr.weight_sync.merged_stream.MergedWeightSource`, which does not import vLLM)."""
+    iteration; e.g. `rlvr.weight_sync.merged_stream.MergedWeightSource`, which does not import
+    vLLM)."""
 
     def __init__(self, inner: Any):
         self.inner = inner
@@ -314,9 +315,9 @@ class WeightSync:
         """Handshake with the server. A server left paused by a trainer that died is resumed.
 
         `source`: a module (its parameters are sent), a vLLM `WeightSource`, or any object
-        with `metadata()` and iteration such as `rlvr.weight_sync.merged_stream.MergedWeightSource`. `backend`:
-        the transfer rank 0 resolved (required on the other ranks, which never talk to the
-        server)."""
+        with `metadata()` and iteration such as `rlvr.weight_sync.merged_stream.MergedWeightSource`.
+        `backend`: the transfer rank 0 resolved (required on the other ranks, which never talk to
+        the server)."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from rlvr.server.plugin import register

@@ -1,6 +1,6 @@
 """What vLLM 0.32's LoRA support can serve: the ranks `--max-lora-rank` accepts, and which
-adapters it can apply at all. Used when serving an adapter directory (rlvr.server.serve_model) and when
-the trainer pushes its adapter (rlvr.weight_sync.adapter). Plain data: no vLLM import.
+adapters it can apply at all. Used when serving an adapter directory (rlvr.server.serve_model) and
+when the trainer pushes its adapter (rlvr.weight_sync.adapter). Plain data: no vLLM import.
 
 vLLM's LoRA layers cover the linear projections only. An adapter that trains `lm_head` or the
 input embedding (as targets or as fully trained `modules_to_save`) is refused with "expected
