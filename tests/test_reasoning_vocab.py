@@ -193,8 +193,8 @@ def test_reasoning_vocab_lora_trains_only_the_new_rows_and_merges(tiny_model_dir
 def test_reasoning_vocab_lora_pushes_merged_weights_not_the_adapter(tiny_model_dir, tmp_path):
     """vLLM's LoRA cannot serve the trained reasoning rows: `auto` falls back to merged pushes
     and says why, `adapter` is refused, even on a server that loads adapters (rank 16)."""
-    from rlvr.trainer.grpo import Trainer
     from rlvr.weight_sync.adapter import adapter_sync_problem
+    from rlvr.weight_sync.connect import choose_push
 
     lora = LoraConfig(rank=4, target_modules=["q_proj"])
     cfg = ModelConfig(name=str(tiny_model_dir), reasoning_vocab_size=40)
@@ -204,16 +204,13 @@ def test_reasoning_vocab_lora_pushes_merged_weights_not_the_adapter(tiny_model_d
     assert adapter_sync_problem(plain.model, 16) is None  # the same adapter without the rows
 
     printed = []
-    trainer = Trainer.__new__(Trainer)  # only what choosing the push reads
-    trainer.accelerator, trainer.model, trainer.env = Accelerator(cpu=True), policy.model, None
-    trainer.logger = SimpleNamespace(print=printed.append)
     server = SimpleNamespace(control=SimpleNamespace(max_lora_rank=lambda: 16), resolve=lambda: "x")
-    trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}", "server.lora_sync=auto"])
-    assert trainer._choose_push(server) == "x"  # the merged transfer
+    cfg = load_config(overrides=[f"output_dir={tmp_path}", "server.lora_sync=auto"])
+    assert choose_push(server, cfg, policy.model, None, printed.append) == "x"  # merged transfer
     assert "reasoning vocabulary" in printed[0] and "merged" in printed[0]
-    trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}", "server.lora_sync=adapter"])
+    cfg = load_config(overrides=[f"output_dir={tmp_path}", "server.lora_sync=adapter"])
     with pytest.raises(ConfigError, match="lora_sync=adapter: .*reasoning vocabulary"):
-        trainer._choose_push(server)
+        choose_push(server, cfg, policy.model, None, printed.append)
 
 
 @pytest.mark.parametrize("policy_has_it", [True, False], ids=["policy", "server"])
@@ -221,21 +218,19 @@ def test_reasoning_vocab_on_one_side_only_is_refused(tiny_model_dir, tmp_path, p
     """A policy with copies against a server without them (its pushes could not land, its
     samples would never think in them), or the reverse, fails before the first push."""
     from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE
-    from rlvr.trainer.grpo import Trainer
+    from rlvr.weight_sync.connect import check_served_vocabulary
 
-    trainer = Trainer.__new__(Trainer)
-    trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}"])
-    vocab = ReasoningVocab(100, (1, 2, 3))
-    trainer.reasoning_vocab = vocab if policy_has_it else None
+    cfg = load_config(overrides=[f"output_dir={tmp_path}"])
+    vocab = ReasoningVocab(100, (1, 2, 3)) if policy_has_it else None
     served = SimpleNamespace(tokenizer_mode=lambda: REASONING_VOCAB_TOKENIZER_MODE)
     plain = SimpleNamespace(tokenizer_mode=lambda: "auto")
     silent = SimpleNamespace(tokenizer_mode=lambda: None)
     good, bad = (served, plain) if policy_has_it else (plain, served)
-    trainer._check_served_vocabulary(good)
-    trainer._check_served_vocabulary(silent)
+    check_served_vocabulary(good, vocab, cfg)
+    check_served_vocabulary(silent, vocab, cfg)
     match = "expand_vocab.py" if policy_has_it else "train the directory it serves"
     with pytest.raises(ConfigError, match=match):
-        trainer._check_served_vocabulary(bad)
+        check_served_vocabulary(bad, vocab, cfg)
 
 
 # ---- the think-span rule ----------------------------------------------------------------

@@ -11,6 +11,10 @@ One step:
      (`rlvr.weight_sync.probe`), tell the worker the server now holds version step+1, and let the
      adapter sync unload versions no rollout still requests;
   5. log, evaluate and checkpoint on their cadences.
+
+The module is longer than the others (~540 lines) on purpose: it is the loop a reader follows
+top to bottom, set-up to close; the parts it is built from live beside it in rlvr.trainer and
+rlvr.weight_sync (how weights reach the server: rlvr.weight_sync.connect).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from rlvr.model.policy import load_model, load_policy, reference_mode, save_fina
 from rlvr.reasoning_vocab.gate import ThinkGate
 from rlvr.reasoning_vocab.mapping import row_cosines
 from rlvr.rollouts.client import make_client
-from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args, check_logprobs_mode
+from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args
 from rlvr.rollouts.worker import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
 from rlvr.trainer.advantages import group_advantages
 from rlvr.trainer.cadence import Schedule, run_steps
@@ -42,8 +46,8 @@ from rlvr.trainer.metrics import RunLogger, distribution, mean, metric_means
 from rlvr.trainer.micro_batches import MicroBatch, Sample, largest_micro_batch
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 from rlvr.trainer.prefix_tree import plan_micro_batches, tree_attention
-from rlvr.weight_sync.merged_stream import MergedWeightSource
-from rlvr.weight_sync.probe import PushProbe, probe_ids, probe_kl, served_logprobs, trainer_logprobs
+from rlvr.weight_sync.connect import connect
+from rlvr.weight_sync.probe import probe_kl, served_logprobs, trainer_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -229,46 +233,19 @@ class Trainer:
         return Budget(tokens, knob, b.max_seq_len, "batch.max_seq_len")
 
     def _connect_server(self) -> None:
-        """Rank 0 picks how weights reach the server (asking it how it runs) and tells the
-        others; all ranks then connect together (the others only join the trainer-side
-        gathers of ZeRO-3 shards)."""
-        from rlvr.weight_sync.adapter import AdapterSync
-        from rlvr.weight_sync.push import WeightSync
-
-        server = self.cfg.server
-        merged = WeightSync(
-            server.base_url,
-            backend=server.backend,
-            api_key=server.api_key,
-            timeout_s=server.timeout_s,
-            transfer_timeout_s=server.transfer_timeout_s,
-            transfer_host=server.transfer_host,
-            transfer_port=server.transfer_port,
-            rank=self.rank,
+        """How weights reach the server (see rlvr.weight_sync.connect); every rank joins."""
+        connection = connect(
+            self.cfg,
+            self.accelerator,
+            self.model,
+            tokenizer=self.tokenizer,
+            reasoning_vocab=self.reasoning_vocab,
+            compute_dtype=self.compute_dtype,
+            env=self.env,
+            start_step=self.start_step,
+            say=self.logger.print,
         )
-        push = None
-        if self.accelerator.is_main_process:
-            self._check_served_vocabulary(merged.control)
-            self._check_served_logprobs(merged.control)
-            push = self._choose_push(merged)
-        if self.world > 1:
-            from accelerate.utils import broadcast_object_list
-
-            push = broadcast_object_list([push])[0]
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        if push == "adapter":
-            self.sync = AdapterSync(merged.control, server.base_url, server.adapter_name, self.rank)
-            self.sync.connect(unwrapped)
-            requested = f"{self.sync.name(self.start_step)!r}, one name per weight version"
-        else:
-            self.sync = merged
-            self.sync.connect(MergedWeightSource(unwrapped, dtype=self.compute_dtype), push)
-            requested = repr(self.cfg.served_model)
-        self.logger.print(f"weight push: {push}; rollouts request model {requested}")
-        self.probe = None
-        if server.push_probe:
-            ids = probe_ids(self.tokenizer, self.reasoning_vocab)
-            self.probe = PushProbe(ids, server.probe_kl_max)
+        self.sync, self.probe = connection.sync, connection.probe
 
     def rollout_model(self, version: int) -> str:
         """The model name that serves weight `version` to rollouts: that version's adapter
@@ -278,74 +255,6 @@ class Trainer:
         if isinstance(self.sync, AdapterSync):
             return self.sync.served_name(version)
         return self.cfg.served_model
-
-    def _check_served_vocabulary(self, control: Any) -> None:
-        """The server must sample from the policy's vocabulary: a reasoning vocabulary needs
-        vf-vllm serving the expanded directory (with its gate and folding tokenizer), and a
-        server with one needs a policy that has it. A server that does not say is trusted."""
-        from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE
-
-        mode = control.tokenizer_mode()
-        if mode is None:
-            return
-        vocab, name = self.reasoning_vocab, self.cfg.model.name
-        if vocab is not None and mode != REASONING_VOCAB_TOKENIZER_MODE:
-            raise ConfigError(
-                f"model {name} has a reasoning vocabulary ({vocab.size} ids) but the server at "
-                f"{self.cfg.server.base_url} serves a model without one (tokenizer mode {mode!r}): "
-                "write the expanded model with scripts/expand_vocab.py, serve that directory "
-                "(vf-vllm switches its gate on) and set model.name to it"
-            )
-        if vocab is None and mode == REASONING_VOCAB_TOKENIZER_MODE:
-            raise ConfigError(
-                f"the server at {self.cfg.server.base_url} serves a model with a reasoning "
-                f"vocabulary but model {name} has none: train the directory it serves"
-            )
-
-    def _check_served_logprobs(self, control: Any) -> None:
-        """The server's logprobs must be the sampled distribution's (see
-        `check_logprobs_mode`): otherwise every importance ratio is off, silently."""
-        try:
-            check_logprobs_mode(control.logprobs_mode(), self.cfg.sampling.temperature)
-        except SamplingFilterError as e:
-            raise ConfigError(f"server {self.cfg.server.base_url}: {e}") from None
-
-    def _choose_push(self, merged: Any) -> str:
-        """`adapter` (push the LoRA adapter, served by vLLM on its frozen base) or the
-        transfer of merged weights. `server.lora_sync=auto` takes the adapter whenever the
-        server can serve it; otherwise says why in the log and pushes merged weights."""
-        cfg, server = self.cfg, self.cfg.server
-        mode = server.lora_sync
-        if not cfg.lora.enabled:
-            if mode == "adapter":
-                raise ConfigError("server.lora_sync=adapter needs lora.enabled=true")
-            return self._check_frozen_helpers(merged.resolve())
-        if mode == "merged":
-            return self._check_frozen_helpers(merged.resolve())
-        from rlvr.weight_sync.adapter import adapter_sync_problem
-
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        problem = adapter_sync_problem(unwrapped, merged.control.max_lora_rank())
-        if problem is None:
-            return "adapter"
-        if mode == "adapter":
-            raise ConfigError(f"server.lora_sync=adapter: {problem}")
-        self.logger.print(f"pushing merged weights, not the adapter: {problem}")
-        return self._check_frozen_helpers(merged.resolve())
-
-    def _check_frozen_helpers(self, push: str) -> str:
-        """Refuse merged pushes into a server whose base model the environment uses as a
-        frozen helper (vf_planner's worker without worker_base_url): the helper would train
-        along with the policy."""
-        if getattr(self.env, "frozen_model_on_policy_server", False):
-            raise ConfigError(
-                f"environment {self.cfg.env.id} uses the policy's server as a frozen model "
-                "(e.g. vf_planner's worker), but this run pushes merged weights into it, so "
-                "that model would train too. Use LoRA adapter sync (lora.enabled=true, "
-                "server.lora_sync=auto or adapter, vf-vllm --enable-lora) or give the "
-                "environment its own server with worker_base_url in env.args."
-            )
-        return push
 
     def _load_env(self) -> None:
         """The environment (rank 0 only), with its sampling defaults checked against what the
