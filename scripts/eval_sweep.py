@@ -17,17 +17,9 @@ import sys
 from pathlib import Path
 
 from rlvr.config.cli import json_object
-from rlvr.eval.sweep.run import (
-    Shared,
-    SweepError,
-    load_sweep,
-    parse_grid,
-    parse_models,
-    parse_seeds,
-    plan,
-    run_sweep,
-    write_report,
-)
+from rlvr.eval.sweep.inputs import Shared, SweepError, parse_grid, parse_models, parse_seeds, plan
+from rlvr.eval.sweep.report import write_report
+from rlvr.eval.sweep.run import load_sweep, run_sweep
 from rlvr.eval.vf_eval import ResultsError
 
 

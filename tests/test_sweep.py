@@ -1,4 +1,4 @@
-"""Evaluation sweeps (rlvr.eval.sweep.run, scripts/eval_sweep.py).
+"""Evaluation sweeps (rlvr.eval.sweep, scripts/eval_sweep.py).
 
 Unit tests run the sweep against a stand-in vf-eval that saves rows in vf-eval's layout with
 rewards chosen by the test, so the report's numbers can be checked exactly (and cells can fail
@@ -19,18 +19,9 @@ import pytest
 from rlvr.eval import vf_eval
 from rlvr.eval.report import load_run, summarize
 from rlvr.eval.stats import Estimate, clustered_mean
-from rlvr.eval.sweep.run import (
-    Shared,
-    SweepError,
-    build_sweep_report,
-    load_sweep,
-    parse_grid,
-    parse_models,
-    parse_seeds,
-    plan,
-    run_sweep,
-    write_report,
-)
+from rlvr.eval.sweep.inputs import Shared, SweepError, parse_grid, parse_models, parse_seeds, plan
+from rlvr.eval.sweep.report import build_sweep_report, write_report
+from rlvr.eval.sweep.run import load_sweep, run_sweep
 from rlvr.eval.vf_eval import ResultsError, iter_results
 
 ROOT = Path(__file__).resolve().parents[1]
