@@ -109,7 +109,8 @@ def summarise(out: Path, train_s: float, args: argparse.Namespace) -> dict:
     """The report, both figures and the headline numbers."""
     from rlvr.atomic import atomic_write_text
     from rlvr.eval.plots import plot_before_after, plot_run_curves
-    from rlvr.eval.report import build_report, load_run, render_markdown, report_json
+    from rlvr.eval.report import build_report, render_markdown, report_json
+    from rlvr.eval.vf_eval import load_run
 
     report = build_report([load_run(out / "eval" / "base", "base"),
                            load_run(out / "eval" / "trained", "trained")])  # fmt: skip

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from rlvr.atomic import atomic_write_text
-from rlvr.eval.report import build_report, export_chat_jsonl, load_run, render_markdown, report_json
-from rlvr.eval.vf_eval import ResultsError
+from rlvr.eval.report import build_report, export_chat_jsonl, render_markdown, report_json
+from rlvr.eval.vf_eval import ResultsError, load_run
 
 
 def parse_args() -> argparse.Namespace:

@@ -18,16 +18,10 @@ from typing import Any
 
 import pytest
 
-from rlvr.eval.report import (
-    build_report,
-    export_chat_jsonl,
-    load_run,
-    render_markdown,
-    report_json,
-    summarize,
-)
+from rlvr.data.export import export_chat_jsonl
+from rlvr.eval.report import build_report, render_markdown, report_json, summarize
 from rlvr.eval.stats import clustered_mean, k_values, mean_with_ci, pass_at_k
-from rlvr.eval.vf_eval import ResultsError, run_vf_eval
+from rlvr.eval.vf_eval import ResultsError, load_run, run_vf_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "eval_report.py"

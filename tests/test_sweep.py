@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from rlvr.eval import vf_eval
-from rlvr.eval.report import load_run, summarize
+from rlvr.eval.report import summarize
 from rlvr.eval.stats import Estimate, clustered_mean
 from rlvr.eval.sweep.inputs import Shared, SweepError, parse_grid, parse_models, parse_seeds, plan
 from rlvr.eval.sweep.report import build_sweep_report, write_report
 from rlvr.eval.sweep.run import load_sweep, run_sweep
-from rlvr.eval.vf_eval import ResultsError, iter_results
+from rlvr.eval.vf_eval import ResultsError, iter_results, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "eval_sweep.py"

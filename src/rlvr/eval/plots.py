@@ -14,7 +14,6 @@ report objects, so any producer of numbers can draw with them.
 from __future__ import annotations
 
 import io
-import json
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from rlvr.atomic import atomic_write_bytes
+from rlvr.data.jsonl import iter_jsonl
 from rlvr.eval.stats import LEVEL, Estimate
 
 # What a training run's curves show by default: how the reward moves, how far the policy has
@@ -75,19 +75,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     A run that is still going may be writing its last line: a final line without a newline is
     left out. Any other malformed line raises ValueError naming the file and line.
     """
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    if lines and lines[-1]:
-        lines = lines[:-1]  # mid-write
     records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+    for number, record in iter_jsonl(path, ValueError, unfinished_last_line=True):
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             raise ValueError(f"{path}:{number}: expected a JSON object with an integer 'step'")
         records.append(record)

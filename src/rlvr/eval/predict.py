@@ -17,6 +17,7 @@ from statistics import fmean
 from typing import Any
 
 from rlvr.atomic import atomic_write_text
+from rlvr.data.jsonl import iter_jsonl
 
 
 class PredictError(ValueError):
@@ -55,24 +56,17 @@ def read_prompts(path: str | Path) -> PromptFile:
     message, or a list of chat messages) or `messages` (a list of chat messages)."""
     path = Path(path)
     rows, lines = [], []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PredictError(f"{path}:{number}: not valid JSON ({e.msg})") from None
-            prompt = item.get("prompt", item.get("messages")) if isinstance(item, dict) else None
-            if isinstance(prompt, str):
-                prompt = [{"role": "user", "content": prompt}]
-            if not _is_chat(prompt):
-                raise PredictError(
-                    f"{path}:{number}: expected an object with 'prompt' (a string or chat "
-                    "messages) or 'messages' (a list of {role, content})"
-                )
-            rows.append({"prompt": prompt, "example_id": len(rows)})
-            lines.append(item)
+    for number, item in iter_jsonl(path, PredictError):
+        prompt = item.get("prompt", item.get("messages")) if isinstance(item, dict) else None
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if not _is_chat(prompt):
+            raise PredictError(
+                f"{path}:{number}: expected an object with 'prompt' (a string or chat "
+                "messages) or 'messages' (a list of {role, content})"
+            )
+        rows.append({"prompt": prompt, "example_id": len(rows)})
+        lines.append(item)
     if not rows:
         raise PredictError(f"{path}: no prompts")
     return PromptFile(rows, lines)

@@ -5,7 +5,8 @@ know whether training helped and by how much. This reads those directories and r
 the mean reward with a confidence interval clustered by example, pass@k, every rubric metric,
 the shares of errored and truncated rollouts and completion lengths; for every run after the
 first, the paired per-example difference in mean reward against the first. It also exports the
-rollouts above a reward bar as chat JSONL: rejection-sampled data for a supervised warm-up.
+rollouts above a reward bar as chat JSONL (rlvr.data.export): rejection-sampled data for a
+supervised warm-up.
 
 Errored rollouts stay in every number (vf-eval scores them, usually 0): dropping them would make
 a model that crashes its tools look better than one that does not.
@@ -18,105 +19,12 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from rlvr.atomic import atomic_write_text
 from rlvr.eval.stats import Estimate, clustered_mean, k_values, mean_with_ci, pass_at_k
-from rlvr.eval.vf_eval import ResultsError, find_results, iter_results
-
-# A weighted rubric sum meant to be exactly 1.0 can come out as 0.9999999999999999; rounding
-# must not turn a success into a failure.
-SUCCESS_TOLERANCE = 1e-9
-
-
-def succeeded(reward: float, bar: float) -> bool:
-    """reward >= bar, up to float rounding (SUCCESS_TOLERANCE)."""
-    return reward >= bar - SUCCESS_TOLERANCE
-
-
-def errored(row: dict[str, Any]) -> bool:
-    """vf-eval saves `error` with every rollout: None when it ran cleanly, the error's type and
-    chain when the model call, a tool or the environment raised."""
-    return row.get("error") is not None
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """One saved rollout: where it was saved, the fields every number needs (checked), and the
-    row as vf-eval saved it."""
-
-    line: int
-    example_id: int
-    reward: float
-    row: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Run:
-    """The rollouts and metadata of one vf-eval run, under the name the report gives it."""
-
-    name: str
-    results: Path
-    metadata: dict[str, Any]
-    rollouts: list[Rollout]
-
-    def by_example(self) -> dict[int, list[Rollout]]:
-        """Rollouts grouped by example id, in the order of first appearance."""
-        groups: dict[int, list[Rollout]] = defaultdict(list)
-        for rollout in self.rollouts:
-            groups[rollout.example_id].append(rollout)
-        return dict(groups)
-
-
-def load_run(run_dir: str | Path, name: str) -> Run:
-    """Read the one vf-eval run saved below `run_dir` (its `-o` directory or any folder inside).
-
-    Raises ResultsError when there is no run, more than one (which one was meant is not ours to
-    guess), a malformed line, or a rollout without a numeric reward or integer example id.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ResultsError(f"{run_dir}: no such directory")
-    found = find_results(run_dir)
-    if not found:
-        raise ResultsError(f"{run_dir}: no results.jsonl below it (vf-eval saves one with -s)")
-    if len(found) > 1:
-        listing = "".join(f"\n  {path.parent}" for path in found)
-        raise ResultsError(f"{run_dir} holds {len(found)} vf-eval runs; pass one of:{listing}")
-    results = found[0]
-    rollouts = [_rollout(results, line, row) for line, row in iter_results(results)]
-    if not rollouts:
-        raise ResultsError(f"{results}: no rollouts")
-    return Run(name, results, _metadata(results.parent / "metadata.json"), rollouts)
-
-
-def _rollout(path: Path, line: int, row: dict[str, Any]) -> Rollout:
-    if "reward" not in row:
-        raise ResultsError(f"{path}:{line}: no 'reward' field")
-    reward = row["reward"]
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise ResultsError(f"{path}:{line}: reward {reward!r} is not a finite number")
-    example_id = row.get("example_id")
-    if isinstance(example_id, bool) or not isinstance(example_id, int):
-        raise ResultsError(f"{path}:{line}: example_id {example_id!r} is not an integer")
-    return Rollout(line, example_id, float(reward), row)
-
-
-def _metadata(path: Path) -> dict[str, Any]:
-    """vf-eval's metadata.json beside the results; {} when absent (the rows alone still report,
-    without environment, model and sampling)."""
-    if not path.is_file():
-        return {}
-    try:
-        metadata = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ResultsError(f"{path}: not valid JSON ({e.msg})") from None
-    if not isinstance(metadata, dict):
-        raise ResultsError(f"{path}: metadata must be a JSON object")
-    return metadata
-
+from rlvr.eval.vf_eval import ResultsError, Rollout, Run, errored, succeeded
+from rlvr.trainer.metrics import metric_means
 
 # ---- per-run numbers --------------------------------------------------------------------------
 
@@ -165,7 +73,7 @@ def summarize(run: Run, threshold: float) -> RunSummary:
         rollouts_per_example=counts.pop() if len(counts) == 1 else None,
         reward=clustered_mean([[r.reward for r in group] for group in groups.values()]),
         pass_at_k=_pass_at_k(groups.values(), threshold),
-        metrics=_metric_means(rows),
+        metrics=metric_means(row.get("metrics") for row in rows),
         errored=_share(rows, "error", errored),
         truncated=_share(rows, "is_truncated", lambda row: bool(row["is_truncated"])),
         completion_chars=fmean(_written_chars(row.get("completion")) for row in rows),
@@ -196,18 +104,6 @@ def _pass_at_k(groups: Iterable[list[Rollout]], threshold: float) -> dict[str, f
     tallies = [(len(g), sum(succeeded(r.reward, threshold) for r in g)) for g in groups]
     fewest = min(n for n, _ in tallies)
     return {str(k): fmean(pass_at_k(n, c, k) for n, c in tallies) for k in k_values(fewest)}
-
-
-def _metric_means(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean of every numeric rubric metric vf-eval saved (a row's `metrics`), over the rollouts
-    that have it, in the rubric's order."""
-    values: dict[str, list[float]] = defaultdict(list)
-    for row in rows:
-        metrics = row.get("metrics")
-        for name, value in metrics.items() if isinstance(metrics, dict) else ():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                values[name].append(value)
-    return {name: fmean(v) for name, v in values.items()}
 
 
 def _share(
@@ -326,7 +222,7 @@ def render_markdown(report: Report) -> str:
         ("results", [f"`{run.results}`" for run in runs]),
         ("env args", [json_cell(run.env_args) for run in runs]),
         ("sampling", [json_cell(run.sampling_args) for run in runs]),
-        ("examples × rollouts", [_shape(run) for run in runs]),
+        ("examples × rollouts", [shape(run) for run in runs]),
         ("**mean reward** [95% CI]", [format_estimate(run.reward) for run in runs]),
         *paired,
         *[
@@ -398,7 +294,8 @@ def ordered_keys(dicts: Iterable[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(key for d in dicts for key in d))
 
 
-def _shape(run: RunSummary) -> str:
+def shape(run: RunSummary) -> str:
+    """Examples × rollouts per example (the run and sweep tables' cell)."""
     if run.rollouts_per_example is None:
         return f"{run.num_examples} examples, {run.num_rollouts} rollouts (uneven)"
     return f"{run.num_examples} × {run.rollouts_per_example}"
@@ -425,38 +322,3 @@ def format_percent(share: float | None) -> str:
 def json_cell(value: dict[str, Any] | None) -> str:
     """Compact JSON in code style for a table cell; "?" when unknown."""
     return "?" if value is None else f"`{json.dumps(value, separators=(',', ':'))}`"
-
-
-# ---- rejection-sampled chat data ------------------------------------------------------------
-
-
-def export_chat_jsonl(runs: Sequence[Run], path: str | Path, min_reward: float) -> tuple[int, int]:
-    """Write every rollout of `runs` with reward >= `min_reward` that did not error as one chat
-    example per line, atomically, and return (kept, total rollouts).
-
-    A line is `{"messages": prompt + completion}` with the messages exactly as vf-eval saved them
-    (tool calls, which it saves as JSON strings, and tool messages included), plus `"tools"`, the
-    environment's tool definitions as saved, when the rollout had tools: a chat template needs
-    them to render tool calls.
-    """
-    lines = [
-        json.dumps(_chat_example(run, rollout))
-        for run in runs
-        for rollout in run.rollouts
-        if not errored(rollout.row) and succeeded(rollout.reward, min_reward)
-    ]
-    atomic_write_text(path, "".join(line + "\n" for line in lines))
-    return len(lines), sum(len(run.rollouts) for run in runs)
-
-
-def _chat_example(run: Run, rollout: Rollout) -> dict[str, Any]:
-    prompt, completion = rollout.row.get("prompt"), rollout.row.get("completion")
-    if not isinstance(prompt, list) or not isinstance(completion, list):
-        raise ResultsError(
-            f"{run.results}:{rollout.line}: prompt and completion are not chat messages "
-            "(a text-completion environment); chat export needs messages"
-        )
-    example: dict[str, Any] = {"messages": prompt + completion}
-    if rollout.row.get("tool_defs"):
-        example["tools"] = rollout.row["tool_defs"]
-    return example

@@ -5,7 +5,8 @@ An evaluation draws a few rollouts of each of a few examples. The rollouts of on
 its difficulty, so they are correlated: treating them as independent samples makes intervals too
 narrow (with many rollouts per example, far too narrow). Here the example is the unit of
 independence throughout, and intervals use Student's t because evaluations often have only a
-handful of examples, where the normal approximation is optimistic too.
+handful of examples, where the normal approximation is optimistic too. `percentile` serves the
+benchmarks' latency summaries.
 """
 
 from __future__ import annotations
@@ -72,3 +73,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def k_values(n: int) -> list[int]:
     """The k reported for n rollouts per example: 1, 2, 4, ... up to n."""
     return [2**i for i in range(n.bit_length())]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), interpolating linearly between the closest ranks (numpy's
+    default; q=50 is the median). NaN when there are no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    position = min(max(q, 0.0), 100.0) / 100 * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

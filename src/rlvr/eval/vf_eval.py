@@ -9,12 +9,17 @@ reports read too).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlvr.data.jsonl import iter_jsonl
 
 # The vf-eval installed with this interpreter (the project's venv), not whichever is on PATH.
 VF_EVAL = Path(sys.executable).parent / "vf-eval"
@@ -40,17 +45,10 @@ def iter_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     line included: verifiers skips that one silently, but a report over an interrupted run must
     say so rather than quietly count fewer rollouts.
     """
-    with Path(path).open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ResultsError(f"{path}:{number}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ResultsError(f"{path}:{number}: a rollout must be a JSON object")
-            yield number, row
+    for number, row in iter_jsonl(path, ResultsError):
+        if not isinstance(row, dict):
+            raise ResultsError(f"{path}:{number}: a rollout must be a JSON object")
+        yield number, row
 
 
 def _failure(message: str, proc: subprocess.CompletedProcess[str]) -> RuntimeError:
@@ -108,3 +106,98 @@ def run_vf_eval(
     if not results:
         raise _failure(f"vf-eval {env_id} saved no results under {output_dir}", proc)
     return [row for path in results for _, row in iter_results(path)]
+
+
+# ---- a saved run ----------------------------------------------------------------------------
+
+
+# A weighted rubric sum meant to be exactly 1.0 can come out as 0.9999999999999999; rounding
+# must not turn a success into a failure.
+SUCCESS_TOLERANCE = 1e-9
+
+
+def succeeded(reward: float, bar: float) -> bool:
+    """reward >= bar, up to float rounding (SUCCESS_TOLERANCE)."""
+    return reward >= bar - SUCCESS_TOLERANCE
+
+
+def errored(row: dict[str, Any]) -> bool:
+    """vf-eval saves `error` with every rollout: None when it ran cleanly, the error's type and
+    chain when the model call, a tool or the environment raised."""
+    return row.get("error") is not None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One saved rollout: where it was saved, the fields every number needs (checked), and the
+    row as vf-eval saved it."""
+
+    line: int
+    example_id: int
+    reward: float
+    row: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Run:
+    """The rollouts and metadata of one vf-eval run, under the name the report gives it."""
+
+    name: str
+    results: Path
+    metadata: dict[str, Any]
+    rollouts: list[Rollout]
+
+    def by_example(self) -> dict[int, list[Rollout]]:
+        """Rollouts grouped by example id, in the order of first appearance."""
+        groups: dict[int, list[Rollout]] = defaultdict(list)
+        for rollout in self.rollouts:
+            groups[rollout.example_id].append(rollout)
+        return dict(groups)
+
+
+def load_run(run_dir: str | Path, name: str) -> Run:
+    """Read the one vf-eval run saved below `run_dir` (its `-o` directory or any folder inside).
+
+    Raises ResultsError when there is no run, more than one (which one was meant is not ours to
+    guess), a malformed line, or a rollout without a numeric reward or integer example id.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ResultsError(f"{run_dir}: no such directory")
+    found = find_results(run_dir)
+    if not found:
+        raise ResultsError(f"{run_dir}: no results.jsonl below it (vf-eval saves one with -s)")
+    if len(found) > 1:
+        listing = "".join(f"\n  {path.parent}" for path in found)
+        raise ResultsError(f"{run_dir} holds {len(found)} vf-eval runs; pass one of:{listing}")
+    results = found[0]
+    rollouts = [_rollout(results, line, row) for line, row in iter_results(results)]
+    if not rollouts:
+        raise ResultsError(f"{results}: no rollouts")
+    return Run(name, results, _metadata(results.parent / "metadata.json"), rollouts)
+
+
+def _rollout(path: Path, line: int, row: dict[str, Any]) -> Rollout:
+    if "reward" not in row:
+        raise ResultsError(f"{path}:{line}: no 'reward' field")
+    reward = row["reward"]
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise ResultsError(f"{path}:{line}: reward {reward!r} is not a finite number")
+    example_id = row.get("example_id")
+    if isinstance(example_id, bool) or not isinstance(example_id, int):
+        raise ResultsError(f"{path}:{line}: example_id {example_id!r} is not an integer")
+    return Rollout(line, example_id, float(reward), row)
+
+
+def _metadata(path: Path) -> dict[str, Any]:
+    """vf-eval's metadata.json beside the results; {} when absent (the rows alone still report,
+    without environment, model and sampling)."""
+    if not path.is_file():
+        return {}
+    try:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: not valid JSON ({e.msg})") from None
+    if not isinstance(metadata, dict):
+        raise ResultsError(f"{path}: metadata must be a JSON object")
+    return metadata

@@ -107,7 +107,7 @@ def build_samples(
     gen_tokens = batch.completion_tokens
     metrics: dict[str, float] = {
         **distribution("reward", [r.reward for r in rollouts]),
-        **metric_means([r.metrics for r in rollouts], "env"),
+        **dict(sorted(metric_means([r.metrics for r in rollouts], "env").items())),
         "rollouts/count": len(rollouts),
         "rollouts/errored": batch.errored,
         "rollouts/truncated": sum(r.truncated for r in rollouts),

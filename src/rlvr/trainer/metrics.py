@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import statistics
+from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +52,19 @@ def distribution(prefix: str, values: list[float]) -> dict[str, float]:
     }
 
 
-def metric_means(metric_dicts: list[dict[str, float]], prefix: str) -> dict[str, float]:
-    """Mean of every rubric metric over the rollouts that report it."""
-    names = sorted({k for m in metric_dicts for k in m})
-    out = {}
-    for name in names:
-        values = [m[name] for m in metric_dicts if name in m]
-        out[f"{prefix}/{name}"] = mean(values)
-    return out
+def metric_means(metric_dicts: Iterable[Any], prefix: str = "") -> dict[str, float]:
+    """Mean of every numeric rubric metric over the rollouts that report it, in the order of
+    first appearance, named `prefix/name` (just `name` without a prefix). Entries that are not
+    mappings, and values that are not numbers (booleans included), are left out. The trainer's
+    `env/` means and the evaluation reports' metric columns both come from here."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for metrics in metric_dicts:
+        for name, value in metrics.items() if isinstance(metrics, dict) else ():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                values[name].append(value)
+    return {
+        f"{prefix}/{name}" if prefix else name: statistics.fmean(v) for name, v in values.items()
+    }
 
 
 class RunLogger:

@@ -11,22 +11,20 @@ from pathlib import Path
 from rlvr.atomic import atomic_write_text
 from rlvr.eval.report import (
     Comparison,
-    Rollout,
-    Run,
     RunSummary,
     compare,
     format_estimate,
     format_number,
     format_percent,
     json_cell,
-    load_run,
     ordered_keys,
+    shape,
     summarize,
     table_row,
 )
 from rlvr.eval.sweep.inputs import ALL_SEEDS, CELLS, Cell, ModelEntry, Setting, Shared, Sweep
 from rlvr.eval.sweep.run import is_done
-from rlvr.eval.vf_eval import ResultsError
+from rlvr.eval.vf_eval import ResultsError, Rollout, Run, load_run
 
 
 @dataclass(frozen=True)
@@ -144,13 +142,8 @@ def _metric_tables(report: SweepReport) -> list[tuple[str, Callable[[RunSummary]
         ("errored rollouts", lambda s: format_percent(s.errored)),
         ("truncated rollouts", lambda s: format_percent(s.truncated)),
         ("completion tokens (mean)", lambda s: format_number(s.completion_tokens, 1)),
-        ("examples × rollouts per example", _shape),
+        ("examples × rollouts per example", shape),
     ]
-
-
-def _shape(summary: RunSummary) -> str:
-    per_example = summary.rollouts_per_example
-    return f"{summary.num_examples} × {per_example if per_example else 'uneven'}"
 
 
 def render_sweep_markdown(report: SweepReport, plots: Iterable[tuple[str, str]] = ()) -> str:
