@@ -1,5 +1,6 @@
-"""Shared bits of the benchmarks: summary statistics (percentiles from rlvr.eval.stats) and saving results as JSON
-beside the printout (every benchmark writes the same envelope: benchmark, date, machine)."""
+"""Shared bits of the benchmarks: summary statistics (percentiles from rlvr.eval.stats) and saving
+results as JSON beside the printout (every benchmark writes the same envelope: benchmark, date,
+machine)."""
 
 from __future__ import annotations
 
