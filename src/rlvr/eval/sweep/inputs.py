@@ -100,6 +100,12 @@ class Sweep:
         return args
 
 
+def is_done(cell_dir: Path) -> bool:
+    """A cell is finished when its directory exists (with its cell.json): the directory only
+    appears, complete, once vf-eval has saved its results (see `rlvr.eval.sweep.run`)."""
+    return (cell_dir / "cell.json").is_file()
+
+
 def directory_name(label: str) -> str:
     """A directory name for a label: characters other than letters, digits and `._=-` become
     `_` (labels that collide this way are refused when the sweep is planned)."""

@@ -22,8 +22,16 @@ from rlvr.eval.report import (
     summarize,
     table_row,
 )
-from rlvr.eval.sweep.inputs import ALL_SEEDS, CELLS, Cell, ModelEntry, Setting, Shared, Sweep
-from rlvr.eval.sweep.run import is_done
+from rlvr.eval.sweep.inputs import (
+    ALL_SEEDS,
+    CELLS,
+    Cell,
+    ModelEntry,
+    Setting,
+    Shared,
+    Sweep,
+    is_done,
+)
 from rlvr.eval.vf_eval import ResultsError, Rollout, Run, load_run
 
 
