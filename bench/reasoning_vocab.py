@@ -55,7 +55,8 @@ KEYS = (*CURVES, SPEED)
 def expanded_model(out: Path, size: int) -> Path:
     """The embedded model with `size` reasoning ids, written once under `out`."""
     from rlvr.config import ModelConfig
-    from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_checkpoint
+    from rlvr.reasoning_vocab.expand import expand_checkpoint
+    from rlvr.reasoning_vocab.mapping import ReasoningVocab
 
     path = out / "models" / f"{BASE_MODEL}-rv{size}"
     vocab = ReasoningVocab.load(path)

@@ -15,13 +15,13 @@ from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from rlvr.config import ConfigError, LoraConfig, ModelConfig, load_config
 from rlvr.model.policy import load_policy, merge_adapter, save_final
+from rlvr.reasoning_vocab.expand import expand_checkpoint
 from rlvr.reasoning_vocab.gate import ThinkGate, ThinkTracker
 from rlvr.reasoning_vocab.mapping import (
     MARKER,
     ReasoningVocab,
     attach,
     copyable_ids,
-    expand_checkpoint,
     load_tokenizer,
     with_trained_rows,
 )

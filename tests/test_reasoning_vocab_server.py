@@ -20,8 +20,9 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
 
 from rlvr.config import ModelConfig, load_config
+from rlvr.reasoning_vocab.expand import expand_checkpoint
 from rlvr.reasoning_vocab.gate import ThinkGate
-from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_checkpoint, load_tokenizer
+from rlvr.reasoning_vocab.mapping import ReasoningVocab, load_tokenizer
 from rlvr.reasoning_vocab.vllm import ReasoningVocabLogitsProcessor
 from rlvr.server.launcher import LaunchError, build_parser, vllm_command
 from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE, register_reasoning_vocab_tokenizer

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from rlvr.atomic import atomic_directory, atomic_write_text
+from rlvr.atomic import atomic_write_text
 from rlvr.config import ConfigError, ModelConfig, delimiters_ok
 
 MAPPING_FILE = "reasoning_vocab.json"
@@ -300,30 +300,6 @@ def attach(
     if not decodes_reasoning(tokenizer, saved):
         tokenizer = expand_tokenizer(tokenizer, saved)
     return tokenizer, saved
-
-
-def expand_checkpoint(
-    model_cfg: ModelConfig, out_dir: str | Path, dtype: torch.dtype | None = None
-) -> Path:
-    """Write `model_cfg.name` expanded by `model_cfg.reasoning_vocab_size` copies as a plain
-    model directory (weights, expanded tokenizer, mapping) that vf-vllm serves; atomic."""
-    from transformers import AutoModelForCausalLM
-
-    from rlvr.model.names import resolve_model
-
-    if model_cfg.reasoning_vocab_size == 0:
-        raise ConfigError("model.reasoning_vocab_size=0: nothing to expand")
-    path = resolve_model(model_cfg.name)
-    if ReasoningVocab.load(path) is not None:
-        raise ReasoningVocabError(f"{path} already carries a reasoning vocabulary")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
-    tokenizer, vocab = attach(model, load_tokenizer(path), model_cfg, path)
-    out = Path(out_dir)
-    with atomic_directory(out, replace=True) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        vocab.save(tmp)
-    return out
 
 
 # ---- metrics ------------------------------------------------------------------------------
