@@ -19,8 +19,8 @@ What the estimate counts, per rank (`MemoryEstimate`):
 - activations: what autograd saves for backward, per token and per decoder layer of a
   Llama-style block: the two RMSNorms' float32 inputs and outputs, attention's q, k, v and
   output, and the MLP's gate, up, activation and product (SmolLM2 + LoRA: 10.1k float32 values,
-  40 KB, per token per layer, as saved-tensor hooks count them; tests/test_memory.py checks the
-  formula against them). With gradient checkpointing each layer keeps only its input, and
+  40 KB, per token per layer, as saved-tensor hooks count them; tests/unit/trainer/test_memory.py
+  checks the formula against them). With gradient checkpointing each layer keeps only its input, and
   backward recomputes one layer at a time beside its gradients. A padding slot costs what a
   token costs, so the count is in slots (rows x widest row, see `rlvr.trainer.micro_batches`). Plus
   the output head's share in `rlvr.trainer.logprobs`, every slot taken as a loss token (the worst

@@ -24,7 +24,7 @@ from rlvr.eval.vf_eval import find_results, iter_results
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 READMES = [ROOT / "README.md", *sorted(ROOT.glob("environments/vf_*/README.md"))]
 QUICKSTART = re.compile(r"^## Quickstart.*?$(.*?)^## ", re.MULTILINE | re.DOTALL)
 BASH_BLOCK = re.compile(r"^```bash$(.*?)^```$", re.MULTILINE | re.DOTALL)

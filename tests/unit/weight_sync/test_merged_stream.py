@@ -14,7 +14,7 @@ from rlvr.config import LoraConfig
 from rlvr.model.policy import apply_lora
 from rlvr.weight_sync.merged_stream import MergedWeightSource, hf_name
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def tiny_model(tie: bool = False) -> Qwen2ForCausalLM:

@@ -16,7 +16,7 @@ from rlvr.config import ConfigError, load_config
 from rlvr.trainer import memory
 from rlvr.trainer.memory import GIB, Budget, ModelShape, estimate, plan_memory
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def llama(layers: int = 2) -> torch.nn.Module:

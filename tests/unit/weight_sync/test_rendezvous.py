@@ -23,7 +23,7 @@ from rlvr.weight_sync.rendezvous import (
     with_deadline,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def is_local(address: str) -> bool:

@@ -24,7 +24,7 @@ from rlvr.eval.plots import (
 )
 from rlvr.eval.stats import Estimate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -89,7 +89,7 @@ def test_example_configs_load():
 
     from rlvr.config import SFTConfig
 
-    examples = sorted((Path(__file__).parents[1] / "configs" / "examples").glob("*.yaml"))
+    examples = sorted((Path(__file__).parents[3] / "configs" / "examples").glob("*.yaml"))
     assert examples, "configs/examples/ holds example run configs"
     for path in examples:  # sft_*.yaml are scripts/sft.py's, the rest scripts/train.py's
         load_config(path, cls=SFTConfig if path.name.startswith("sft_") else Config)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from verifiers.scripts import eval as vf_eval_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENTS = ["vf-deepscaler", "vf-musique", "vf-openspiel", "vf-planner"]
 SHARED = {
     "replies.py": ENVIRONMENTS,

@@ -2,7 +2,7 @@
 unset, the way vf-eval 0.1.14 calls `generate` without `-t` (`max_tokens: None`, which replaces
 the environment's own `sampling_args` in verifiers' merge), and never override a value the
 caller set; the trainer takes them unless its run config sets `sampling.max_tokens`. The same
-through `vf-eval` itself on a real server: test_readme_commands.py."""
+through `vf-eval` itself on a real server: tests/integration/test_readme_commands.py."""
 
 from __future__ import annotations
 

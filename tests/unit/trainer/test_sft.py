@@ -35,7 +35,7 @@ from rlvr.trainer.loss import normalised_loss
 from rlvr.trainer.micro_batches import collate, rank_micro_batches
 from rlvr.trainer.sft import SFTTrainer, nll_sum
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 LORA_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
 
 

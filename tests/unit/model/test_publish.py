@@ -22,7 +22,7 @@ from rlvr.eval.stats import Estimate
 from rlvr.model.publish import RunRecord, demote_headings, hub_id, model_card, read_run
 from rlvr.model.tiny_model import build_tiny_adapter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "merge_adapter.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REWARDS = [0.1, 0.2, 0.3, 0.5, 0.6, 0.7]

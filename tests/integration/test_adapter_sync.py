@@ -108,26 +108,6 @@ def test_adapter_sync_uploads_to_a_server_on_another_host(tiny_server):
     assert (served - trainer_logprobs(model, IDS)).abs().max() < 1e-4
 
 
-def test_adapter_sync_problems_are_named():
-    from rlvr.weight_sync.adapter import adapter_sync_problem
-
-    assert adapter_sync_problem(_lora_model(["q_proj"]), 16) is None
-    assert "lm_head" in adapter_sync_problem(_lora_model(["q_proj", "lm_head"]), 16)
-    assert "--max-lora-rank 8" in adapter_sync_problem(_lora_model(["q_proj"], rank=16), 8)
-    assert adapter_sync_problem(_lora_model(["q_proj"], rank=16), 16) is None
-    assert "--enable-lora" in adapter_sync_problem(_lora_model(["q_proj"]), None)
-
-
-def _lora_model(targets, rank: int = 4):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from rlvr.model.policy import apply_lora
-
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
-    return apply_lora(Qwen2ForCausalLM(config), LoraConfig(rank=rank, target_modules=targets))
-
-
 @integration
 @pytest.mark.slow
 def test_adapter_sync_grpo_raises_reward(smollm2_server, tmp_path):
@@ -263,7 +243,7 @@ def test_adapter_sync_trainer_killed_mid_push_leaves_the_previous_adapter(tiny_s
     from rlvr.weight_sync.adapter import AdapterSync
     from rlvr.weight_sync.push import ServerControl
 
-    tests = str(Path(__file__).resolve().parent)
+    tests = str(Path(__file__).resolve().parents[1])
     script = DYING_TRAINER.format(tests=tests, model_dir=str(tiny_server.model_dir),
                                   url=tiny_server.base_url)  # fmt: skip
     dead = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -281,17 +261,6 @@ def test_adapter_sync_trainer_killed_mid_push_leaves_the_previous_adapter(tiny_s
         assert "takeover-v0" not in served_names(tiny_server)
         sync.push()
         assert (server_logprobs(served, IDS) - trainer_logprobs(newer, IDS)).abs().max() < 1e-4
-
-
-def test_vf_vllm_enable_lora_defaults():
-    from rlvr.server.launcher import engine_env, lora_defaults, lora_flags
-
-    assert lora_defaults(["--enable-lora"]) == ["--max-lora-rank", "64", "--max-loras", "2"]
-    assert lora_defaults(["--enable-lora", "--max-lora-rank", "8"]) == ["--max-loras", "2"]
-    assert lora_defaults([]) == []
-    assert lora_flags(16) == ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "2"]
-    assert lora_flags(20)[2] == "32"  # the next rank vLLM accepts
-    assert engine_env(False, "cpu", lora=True)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
 
 
 def planner_env(shared_data, **extra):

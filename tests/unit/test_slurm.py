@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/examples/deepscaler_zero3.yaml"  # model.name: Qwen/Qwen2.5-7B-Instruct
 SFT_CONFIG = "configs/examples/sft_smollm2_cpu.yaml"
 
