@@ -2,7 +2,8 @@
 trainer in a background thread (`RolloutWorker`), at most `batch.async_level` steps ahead.
 
 The client and per-request sampling arguments are in `rlvr.rollouts.client`; how a finished rollout
-becomes token samples with loss masks is in `rlvr.rollouts.to_samples`.
+becomes token samples with loss masks is in `rlvr.rollouts.to_samples`. One prompt's group of
+rollouts is `rlvr.rollouts.groups`; which rows become prompts, `rlvr.rollouts.prompts`.
 """
 
 from __future__ import annotations
@@ -14,160 +15,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rlvr.config import Config
-from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args, request_seed
-from rlvr.rollouts.to_samples import (
-    MissingTokensError,
-    RolloutResult,
-    message_field,
-    rollout_result,
-)
+from rlvr.rollouts.groups import GroupResult, StepBatch, run_group
+from rlvr.rollouts.prompts import PromptOrder
+from rlvr.rollouts.request_args import build_sampling_args, request_seed
 
 log = logging.getLogger(__name__)
-
-
-def prompt_length_filter(
-    tokenizer: Any, max_len: int, tool_defs: list | None = None
-) -> Callable[[dict], bool]:
-    """A predicate: does this dataset row's prompt, rendered with the chat template (and the
-    environment's tools), fit in `max_len` tokens?"""
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": message_field(t, "name"),
-                "description": message_field(t, "description"),
-                "parameters": message_field(t, "parameters"),
-            },
-        }
-        for t in tool_defs or []
-    ] or None
-
-    def fits(row: dict) -> bool:
-        prompt = row["prompt"]
-        if isinstance(prompt, str):
-            prompt = [{"role": "user", "content": prompt}]
-        messages = [
-            {"role": message_field(m, "role"), "content": message_field(m, "content")}
-            for m in prompt
-        ]
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False
-        )
-        return len(tokenizer.encode(text, add_special_tokens=False)) <= max_len
-
-    return fits
-
-
-@dataclass
-class GroupResult:
-    """The rollouts of one prompt that finished without error, and how many errored."""
-
-    rollouts: list[RolloutResult]
-    errored: int = 0
-    errors: list[str] = field(default_factory=list)
-
-
-async def run_group(
-    env: Any,
-    client: Any,
-    model: str,
-    row: dict,
-    sampling_args: list[dict[str, Any]],
-    max_seq_len: int,
-    mask_truncated: bool,
-) -> GroupResult:
-    """Generate and score one group (len(sampling_args) rollouts of `row`).
-
-    Mirrors verifiers' own group runner (rollouts, then `rubric.score_group`, then cleanup)
-    through public methods, because its public `run_group` returns serialised outputs without
-    the token trajectory. A rollout that raises or ends with `state["error"]` is dropped and
-    counted; the others are scored together.
-    """
-    results = await asyncio.gather(
-        *(env.rollout(dict(row), client, model, args) for args in sampling_args),
-        return_exceptions=True,
-    )
-    states = []
-    errors = []
-    for result in results:
-        if isinstance(result, MissingTokensError | SamplingFilterError):
-            raise result  # no rollout of this run could train: stop it, naming the cause
-        if isinstance(result, BaseException):
-            errors.append(f"{type(result).__name__}: {result}")
-        elif result.get("error") is not None:
-            errors.append(repr(result["error"]))
-        else:
-            states.append(result)
-    if states:
-        if env.score_rollouts:
-            await env.rubric.score_group(states)
-        else:
-            await env.rubric.dummy_score_group(states)
-    for state in states:
-        await env.rubric.cleanup(state)
-    rollouts = [rollout_result(s, max_seq_len, mask_truncated) for s in states]
-    return GroupResult(rollouts, errored=len(errors), errors=errors)
-
-
-class PromptOrder:
-    """The order in which dataset rows are used: epoch e walks a permutation seeded by
-    (seed, e). A position in this stream (saved in checkpoints) is all a resumed run needs to
-    continue with exactly the rows the interrupted run would have used next."""
-
-    def __init__(self, num_rows: int, seed: int):
-        if num_rows < 1:
-            raise ValueError("the environment's training dataset is empty")
-        self.num_rows = num_rows
-        self.seed = seed
-        self._perms: dict[int, list[int]] = {}
-
-    def _perm(self, epoch: int) -> list[int]:
-        if epoch not in self._perms:
-            import random
-
-            perm = list(range(self.num_rows))
-            random.Random(self.seed * 100_003 + epoch).shuffle(perm)
-            self._perms = {epoch: perm}
-        return self._perms[epoch]
-
-    def rows(self, start: int, count: int) -> list[int]:
-        return [
-            self._perm(p // self.num_rows)[p % self.num_rows] for p in range(start, start + count)
-        ]
-
-
-@dataclass
-class StepBatch:
-    """All groups for one training step, with the bookkeeping the logs need."""
-
-    step: int
-    groups: list[GroupResult]
-    data_position: int
-    """Position in the prompt order after this batch (where the next batch starts)."""
-    skipped_prompts: int
-    """Rows passed over because their prompt is longer than batch.max_prompt_len."""
-    generate_s: float
-    """Wall time from starting the step's rollouts to the last group finishing."""
-    min_policy_version: int
-    """The weight version the server held when these rollouts started: under adapter sync the
-    version that generated all of them; merged pushes may change the weights mid-batch."""
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def rollouts(self) -> list[RolloutResult]:
-        return [r for g in self.groups for r in g.rollouts]
-
-    @property
-    def errored(self) -> int:
-        return sum(g.errored for g in self.groups)
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(r.completion_tokens for r in self.rollouts)
 
 
 @dataclass

@@ -33,8 +33,10 @@ from rlvr.model.policy import load_model, load_policy, reference_mode, save_fina
 from rlvr.reasoning_vocab.gate import ThinkGate
 from rlvr.reasoning_vocab.mapping import row_cosines
 from rlvr.rollouts.client import make_client
+from rlvr.rollouts.groups import GroupResult, StepBatch
+from rlvr.rollouts.prompts import prompt_length_filter
 from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args
-from rlvr.rollouts.worker import GroupResult, RolloutWorker, StepBatch, prompt_length_filter
+from rlvr.rollouts.worker import RolloutWorker
 from rlvr.trainer.advantages import group_advantages
 from rlvr.trainer.cadence import Schedule, run_steps
 from rlvr.trainer.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint

@@ -20,6 +20,8 @@ from transformers import AutoTokenizer
 
 from rlvr.config import ConfigError, load_config
 from rlvr.rollouts.client import RolloutClient
+from rlvr.rollouts.groups import GroupResult, StepBatch, run_group
+from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import (
     FALLBACK_MAX_TOKENS,
     SamplingFilterError,
@@ -28,7 +30,7 @@ from rlvr.rollouts.request_args import (
     turn_seed,
 )
 from rlvr.rollouts.to_samples import MissingTokensError, RolloutResult, trajectory_samples
-from rlvr.rollouts.worker import GroupResult, PromptOrder, RolloutWorker, StepBatch, run_group
+from rlvr.rollouts.worker import RolloutWorker
 from rlvr.trainer.grpo import build_samples
 from rlvr.trainer.micro_batches import Sample
 
