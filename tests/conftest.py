@@ -107,3 +107,22 @@ def tiny_lora_server(tiny_model_dir, tiny_adapter_dir, tmp_path_factory):
             adapter_dir=tiny_adapter_dir,
             sampling_args=TINY_SAMPLING,
         )
+
+
+@pytest.fixture(scope="module")
+def rv_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with a copy of every non-special token."""
+    from rlvr.config import ModelConfig
+    from rlvr.reasoning_vocab.expand import expand_checkpoint
+
+    cfg = ModelConfig(name=str(tiny_model_dir), reasoning_vocab_size=-1)
+    return expand_checkpoint(cfg, tmp_path_factory.mktemp("models") / "tiny-rv")
+
+
+@pytest.fixture(scope="module")
+def gate(rv_model_dir):
+    """The think gate of `rv_model_dir`."""
+    from rlvr.reasoning_vocab.gate import ThinkGate
+    from rlvr.reasoning_vocab.mapping import ReasoningVocab, load_tokenizer
+
+    return ThinkGate.from_tokenizer(ReasoningVocab.load(rv_model_dir), load_tokenizer(rv_model_dir))

@@ -9,21 +9,16 @@ merged model's, and environment rows come back scored by the environment's rubri
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from unit.eval.test_predict import greedy_texts_agree, write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "predict.py"
-
-
-def write_lines(path: Path, *lines: str) -> Path:
-    path.write_text("".join(line + "\n" for line in lines))
-    return path
 
 
 def run_predict(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -55,23 +50,6 @@ def served_answer(server, messages: list[dict], max_tokens: int) -> tuple[str, l
     response.raise_for_status()
     choice = response.json()["choices"][0]
     return choice["message"]["content"], choice["logprobs"]["content"]
-
-
-def greedy_texts_agree(text: str, served: str, entries: list[dict], tie: float = 1e-4) -> bool:
-    """Equal, or equal up to the token where the served answer's best two logprobs were within
-    `tie`: predict batches its requests, and another batch shape rounds differently, which can
-    flip a near-tie of the random tiny model (and everything after it)."""
-    if text == served:
-        return True
-    ours, theirs = text.encode(), served.encode()
-    common = len(os.path.commonprefix([ours, theirs]))
-    end = 0
-    for entry in entries:
-        end += len(entry["bytes"] or b"")
-        if end > common:
-            best, second = (top["logprob"] for top in entry["top_logprobs"][:2])
-            return best - second < tie
-    return False
 
 
 def answer_logprobs(model, prompt_ids: list[int], answer_ids: list[int]):

@@ -4,96 +4,11 @@ keeps groups whole across ranks."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import pytest
 import torch
-from accelerate import Accelerator
-
-from rlvr.config import load_config
-from rlvr.model.policy import load_policy, reference_mode
-from rlvr.reasoning_vocab.gate import ThinkGate
-from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import Sample
-
-ATOL = 1e-5
-
-
-def rollout(prompt: list[int], turns: list[tuple[list[int], bool]], g: torch.Generator) -> Sample:
-    """A sample of `prompt` then `turns` (ids, sampled by the policy?), with made-up sampler
-    log-probabilities on the sampled tokens (ratios away from 1) and a random advantage."""
-    ids, mask = list(prompt), [0] * len(prompt)
-    for tokens, sampled in turns:
-        ids += tokens
-        mask += [int(sampled)] * len(tokens)
-    logprobs = [-float(torch.rand(1, generator=g)) * 4 * m for m in mask]
-    return Sample(ids, mask, logprobs, float(torch.randn(1, generator=g)))
-
-
-def step_samples(encode) -> list[Sample]:
-    """Two single-turn groups of different prompt lengths (the long one opens a think span
-    that its completions continue), and a multi-turn group whose first rollout split into two
-    samples that share the prompt and the first turn."""
-    g = torch.Generator().manual_seed(0)
-    system = "You are a careful assistant: reason inside think tags, then answer briefly. "
-    long_prompt = encode(system + "Question: what is two and two? Think first. <think>")
-    short_prompt = encode(system + "Q: 3+4? <think>")
-    answers = [" two and two make four </think> 4", " so </think> The answer is 4", " four",
-               " hmm, five? no </think> four"]  # fmt: skip
-    samples = [rollout(long_prompt, [(encode(a), True)], g) for a in answers]
-    samples += [rollout(short_prompt, [(encode(a), True)], g) for a in answers[:3]]
-    game = encode("You play tic-tac-toe against an opponent on a 3x3 board. Your move:")
-    first, env, later = encode(" X at 5"), encode(" O at 1. Your move:"), encode(" X at 9")
-    samples += [
-        rollout(game, [(first, True), (env, False), (later, True)], g),
-        # the same rollout's next turn, re-rendered: shares the prompt and the first turn
-        rollout(game, [(first, True), (encode(" O at one. Move:"), False), (later, True)], g),
-        rollout(game, [(encode(" X at 1"), True), (env, False)], g),
-    ]
-    return samples
-
-
-@pytest.fixture(scope="module")
-def samples(tiny_model_dir) -> list[Sample]:
-    from rlvr.reasoning_vocab.mapping import load_tokenizer
-
-    tokenizer = load_tokenizer(tiny_model_dir)
-    return step_samples(lambda text: tokenizer.encode(text, add_special_tokens=False))
-
-
-def policy(model_dir, lora: bool, checkpointing: bool, attention: str = "sdpa", device="cpu"):
-    """The trainer's policy (expanded with a reasoning vocabulary, so the gate applies) in
-    float32 on `device` with `attention`, its reference scorer and its gate. The policy is
-    moved off its initial weights so that the KL to the reference is not zero."""
-    cfg = load_config(overrides=[
-        f"model.name={model_dir}", "model.dtype=float32", "model.reasoning_vocab_size=-1",
-        f"model.gradient_checkpointing={str(checkpointing).lower()}",
-        f"model.attn_implementation={attention}",
-        f"lora.enabled={str(lora).lower()}", "lora.target_modules=[q_proj,v_proj,up_proj]",
-        "loss.beta=0.1", "loss.clip_low=0.2", "loss.clip_high=0.3", "sampling.temperature=0.8",
-        "batch.micro_batch_size=4",
-    ])  # fmt: skip
-    torch.manual_seed(0)
-    accelerator = Accelerator(cpu=device == "cpu")
-    loaded = load_policy(cfg.model, cfg.lora, accelerator, keep_reference=True)
-    model = loaded.model.to(device)
-    frozen = None
-    if not lora:
-        frozen = load_policy(cfg.model, cfg.lora, accelerator).model.eval().to(device)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.02)
-
-    def reference(mb, mask_logits):
-        context = reference_mode(model) if lora else contextlib.nullcontext()
-        with torch.no_grad(), context:
-            scorer = model if lora else frozen
-            return sequence_scores(scorer, mb, 0.8, mask_logits=mask_logits).logprobs
-
-    gate = ThinkGate.from_tokenizer(loaded.reasoning_vocab, loaded.tokenizer)
-    return model, cfg, reference, gate, loaded.pad_id
+from unit.trainer.test_prefix_tree import ATOL
 
 
 @pytest.mark.integration

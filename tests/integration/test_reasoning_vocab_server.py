@@ -11,24 +11,9 @@ import verifiers as vf
 from datasets import Dataset
 from tokenizers.decoders import DecodeStream
 
-from rlvr.config import ModelConfig, load_config
-from rlvr.reasoning_vocab.expand import expand_checkpoint
-from rlvr.reasoning_vocab.gate import ThinkGate
+from rlvr.config import load_config
 from rlvr.reasoning_vocab.mapping import ReasoningVocab, load_tokenizer
 from rlvr.trainer.grpo import Trainer
-
-
-@pytest.fixture(scope="module")
-def rv_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model with a copy of every non-special token."""
-    cfg = ModelConfig(name=str(tiny_model_dir), reasoning_vocab_size=-1)
-    return expand_checkpoint(cfg, tmp_path_factory.mktemp("models") / "tiny-rv")
-
-
-@pytest.fixture(scope="module")
-def gate(rv_model_dir):
-    return ThinkGate.from_tokenizer(ReasoningVocab.load(rv_model_dir), load_tokenizer(rv_model_dir))
-
 
 # ---- a real server ----------------------------------------------------------------------
 

@@ -7,15 +7,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-VF_VLLM = str(Path(sys.executable).with_name("vf-vllm"))
+from unit.server.test_server import VF_VLLM, run_launcher
 
 
 def engine_processes(marker: str) -> list[str]:
@@ -42,10 +40,6 @@ def gone_within(seconds: float, still_there: Callable[[], list]) -> list:
     while (left := still_there()) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
-
-
-def run_launcher(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([VF_VLLM, *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.integration
@@ -174,19 +168,3 @@ def test_concurrent_seeded_long_prompts_do_not_kill_the_cpu_engine(tiny_server):
     texts = asyncio.run(run_all())
     assert texts[-1] == texts[0]
     assert httpx.get(f"{tiny_server.root_url}/health", timeout=10).status_code == 200
-
-
-def command(model_dir, user_flags: list[str], cuda: bool = False) -> list[str]:
-    import argparse
-
-    from rlvr.server.launcher import vllm_command
-
-    args = argparse.Namespace(
-        model=str(model_dir),
-        served_model_name=None,
-        host="127.0.0.1",
-        port=8000,
-        api_key=None,
-        weight_transfer_backend="auto",
-    )
-    return vllm_command(args, user_flags, cuda=cuda)

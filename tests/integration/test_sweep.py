@@ -14,14 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from unit.eval.test_sweep import PNG_MAGIC, SCRIPT
 
 from rlvr.eval.report import summarize
 from rlvr.eval.sweep.run import load_sweep
 from rlvr.eval.vf_eval import iter_results, load_run
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "eval_sweep.py"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 # ---- the real vf-eval ------------------------------------------------------------------------

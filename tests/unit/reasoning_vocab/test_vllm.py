@@ -14,25 +14,10 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
 
-from rlvr.config import ModelConfig
-from rlvr.reasoning_vocab.expand import expand_checkpoint
-from rlvr.reasoning_vocab.gate import ThinkGate
-from rlvr.reasoning_vocab.mapping import ReasoningVocab, load_tokenizer
+from rlvr.reasoning_vocab.mapping import load_tokenizer
 from rlvr.reasoning_vocab.vllm import ReasoningVocabLogitsProcessor
 from rlvr.server.launcher import LaunchError, build_parser, vllm_command
 from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE, register_reasoning_vocab_tokenizer
-
-
-@pytest.fixture(scope="module")
-def rv_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model with a copy of every non-special token."""
-    cfg = ModelConfig(name=str(tiny_model_dir), reasoning_vocab_size=-1)
-    return expand_checkpoint(cfg, tmp_path_factory.mktemp("models") / "tiny-rv")
-
-
-@pytest.fixture(scope="module")
-def gate(rv_model_dir):
-    return ThinkGate.from_tokenizer(ReasoningVocab.load(rv_model_dir), load_tokenizer(rv_model_dir))
 
 
 @pytest.fixture(scope="module")
