@@ -1,8 +1,9 @@
 """The trainers' typed configurations: a YAML file plus dotted command-line overrides.
 
-One dataclass tree describes a run: `Config` for GRPO, `SFTConfig` for supervised fine-tuning
-(which shares the model, LoRA, optimizer, checkpoint and W&B sections, and their checks).
-`load_config(path, overrides)` reads the file, applies
+One dataclass tree describes a run: `Config` for GRPO (rlvr.config.grpo), `SFTConfig` for
+supervised fine-tuning (rlvr.config.sft; it shares the model, LoRA, optimizer, checkpoint and
+W&B sections of rlvr.config.sections, and their checks). This module knows no particular
+schema: `load_config(path, overrides, cls)` reads the file, applies
 overrides such as `optim.lr=1e-5` or `lora.enabled=false` (values are parsed as YAML, so
 `[q_proj, v_proj]` and `null` work), checks every value against the declared type and rejects
 unknown keys with the full dotted name, so a typo fails before any model is loaded instead of
