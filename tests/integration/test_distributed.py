@@ -2,7 +2,7 @@
 "host" (a network namespace) with tensor parallelism, ZeRO-3 across two trainer ranks, and a
 model whose generation_config.json carries sampling defaults.
 
-The README's "Multi-GPU and multi-node" section shows the commands these tests run.
+docs/scaling.md shows the commands these tests run.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_two_hosts_unreachable_transfer_host_fails_within_the_timeout(remote_tp_
     """A rendezvous address the server cannot reach (here our loopback, which inside its
     namespace is its own) fails after server.transfer_timeout_s, naming both addresses and
     the port, instead of hanging. Runs last on this server: vLLM leaves the second worker's
-    failed reply queued after a failed multi-worker call (see the README's troubleshooting)."""
+    failed reply queued after a failed multi-worker call (see docs/troubleshooting.md)."""
     from rlvr.weight_sync.push import WeightSync
 
     sync = WeightSync(remote_tp_server.base_url, backend="gloo", transfer_timeout_s=10,

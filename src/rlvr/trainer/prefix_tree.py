@@ -42,7 +42,7 @@ folded row's full width (the dense mask computes every W x W score, read or not)
 sdpa forfeits the causal fast path: on a CPU a masked pass costs about 1.5x an unmasked one.
 A sample joins a row only when it shares at least `MIN_SHARED_FRACTION` of its tokens with
 it, and a step whose fold saves less than `MIN_SAVED_FRACTION` of its tokens keeps the
-unshared layout (bench/train_step.py --parts prefix measures both sides; the README has the
+unshared layout (bench/train_step.py --parts prefix measures both sides; docs/training.md has the
 numbers).
 
 Micro-batches. A folded row is never wider than the unshared layout's largest micro-batch
@@ -84,7 +84,7 @@ MIN_SAVED_FRACTION = 0.5
 """Below this share of a step's tokens saved by folding, the step keeps the unshared layout.
 Measured on 2 CPU cores (SmolLM2, LoRA, sdpa): the mask alone makes a pass about 1.5x slower
 than causal attention without one (same tokens), so folding 78% away gave 2.9x, 73% 2.3x and
-40% a slowdown (0.69x); see the README."""
+40% a slowdown (0.69x); see docs/training.md."""
 
 TREE_ATTENTION = ("sdpa", "flex_attention")
 """Attention implementations that take the tree's mask: a dense boolean mask (sdpa) or a block

@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted(
     [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("environments/*/README.md")]
 )
