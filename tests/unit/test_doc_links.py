@@ -12,9 +12,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted(
-    [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("environments/*/README.md")]
-)
+DOCS = sorted([ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("environments/*/README.md")])
 
 FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", re.MULTILINE | re.DOTALL)
 INLINE_CODE = re.compile(r"(`+).+?\1", re.DOTALL)

@@ -38,7 +38,7 @@ from rlvr.rollouts.prompts import prompt_length_filter
 from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args
 from rlvr.rollouts.worker import RolloutWorker
 from rlvr.trainer.advantages import group_advantages
-from rlvr.trainer.cadence import Schedule, run_steps
+from rlvr.trainer.cadence import Cadence
 from rlvr.trainer.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
 from rlvr.trainer.cores import pin_to_cores
 from rlvr.trainer.logprobs import MaskLogits, sequence_scores
@@ -300,18 +300,32 @@ class Trainer:
     def run(self, stop_after: int | None = None) -> list[dict[str, float]]:
         """Train to max_steps (or `stop_after` steps); returns each step's metrics."""
         self.setup()
-        cfg = self.cfg
-        schedule = Schedule(
-            total_steps=cfg.max_steps,
+        cfg, total = self.cfg, self.cfg.max_steps
+        cadence = Cadence(
+            total_steps=total,
             eval_every=cfg.eval.every,
             save_every=cfg.checkpoint.every,
             eval_at_start=cfg.eval.at_start,
             eval_at_end=bool(cfg.eval.every),
         )
         try:
-            steps = (self.train_step, self.evaluate, self.save)
-            if run_steps(schedule, self.start_step, stop_after, self.history, *steps):
-                self.save_final()
+            if cadence.evaluate_first(self.start_step):
+                self.evaluate(0)
+            for step in range(self.start_step, total):
+                self.history.append(self.train_step(step))
+                done = step + 1
+                if cadence.stop_here(done, stop_after):
+                    self.save(done)  # an interrupted run resumes from here
+                    return self.history
+                if cadence.evaluate_after(done):
+                    self.evaluate(done)
+                if cadence.save_after(done):
+                    self.save(done)
+            if cadence.eval_at_end:
+                self.evaluate(total)
+            if not cadence.save_after(total):
+                self.save(total)
+            self.save_final()
             return self.history
         finally:
             self.close()

@@ -36,7 +36,7 @@ from rlvr.data.sft_rows import (
 from rlvr.model.policy import load_policy, save_final
 from rlvr.reasoning_vocab.gate import ThinkGate
 from rlvr.reasoning_vocab.mapping import row_cosines
-from rlvr.trainer.cadence import Schedule, run_steps
+from rlvr.trainer.cadence import Cadence
 from rlvr.trainer.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.trainer.logprobs import sequence_scores
 from rlvr.trainer.loss import normalised_loss
@@ -166,30 +166,44 @@ class SFTTrainer:
     def run(self, stop_after: int | None = None) -> list[dict[str, float]]:
         """Train to the last step (or `stop_after` steps); returns each step's metrics."""
         self.setup()
-        schedule = Schedule(
-            total_steps=self.total_steps,
+        total = self.total_steps
+        cadence = Cadence(
+            total_steps=total,
             eval_every=self.cfg.train.eval_every,
             save_every=self.cfg.checkpoint.every,
             eval_at_start=True,  # (without a validation set, evaluate does nothing)
             eval_at_end=True,
         )
         try:
-            steps = (self.train_step, self.evaluate, self.save)
-            if not run_steps(schedule, self.start_step, stop_after, self.history, *steps):
-                return self.history
-            final = save_final(
-                self.accelerator,
-                self.model,
-                self.tokenizer,
-                self.out,
-                self.cfg.lora.enabled,
-                self.reasoning_vocab,
-            )
-            self.logger.print(f"final {'adapter' if self.cfg.lora.enabled else 'model'}: {final}")
+            if cadence.evaluate_first(self.start_step):
+                self.evaluate(0)
+            for step in range(self.start_step, total):
+                self.history.append(self.train_step(step))
+                done = step + 1
+                if cadence.stop_here(done, stop_after):
+                    self.save(done)  # an interrupted run resumes from here
+                    return self.history
+                if cadence.evaluate_after(done):
+                    self.evaluate(done)
+                if cadence.save_after(done):
+                    self.save(done)
+            if cadence.eval_at_end:
+                self.evaluate(total)
+            if not cadence.save_after(total):
+                self.save(total)
+            self.save_final()
             return self.history
         finally:
             if self.logger is not None:
                 self.logger.close()
+
+    def save_final(self) -> Path:
+        """The trained model (or adapter) beside the checkpoints, as the GRPO trainer saves it."""
+        lora = self.cfg.lora.enabled
+        args = (self.accelerator, self.model, self.tokenizer, self.out, lora, self.reasoning_vocab)
+        final = save_final(*args)
+        self.logger.print(f"final {'adapter' if lora else 'model'}: {final}")
+        return final
 
     def train_step(self, step: int) -> dict[str, float]:
         began = time.perf_counter()
