@@ -1,10 +1,10 @@
-"""Shared bits of the benchmarks: percentiles, summary statistics and saving results as JSON
-beside the printout (every benchmark writes the same envelope: benchmark, date, machine)."""
+"""Shared bits of the benchmarks: summary statistics (percentiles from rlvr.eval.stats) and saving
+results as JSON beside the printout (every benchmark writes the same envelope: benchmark, date,
+machine)."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import statistics
@@ -13,20 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlvr.atomic import atomic_write_text
+from rlvr.eval.stats import percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100), interpolating linearly between the closest ranks (numpy's
-    default; q=50 is the median). NaN when there are no values."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    position = min(max(q, 0.0), 100.0) / 100 * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def summary(values: Sequence[float], *, ms: bool = False) -> dict[str, float]:

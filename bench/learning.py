@@ -9,7 +9,7 @@
    smollm2_cpu.yaml), pushing weights into the same server after every step, so that the server
    ends up serving the final policy.
 4. Evaluates the served final policy exactly as the base model.
-5. Writes the evaluation report (rlvr.report: each run's mean reward with a 95% CI clustered by
+5. Writes the evaluation report (rlvr.eval.report: each run's mean reward with a 95% CI clustered by
    example, and the paired per-example difference with its 95% CI), a PNG of the training curves
    (reward, mismatch-KL, step time) and a PNG of the before/after bars.
 
@@ -70,7 +70,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def evaluate(cfg: Any, base_url: str, out: Path, data: Path, args: argparse.Namespace) -> Path:
     """vf-eval on the held-out split with the recipe's environment and sampling."""
-    from rlvr.evaluation import run_vf_eval
+    from rlvr.eval.vf_eval import run_vf_eval
 
     shutil.rmtree(out, ignore_errors=True)  # run_vf_eval reads every results file under `out`
     began = time.perf_counter()
@@ -108,8 +108,9 @@ def train(base_url: str, out: Path, train_data: Path, overrides: list[str]) -> f
 def summarise(out: Path, train_s: float, args: argparse.Namespace) -> dict:
     """The report, both figures and the headline numbers."""
     from rlvr.atomic import atomic_write_text
-    from rlvr.plots import plot_before_after, plot_run_curves
-    from rlvr.report import build_report, load_run, render_markdown, report_json
+    from rlvr.eval.plots import plot_before_after, plot_run_curves
+    from rlvr.eval.report import build_report, render_markdown, report_json
+    from rlvr.eval.vf_eval import load_run
 
     report = build_report([load_run(out / "eval" / "base", "base"),
                            load_run(out / "eval" / "trained", "trained")])  # fmt: skip

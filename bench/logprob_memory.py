@@ -1,5 +1,6 @@
 """Peak memory of one training micro-batch's log-probabilities: full-vocabulary logits (the
-trainer's old path, kept here only as the baseline) vs rlvr.logprobs' chunked head, in one run.
+trainer's old path, kept here only as the baseline) vs rlvr.trainer.logprobs' chunked head, in one
+run.
 
 A Llama-style model with a 32k vocabulary (small trunk: the head and the log-softmax are what
 differ) on a micro-batch of 4 x 4096 tokens whose second halves are loss tokens (a GRPO
@@ -46,7 +47,7 @@ def full_logits(model, mb, temperature: float):
 
 
 def chunked(model, mb, temperature: float):
-    from rlvr.logprobs import sequence_scores
+    from rlvr.trainer.logprobs import sequence_scores
 
     scores = sequence_scores(model, mb, temperature, with_entropy=True)
     return scores.logprobs, scores.entropy_sum
@@ -82,7 +83,7 @@ def make_batch(args: argparse.Namespace, rows: int, seq_len: int):
     """Rows whose first halves are prompts (no loss) and second halves completions."""
     import torch
 
-    from rlvr.batch import Sample, collate
+    from rlvr.trainer.micro_batches import Sample, collate
 
     half = seq_len // 2
     samples = [

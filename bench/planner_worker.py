@@ -29,8 +29,10 @@ from vf_planner.prompts import WORKER_COMBINE_SYSTEM
 from vf_planner.scripted_server import ScriptedOpenAIServer, ScriptedReply
 from vf_planner.worker import Worker, WorkerReply, WorkerSettings
 
+from rlvr.eval.stats import percentile
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import percentile, save  # noqa: E402
+from common import save  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TTFT_S = 0.05  # time to first token

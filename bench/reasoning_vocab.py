@@ -55,7 +55,8 @@ KEYS = (*CURVES, SPEED)
 def expanded_model(out: Path, size: int) -> Path:
     """The embedded model with `size` reasoning ids, written once under `out`."""
     from rlvr.config import ModelConfig
-    from rlvr.reasoning_vocab import ReasoningVocab, expand_checkpoint
+    from rlvr.reasoning_vocab.expand import expand_checkpoint
+    from rlvr.reasoning_vocab.mapping import ReasoningVocab
 
     path = out / "models" / f"{BASE_MODEL}-rv{size}"
     vocab = ReasoningVocab.load(path)
@@ -66,7 +67,7 @@ def expanded_model(out: Path, size: int) -> Path:
 
 def think_share(tokenizer: Any, completions: list[str], start: str, end: str) -> float:
     """Share of the completions' tokens written inside the think span the prompt opened."""
-    from rlvr.think_gate import ThinkTracker
+    from rlvr.reasoning_vocab.gate import ThinkTracker
 
     inside = total = 0
     for text in completions:
@@ -82,10 +83,10 @@ def think_share(tokenizer: Any, completions: list[str], start: str, end: str) ->
 def train(name: str, model: Path | str, size: int, out: Path, data: Path, args) -> list[dict]:
     """One GRPO run against its own vf-vllm; its metric records, with the thinking share."""
     from rlvr.config import load_config
-    from rlvr.models import resolve_model
-    from rlvr.reasoning_vocab import load_tokenizer
+    from rlvr.model.names import resolve_model
+    from rlvr.reasoning_vocab.mapping import load_tokenizer
     from rlvr.server.process import VLLMServer
-    from rlvr.trainer import Trainer
+    from rlvr.trainer.grpo import Trainer
 
     run_dir = out / name
     print(f"{name}: serving {model}", flush=True)
@@ -117,7 +118,7 @@ def per_step(records: list[dict], key: str) -> list[float | None]:
 
 
 def summarise(runs: dict[str, list[dict]], args, out: Path) -> dict:
-    from rlvr.plots import plot_runs_compared
+    from rlvr.eval.plots import plot_runs_compared
 
     png = plot_runs_compared(
         runs, out / "reasoning_vocab.png", CURVES,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from rlvr.models import ensure_embedded_model
+from rlvr.model.names import ensure_embedded_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save, summary  # noqa: E402

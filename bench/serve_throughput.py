@@ -128,9 +128,9 @@ def adapter_throughput(base_url: str, args: argparse.Namespace, plain: list[dict
     """Throughput through the adapter loaded each way, and its ratio to `plain` per level."""
     import tempfile
 
-    from rlvr.adapter_sync import AdapterSync
-    from rlvr.policy import save_adapter, trainable_state
-    from rlvr.weights import ServerControl
+    from rlvr.model.policy import save_adapter, trainable_state
+    from rlvr.weight_sync.adapter import AdapterSync
+    from rlvr.weight_sync.push import ServerControl
 
     policy = random_adapter(args.model)
     out: dict = {}
@@ -164,8 +164,8 @@ def random_adapter(model: str):
     from transformers import AutoModelForCausalLM
 
     from rlvr.config import LoraConfig
-    from rlvr.models import resolve_model
-    from rlvr.policy import apply_lora
+    from rlvr.model.names import resolve_model
+    from rlvr.model.policy import apply_lora
 
     base = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32)
     policy = apply_lora(base, LoraConfig(rank=16))

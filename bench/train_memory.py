@@ -1,18 +1,18 @@
 """Peak memory of a GRPO training step against tokens per micro-batch, with and without gradient
-checkpointing, beside rlvr.memory's estimate of it.
+checkpointing, beside rlvr.trainer.memory's estimate of it.
 
 SmolLM2-135M-Instruct (the embedded model) with the default LoRA adapter, in its default dtype,
-loaded and stepped by the trainer's own code (rlvr.policy.load_policy, rlvr.optimization,
-rlvr.trainer.micro_batch_loss). Rows shaped like issue 22's tool environment: `--row-len`
+loaded and stepped by the trainer's own code (rlvr.model.policy.load_policy, rlvr.trainer.optimizer,
+rlvr.trainer.grpo.micro_batch_loss). Rows shaped like issue 22's tool environment: `--row-len`
 tokens (570) of which the last `--loss-tokens` (96) are the completion. Each measurement runs in
 a fresh process, so its peak is its own: a warm-up step first (AdamW's states and lazy
 initialisation then exist, as from the second step of a run), then one step on a micro-batch of
 `tokens // row-len` rows, whose peak resident memory (VmHWM after resetting it; on CUDA,
-torch.cuda.max_memory_allocated) is the figure, printed beside rlvr.memory's estimate of the
+torch.cuda.max_memory_allocated) is the figure, printed beside rlvr.trainer.memory's estimate of the
 whole process's peak and their ratio. The estimate counts every slot as a loss token (its worst
 case), so with 96 of 570 it is high by part of the head's share; `--loss-tokens 0` makes every
 token a loss token. glibc's heap makes CPU peaks vary from run to run (see
-rlvr.memory.HEAP_RETENTION).
+rlvr.trainer.memory.HEAP_RETENTION).
 
 Run:  .venv/bin/python bench/train_memory.py [--tokens 570 1140 2280] [--row-len 570]
           [--loss-tokens 96] [--checkpointing off on] [--device cpu]
@@ -43,7 +43,7 @@ def micro_batch(rows: int, row_len: int, loss_tokens: int, vocab: int):
     """`rows` rows of random tokens whose last `loss_tokens` (all when 0) get loss."""
     import torch
 
-    from rlvr.batch import Sample, collate
+    from rlvr.trainer.micro_batches import Sample, collate
 
     loss = loss_tokens or row_len
     g = torch.Generator().manual_seed(0)
@@ -62,7 +62,7 @@ def micro_batch(rows: int, row_len: int, loss_tokens: int, vocab: int):
 def train_step(model, opt, mb, device) -> None:
     """One micro-batch's forward and backward and the optimizer step, as the trainer runs them."""
     from rlvr.config import Config
-    from rlvr.trainer import micro_batch_loss
+    from rlvr.trainer.grpo import micro_batch_loss
 
     mb = mb.to(device)
     loss, _ = micro_batch_loss(model, mb, Config(), float(mb.num_loss_tokens), 1)
@@ -75,10 +75,10 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from rlvr import memory
     from rlvr.config import LoraConfig, ModelConfig, OptimConfig
-    from rlvr.optimization import Optimization
-    from rlvr.policy import load_policy
+    from rlvr.model.policy import load_policy
+    from rlvr.trainer import memory
+    from rlvr.trainer.optimizer import Optimization
 
     torch.set_num_threads(args.threads)
     runtime = resident_bytes()

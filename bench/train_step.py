@@ -6,7 +6,7 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
 1. Layouts. One synchronous run (async_level 0) times forward/backward on every step's
    samples three times, rotating which goes first: the trainer before issue 17 (the output
    head over every position, float32 log-softmax of the whole micro-batch, padding masked), the
-   trainer now with packing off (rlvr.logprobs' chunked head; padded rows, causal attention
+   trainer now with packing off (rlvr.trainer.logprobs' chunked head; padded rows, causal attention
    without a mask) and with packing on (`batch.packing`). It reports each layout's
    padded-token fraction and trainer tokens/s (real tokens / forward-backward seconds) on the
    same samples, and the ratios. Its completions may run to `--layouts-max-tokens` (512) so
@@ -92,7 +92,7 @@ def full_logits_scores(model, mb, temperature=1.0, *, with_entropy=False, mask_l
     padding masked."""
     from logprob_memory import full_logits
 
-    from rlvr.logprobs import TokenScores
+    from rlvr.trainer.logprobs import TokenScores
 
     return TokenScores(*full_logits(model, mb, temperature))
 
@@ -107,20 +107,20 @@ LAYOUTS = (
 
 def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
     """Every layout's forward/backward on the same samples, every step (see the docstring)."""
-    import rlvr.trainer
-    from rlvr.batch import rank_micro_batches, slot_count
+    import rlvr.trainer.grpo
+    from rlvr.trainer.micro_batches import rank_micro_batches, slot_count
 
-    chunked = rlvr.trainer.sequence_scores
+    chunked = rlvr.trainer.grpo.sequence_scores
     timings: list[dict] = []
 
-    class TimedLayouts(rlvr.trainer.Trainer):
+    class TimedLayouts(rlvr.trainer.grpo.Trainer):
         def forward_backward(self, samples, global_tokens):
             tokens = sum(len(s) for s in samples)
             row: dict = {"tokens": tokens}
             turn = len(timings) % len(LAYOUTS)  # rotate which layout goes first
             for name, packing, scorer in LAYOUTS[turn:] + LAYOUTS[:turn]:
                 self.cfg.batch.packing = packing
-                rlvr.trainer.sequence_scores = scorer or chunked
+                rlvr.trainer.grpo.sequence_scores = scorer or chunked
                 plan = rank_micro_batches(samples, 0, 1, self.cfg.batch.micro_batch_size, 0,
                                           packing)  # fmt: skip
                 self.model.zero_grad()
@@ -128,7 +128,7 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
                 try:
                     stats = super().forward_backward(samples, global_tokens)
                 finally:
-                    rlvr.trainer.sequence_scores = chunked
+                    rlvr.trainer.grpo.sequence_scores = chunked
                 seconds = time.perf_counter() - began
                 row[name] = {
                     "seconds": seconds,
@@ -169,8 +169,8 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
 def overlap_run(base_url: str, args: argparse.Namespace, name: str, out: Path, *extra) -> dict:
     import torch
 
-    from rlvr.cores import set_affinity
-    from rlvr.trainer import Trainer
+    from rlvr.trainer.cores import set_affinity
+    from rlvr.trainer.grpo import Trainer
 
     cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
     try:
@@ -295,8 +295,8 @@ def prefix_trainer(args: argparse.Namespace, out: Path):
     forward_backward runs. Gradient checkpointing on: without it the unshared layout of (a)
     needs ~8 GiB, more than a shared 2-core machine here spares."""
     from rlvr.config import load_config
-    from rlvr.optimization import Optimization, make_accelerator
-    from rlvr.trainer import Trainer
+    from rlvr.trainer.grpo import Trainer
+    from rlvr.trainer.optimizer import Optimization, make_accelerator
 
     cfg = load_config(overrides=["model.name=smollm2-135m", "wandb.mode=disabled",
                                  "model.gradient_checkpointing=true",
@@ -317,7 +317,7 @@ def prefix_group(prompt_len: int, completion_len: int, group: int, g) -> list:
     depend on which tokens they are)."""
     import torch
 
-    from rlvr.batch import Sample
+    from rlvr.trainer.micro_batches import Sample
 
     prompt = torch.randint(100, 40000, (prompt_len,), generator=g).tolist()
     samples = []
@@ -347,7 +347,7 @@ def compare_prefix_sharing(args: argparse.Namespace, out: Path) -> dict:
     """Shared vs unshared forward_backward on the same samples, per shape (see the docstring)."""
     import torch
 
-    import rlvr.prefix_tree
+    import rlvr.trainer.prefix_tree
 
     trainer = prefix_trainer(args, out)
     g = torch.Generator().manual_seed(0)
@@ -358,8 +358,8 @@ def compare_prefix_sharing(args: argparse.Namespace, out: Path) -> dict:
         groups = [prefix_group(prompt_len, completion_len, args.prefix_group, g)
                   for _ in range(args.prefix_groups)]  # fmt: skip
         samples = [s for group in groups for s in group]
-        threshold = rlvr.prefix_tree.MIN_SAVED_FRACTION
-        rlvr.prefix_tree.MIN_SAVED_FRACTION = 0.0 if force else threshold
+        threshold = rlvr.trainer.prefix_tree.MIN_SAVED_FRACTION
+        rlvr.trainer.prefix_tree.MIN_SAVED_FRACTION = 0.0 if force else threshold
         runs: dict[str, list[dict]] = {"shared": [], "unshared": []}
         try:
             for i in range(args.prefix_repeats):
@@ -367,7 +367,7 @@ def compare_prefix_sharing(args: argparse.Namespace, out: Path) -> dict:
                 for layout in order:
                     runs[layout].append(timed_pass(trainer, samples, layout == "shared"))
         finally:
-            rlvr.prefix_tree.MIN_SAVED_FRACTION = threshold
+            rlvr.trainer.prefix_tree.MIN_SAVED_FRACTION = threshold
         row = {layout: {"seconds": statistics.fmean(r["seconds"] for r in rs),
                         "peak_gib": max(r["peak_gib"] for r in rs),
                         "forwarded_tokens": rs[0]["forwarded"], "slots": rs[0]["slots"],

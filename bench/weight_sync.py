@@ -1,7 +1,7 @@
 """Time to push SmolLM2-135M's weights into vf-vllm, every path in one run:
 
 - `adapter`: LoRA adapter sync (rank 16 on all projections): only the adapter, loaded by
-  vLLM on its frozen base (rlvr.adapter_sync);
+  vLLM on its frozen base (rlvr.weight_sync.adapter);
 - `shm`, `gloo`: our cpu engine streaming the merged LoRA model (what `server.lora_sync=merged`
   and full fine-tuning push) through shared memory or a gloo group;
 - `disk` (baseline): write the weights as safetensors and have the server reload them from disk
@@ -30,12 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save, summary  # noqa: E402
 
-from rlvr.adapter_sync import AdapterSync  # noqa: E402
-from rlvr.lora import MergedWeightSource  # noqa: E402
-from rlvr.models import ensure_embedded_model  # noqa: E402
+from rlvr.model.names import ensure_embedded_model  # noqa: E402
 from rlvr.server.launcher import lora_flags  # noqa: E402
 from rlvr.server.process import VLLMServer  # noqa: E402
-from rlvr.weights import ServerControl, WeightSync  # noqa: E402
+from rlvr.weight_sync.adapter import AdapterSync  # noqa: E402
+from rlvr.weight_sync.merged_stream import MergedWeightSource  # noqa: E402
+from rlvr.weight_sync.push import ServerControl, WeightSync  # noqa: E402
 
 
 def reload_from_disk(control: ServerControl, model, folder: Path) -> float:
@@ -109,7 +109,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from rlvr.config import LoraConfig
-    from rlvr.policy import apply_lora
+    from rlvr.model.policy import apply_lora
 
     model_dir = ensure_embedded_model()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

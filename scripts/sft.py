@@ -4,32 +4,11 @@
         --config configs/examples/sft_smollm2_cpu.yaml train.max_steps=20 optim.lr=2e-4
     python scripts/sft.py --config configs/examples/sft_smollm2_cpu.yaml   # CPU, one process
 
-Every option is a field of `rlvr.config.SFTConfig` (file + dotted overrides): `data.*` (files,
-format, columns, max_seq_len, truncation), `model.*`, `lora.*`, `optim.*`, `train.*` (epochs or
-max_steps, batch sizes, eval cadence), `checkpoint.*`, `wandb.*`, `seed`, `output_dir`.
+Thin wrapper: the command is `rlvr.trainer.launch.sft_main`, installed as `rlvr-sft`; its
+--help lists the options (`rlvr.config.SFTConfig`).
 """
 
-import logging
-
-from rlvr.cli import config_from_argv
-from rlvr.config import SFTConfig
-
-
-def main() -> None:
-    # fails fast on a bad option, before anything heavy loads
-    config = config_from_argv(cls=SFTConfig, usage=__doc__)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
-    from rlvr.sft import SFTTrainer
-    from rlvr.sft_data import DataError
-
-    try:
-        SFTTrainer(config).run()
-    except DataError as e:
-        raise SystemExit(f"data error: {e}") from None
-
+from rlvr.trainer.launch import sft_main
 
 if __name__ == "__main__":
-    main()
+    sft_main()

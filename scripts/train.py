@@ -4,24 +4,10 @@
         --config configs/examples/deepscaler_zero3.yaml optim.lr=2e-5
 
 Every option is a field of `rlvr.config.Config` (file + dotted overrides); see --help.
+Thin wrapper: the command is `rlvr.trainer.launch.train_main`, installed as `rlvr-train`.
 """
 
-import logging
-
-from rlvr.cli import config_from_argv
-
-
-def main() -> None:
-    config = config_from_argv()  # fails fast on a bad option, before anything heavy loads
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-
-    from rlvr.trainer import Trainer
-
-    Trainer(config).run()
-
+from rlvr.trainer.launch import train_main
 
 if __name__ == "__main__":
-    main()
+    train_main()

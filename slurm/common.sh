@@ -1,7 +1,7 @@
 # Shared by the rlvr SLURM job scripts (sourced, not run): input checks, the node list, the
 # environment every node needs, and starting/waiting for vf-vllm. Settings come from the
-# environment (sbatch exports the submitting shell's variables); see the README's "SLURM"
-# section for all of them.
+# environment (sbatch exports the submitting shell's variables); docs/scaling.md, "Multi-node
+# training (SLURM)", lists all of them.
 
 die() {
     echo "rlvr-slurm: error: $*" >&2
@@ -71,7 +71,7 @@ config_model() {
     "$PYTHON" -c '
 import sys
 from rlvr import config
-from rlvr.cli import config_from_argv
+from rlvr.config.cli import config_from_argv
 print(config_from_argv(sys.argv[2:], getattr(config, sys.argv[1])).model.name)
 ' "$cls" "$@"
 }

@@ -38,7 +38,7 @@ SMOLLM2_SAMPLING = {"extra_body": {"min_tokens": 1}}
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from rlvr.tiny_model import build_tiny_model
+    from rlvr.model.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
 
@@ -70,7 +70,7 @@ def tiny_server(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_server(tmp_path_factory):
     """A real vf-vllm on the embedded SmolLM2-135M-Instruct (converted once into the cache)."""
-    from rlvr.models import ensure_embedded_model
+    from rlvr.model.names import ensure_embedded_model
     from rlvr.server.launcher import lora_flags
 
     server = _serve("smollm2-135m", tmp_path_factory.mktemp("smollm2-server"), extra=lora_flags(16))
@@ -83,7 +83,7 @@ def smollm2_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """A LoRA adapter (rank 8, random) on the tiny model, as training would leave it."""
-    from rlvr.tiny_model import build_tiny_adapter
+    from rlvr.model.tiny_model import build_tiny_adapter
 
     return build_tiny_adapter(tiny_model_dir, tmp_path_factory.mktemp("adapters") / "tiny-lora")
 
@@ -93,7 +93,7 @@ def tiny_lora_server(tiny_model_dir, tiny_adapter_dir, tmp_path_factory):
     """A real vf-vllm serving the tiny model and, with vLLM's LoRA support, `tiny_adapter_dir`
     on top of it, started the way sweeps and predictions serve an adapter directory. Requests
     name `server.model` (the base) or `server.adapter`."""
-    from rlvr.serving import serve, served_model
+    from rlvr.server.serve_model import serve, served_model
 
     log = tmp_path_factory.mktemp("tiny-lora-server") / "vf-vllm.log"
     with serve(
@@ -107,3 +107,22 @@ def tiny_lora_server(tiny_model_dir, tiny_adapter_dir, tmp_path_factory):
             adapter_dir=tiny_adapter_dir,
             sampling_args=TINY_SAMPLING,
         )
+
+
+@pytest.fixture(scope="module")
+def rv_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with a copy of every non-special token."""
+    from rlvr.config import ModelConfig
+    from rlvr.reasoning_vocab.expand import expand_checkpoint
+
+    cfg = ModelConfig(name=str(tiny_model_dir), reasoning_vocab_size=-1)
+    return expand_checkpoint(cfg, tmp_path_factory.mktemp("models") / "tiny-rv")
+
+
+@pytest.fixture(scope="module")
+def gate(rv_model_dir):
+    """The think gate of `rv_model_dir`."""
+    from rlvr.reasoning_vocab.gate import ThinkGate
+    from rlvr.reasoning_vocab.mapping import ReasoningVocab, load_tokenizer
+
+    return ThinkGate.from_tokenizer(ReasoningVocab.load(rv_model_dir), load_tokenizer(rv_model_dir))

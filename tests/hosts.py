@@ -2,7 +2,7 @@
 
 A process started with `ip netns exec NAME` sees only the namespace's own interfaces: its
 loopback is not ours, and it reaches this host only at `host_address` over the veth link, as a
-server on another machine would. The README's multi-node section shows the same commands.
+server on another machine would. docs/scaling.md shows the same commands.
 """
 
 from __future__ import annotations

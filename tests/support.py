@@ -75,7 +75,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from toy_env import target_share_env
 from rlvr.config import load_config
-from rlvr.trainer import Trainer
+from rlvr.trainer.grpo import Trainer
 
 trainer = Trainer(load_config({config!r}), env=target_share_env({target}))
 history = trainer.run(stop_after={stop_after!r})
@@ -124,7 +124,7 @@ def restore_base_weights(server) -> None:
     builds from the model directory must start from those."""
     from transformers import AutoModelForCausalLM
 
-    from rlvr.weights import WeightSync
+    from rlvr.weight_sync.push import WeightSync
 
     model = AutoModelForCausalLM.from_pretrained(server.model_dir, dtype=torch.float32)
     with WeightSync(server.base_url, backend="shm") as sync:
@@ -159,7 +159,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 def recording_proxy(server):
     """An HTTP proxy in front of a real vf-vllm that records every request it forwards:
     yields (base URL ending in /v1, list of (method, path, body))."""
-    from rlvr.weights import server_root
+    from rlvr.weight_sync.push import server_root
 
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     proxy.upstream = server_root(server.base_url)

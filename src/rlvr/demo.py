@@ -21,10 +21,10 @@ from pathlib import Path
 import httpx
 import torch
 
-from rlvr.evaluation import run_vf_eval
-from rlvr.models import ensure_embedded_model
+from rlvr.eval.vf_eval import run_vf_eval
+from rlvr.model.names import ensure_embedded_model
 from rlvr.server.process import VLLMServer
-from rlvr.weights import WeightSync
+from rlvr.weight_sync.push import WeightSync
 
 MODEL = "smollm2-135m"
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 7 + 5?"]

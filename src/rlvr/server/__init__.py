@@ -1,1 +1,2 @@
-"""vf-vllm: the launcher, and the CPU weight-transfer engine registered as a vLLM plugin."""
+"""vf-vllm: the launcher, the CPU weight-transfer engine registered as a vLLM plugin, and
+serving a model for evaluation."""

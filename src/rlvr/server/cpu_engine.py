@@ -35,7 +35,6 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferInitInfo,
 )
 
-from rlvr.rendezvous import GlooGroup, Meeting, with_deadline
 from rlvr.server.packing import (
     PackedUpdateInfo,
     checked,
@@ -45,6 +44,7 @@ from rlvr.server.packing import (
     plan_chunks,
     unpack,
 )
+from rlvr.weight_sync.rendezvous import GlooGroup, Meeting, with_deadline
 
 # Under vLLM's logger, so the lines show in the server log.
 log = logging.getLogger("vllm.rlvr_cpu_engine")

@@ -23,11 +23,11 @@ import time
 import urllib.error
 import urllib.request
 
-from rlvr.models import resolve_model
-from rlvr.reasoning_vocab import ReasoningVocab
+from rlvr.model.names import resolve_model
+from rlvr.reasoning_vocab.mapping import ReasoningVocab
 from rlvr.server.lifetime import dies_with, start_watchdog
 from rlvr.server.plugin import REASONING_VOCAB_PROCESSOR, REASONING_VOCAB_TOKENIZER_MODE
-from rlvr.vllm_lora import lora_rank_limit
+from rlvr.weight_sync.vllm_lora import lora_rank_limit
 
 LOG_TAIL_LINES = 60
 CPU_KVCACHE_GIB = 2
@@ -244,7 +244,7 @@ def cpu_thread_binding(workers: int, cores: list[int]) -> str:
 def engine_env(cuda: bool, backend: str, workers: int = 1, lora: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
-    if lora:  # /v1/load_lora_adapter: how the trainer pushes an adapter (rlvr.adapter_sync)
+    if lora:  # /v1/load_lora_adapter: how the trainer pushes an adapter (rlvr.weight_sync.adapter)
         env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
     if backend == "ipc":  # CUDA IPC handles travel pickled over HTTP
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"

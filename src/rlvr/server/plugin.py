@@ -1,6 +1,6 @@
 """vLLM general plugin (entry point group `vllm.general_plugins`): runs in every vLLM process,
 so our `cpu` weight-transfer engine exists on CPU workers before the model loads, the
-reasoning-vocabulary tokenizer mode is known (`rlvr.server.reasoning_vocab`), and the
+reasoning-vocabulary tokenizer mode is known (`rlvr.reasoning_vocab.vllm`), and the
 CPU-only idle-spin cap below is in place in the worker."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import os
 log = logging.getLogger("vllm.rlvr_plugin")
 
 IDLE_SPIN_ENV = "RLVR_VLLM_IDLE_SPIN_S"
-# How vLLM is told to serve a model with a reasoning vocabulary (see rlvr.server.reasoning_vocab)
+# How vLLM is told to serve a model with a reasoning vocabulary (see rlvr.reasoning_vocab.vllm)
 REASONING_VOCAB_TOKENIZER_MODE = "rlvr_reasoning_vocab"
-REASONING_VOCAB_PROCESSOR = "rlvr.server.reasoning_vocab:ReasoningVocabLogitsProcessor"
+REASONING_VOCAB_PROCESSOR = "rlvr.reasoning_vocab.vllm:ReasoningVocabLogitsProcessor"
 DEFAULT_CPU_IDLE_SPIN_S = 0.005
 
 
@@ -43,14 +43,14 @@ def register() -> None:
 
 
 def register_reasoning_vocab_tokenizer() -> None:
-    """`--tokenizer-mode rlvr_reasoning_vocab`: the tokenizer of `rlvr.server.reasoning_vocab`
+    """`--tokenizer-mode rlvr_reasoning_vocab`: the tokenizer of `rlvr.reasoning_vocab.vllm`
     (imported only when a server asks for it) with vLLM's own `hf` renderer."""
     from vllm.renderers.registry import RENDERER_REGISTRY
     from vllm.tokenizers.registry import TokenizerRegistry
 
     mode = REASONING_VOCAB_TOKENIZER_MODE
     if mode not in TokenizerRegistry.tokenizers:
-        TokenizerRegistry.register(mode, "rlvr.server.reasoning_vocab", "ReasoningVocabTokenizer")
+        TokenizerRegistry.register(mode, "rlvr.reasoning_vocab.vllm", "ReasoningVocabTokenizer")
     if mode not in RENDERER_REGISTRY.renderers:
         RENDERER_REGISTRY.register(mode, "vllm.renderers.hf", "HfRenderer")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from rlvr.rendezvous import free_port
 from rlvr.server.lifetime import dies_with
+from rlvr.weight_sync.rendezvous import free_port
 
 PORT_ATTEMPTS = 3
 PORT_TAKEN_MESSAGE = "already in use"

@@ -4,7 +4,7 @@ dev-mode `/collective_rpc` route: questions vLLM's own routes do not answer.
 - Where the workers run: CUDA IPC handles open only on the GPU that made them, and NCCL
   refuses two ranks on one GPU, so a trainer sharing the server's GPU must use `ipc` and one on
   other GPUs `nccl`. vLLM reports its world size but not its devices.
-- Adapter files for a trainer on another host (rlvr.adapter_sync): the bytes come in the
+- Adapter files for a trainer on another host (rlvr.weight_sync.adapter): the bytes come in the
   call and land in this host's shared memory, where vLLM's LoRA loader reads them.
 - Whether a weight update is open: a trainer that died between `start_weight_update` and
   `update_weights` leaves one open, and vLLM refuses every later start. Asking beats provoking

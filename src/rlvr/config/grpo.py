@@ -1,0 +1,256 @@
+"""The GRPO run's configuration, `Config`: the environment, generation and batching, the loss,
+evaluation, logging and the vf-vllm server, beside the shared sections (rlvr.config.sections).
+`Config.validate` holds the checks that span sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rlvr.config.loader import ConfigError, require
+from rlvr.config.sections import (
+    CheckpointConfig,
+    DistributedConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    WandbConfig,
+)
+
+
+@dataclass
+class EnvConfig:
+    id: str = "vf-deepscaler"
+    """Environment id, as for `verifiers.load_environment` (module `vf_x` for `vf-x`)."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the environment's `load_environment`."""
+
+
+@dataclass
+class BatchConfig:
+    rollouts_per_example: int = 8
+    """Group size: rollouts of the same prompt whose rewards are compared."""
+    batch_size: int = 64
+    """Rollouts per optimizer step (a multiple of rollouts_per_example)."""
+    micro_batch_size: int | None = None
+    """Most rows per forward/backward on each rank (a row holds one sample, or several
+    packed); None: as many as micro_batch_tokens allows."""
+    micro_batch_tokens: int | None = 4096
+    """Most token slots per forward/backward on each rank: rows x the widest row (padding
+    costs the memory a token does). Bounds activation memory whatever the samples' lengths;
+    a sample longer than this gets a micro-batch of its own. Checked against free memory
+    before the first step (rlvr.trainer.memory). None: only micro_batch_size bounds
+    micro-batches."""
+    packing: bool = False
+    """Pack short samples together into rows as wide as the step's longest sample (attention
+    stays within each sample), instead of padding every sample to that width. Same loss,
+    less padding; pays with attn_implementation=flash_attention_2, slower with sdpa on a CPU
+    (see `rlvr.trainer.micro_batches`)."""
+    prefix_sharing: bool = True
+    """Forward each token prefix that several samples share (a group's prompt, a rollout's
+    earlier turns) once, in a prefix tree whose attention keeps samples apart: the same
+    log-probabilities and gradients for fewer tokens. Applies with attn_implementation sdpa
+    (the default; a dense mask) or flex_attention (GPUs, no dense mask), on steps where it
+    saves enough tokens to pay (see `rlvr.trainer.prefix_tree`); false: every sample on its own."""
+    max_seq_len: int = 2048
+    """Longest training sequence (prompt + completion tokens); longer turns are truncated."""
+    max_prompt_len: int = 1024
+    """Dataset rows whose rendered prompt is longer are skipped (and counted) before training."""
+    async_level: int = 1
+    """How many steps rollouts may run ahead of training (0 = fully synchronous)."""
+    trainer_cores: list[int] | None = None
+    """CPU cores for the trainer process, e.g. [1] beside a vf-vllm on core 0 of the same CPU
+    (vLLM's CPU worker binds every core but the last by default); None: all cores. Keeps
+    generation that runs ahead from stalling the trainer's threads (see `rlvr.trainer.cores`)."""
+    max_concurrent: int = -1
+    """Most groups generating at once (-1: all groups of a step)."""
+    max_errored_frac: float = 0.25
+    """Groups where more than this share of rollouts errored (server or tool failures) get no
+    loss: errors are rarely random (long generations, bad tool calls), so a baseline taken
+    over the survivors is biased. Counted as rollouts/dropped_errored_groups."""
+    mask_truncated: bool = False
+    """True: rollouts cut by max_tokens/max_seq_len get no loss (their reward still counts in
+    the group's baseline); False: train on them like any other rollout."""
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    """Sampling temperature; the trainer divides its logits by the same value."""
+    top_p: float = 1.0
+    """Must stay 1.0: the trainer's log-probabilities cover the whole distribution, so a
+    nucleus-filtered sampler would bias the importance ratio (see rlvr.rollouts.request_args)."""
+    max_tokens: int | None = None
+    """Most tokens per model turn. None: the environment's own default (its
+    `sampling_args["max_tokens"]`, which each environment's README states), else 512. A value
+    set here (file or `sampling.max_tokens=N`) wins over the environment's."""
+    seed_requests: bool = True
+    """Give each request a seed derived from (seed, step, rollout), so runs (and resumed runs)
+    sample the same tokens. vLLM 0.32's CPU backend crashes when a seeded request's prefill is
+    split into chunks (its CPU generators cannot rewind), so CPU servers with long prompts or
+    many concurrent requests need `false` (see configs/examples/deepscaler_smollm2_cpu.yaml)."""
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    """Extra vLLM request fields (e.g. `stop`, `skip_special_tokens`). Fields that reshape the
+    distribution (top_k, min_p, penalties, logit_bias, min_tokens, ...) are refused at start:
+    the trainer could not reproduce them in its log-probabilities."""
+
+
+@dataclass
+class LossConfig:
+    scale_rewards: bool = True
+    """Divide group-relative advantages by the group's reward std (GRPO); False = Dr. GRPO."""
+    drop_zero_variance: bool = False
+    """Drop groups whose rewards are all equal (they carry no signal); always counted."""
+    ratio_mask_low: float = 0.125
+    """Tokens whose trainer/sampler probability ratio is below this get no loss."""
+    ratio_mask_high: float = 8.0
+    """Tokens whose trainer/sampler probability ratio is above this get no loss."""
+    clip_low: float | None = None
+    """PPO-style clipping of the ratio to [1-clip_low, 1+clip_high]; None disables it."""
+    clip_high: float | None = None
+    beta: float = 0.0
+    """Weight of the KL penalty to the reference (initial) model; 0 skips the reference pass."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0
+    """Evaluate on the environment's eval set every N steps (0: never); also at the end."""
+    num_examples: int = 32
+    rollouts_per_example: int = 1
+    at_start: bool = False
+
+
+@dataclass
+class LoggingConfig:
+    samples_per_step: int = 4
+    """Rows of the sample-rollout table logged per step (0: none)."""
+    table_every: int = 10
+    """Log the sample table every N steps."""
+    mismatch_kl_warn: float = 1e-2
+    """Warn when the sampler/trainer KL on sampled tokens exceeds this."""
+    progress_bar: bool = True
+
+
+@dataclass
+class ServerConfig:
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key: str | None = None
+    served_model: str | None = None
+    """The name vf-vllm serves the model under (default: model.name, as vf-vllm does)."""
+    backend: Literal["auto", "shm", "gloo", "nccl", "ipc"] = "auto"
+    """Weight transfer: nccl (server on other GPUs), ipc (server on the trainer's GPU), shm
+    (CPU server on this host), gloo (CPU server elsewhere). auto: nccl when the trainer has
+    CUDA, else shm for a local server, else gloo."""
+    timeout_s: float = 600.0
+    """Per-request timeout for generation and control calls."""
+    transfer_host: str | None = None
+    """Address of the trainer's first node that vf-vllm's workers connect to for the gloo or
+    nccl weight transfer. None: this machine's address on its route to the server (loopback
+    for a local server). Set it where that guess is wrong (NAT, several interfaces)."""
+    transfer_port: int = 0
+    """Port of that rendezvous (0: any free port; fix one for firewalls)."""
+    transfer_timeout_s: float = 300.0
+    """Deadline for the transfer rendezvous and each transfer's collectives: a wrong or
+    unreachable address fails after this long, naming both addresses and the port."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """How a LoRA policy reaches the server. adapter: push only the adapter (megabytes); vLLM
+    serves it on its frozen base under `adapter_name` (needs vf-vllm --enable-lora). merged:
+    stream base + adapter merged, as for full fine-tuning. auto: adapter whenever the server
+    can serve it, else merged (the log says why)."""
+    adapter_name: str = "policy"
+    """Adapter sync serves weight version v as `{adapter_name}-v{v}`; each rollout requests
+    the version its batch is tagged with. One trainer per name on a server: a trainer unloads
+    the versions under its name that it finds at start (a dead trainer's)."""
+    push_weights: bool = True
+    """Push weights after every optimizer step (the initial weights are pushed regardless).
+    Off only for debugging: rollouts then come from the initial weights."""
+    push_probe: bool = True
+    """After every push, score a fixed token sequence on the server (prompt log-probabilities
+    of the name rollouts will request) and with the trainer's just-pushed weights, logged as
+    `push/probe_kl`: it sees a server that does not serve what was pushed (stale or partly
+    updated weights), which mismatch-KL cannot tell from policy lag at async_level >= 1."""
+    probe_kl_max: float | None = None
+    """A push whose `push/probe_kl` exceeds this raises an error. None: calibrated by the
+    initial push, where both sides hold the same weights: 10x its probe_kl (the rounding
+    between server and trainer: ~1e-13 with float32 on both, ~1e-3 for a bf16 server against
+    a float32 trainer on SmolLM2), within [1e-6, 1e-2]. Set it for servers in lower precision
+    (fp8)."""
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    max_steps: int = 100
+    seed: int = 0
+    output_dir: str = "outputs/run"
+
+    def validate(self) -> None:
+        """Cross-field checks that types alone cannot express."""
+        b = self.batch
+        require(b.rollouts_per_example >= 1, "batch.rollouts_per_example", b.rollouts_per_example)
+        require(
+            b.batch_size >= 1 and b.batch_size % b.rollouts_per_example == 0,
+            "batch.batch_size",
+            b.batch_size,
+            f"must be a positive multiple of batch.rollouts_per_example ({b.rollouts_per_example})",
+        )
+        for name in ("micro_batch_size", "micro_batch_tokens"):
+            value = getattr(b, name)
+            require(value is None or value >= 1, f"batch.{name}", value, "must be >= 1 or null")
+        require(bool(b.micro_batch_size or b.micro_batch_tokens), "batch.micro_batch_tokens", None,
+                 "set it or batch.micro_batch_size: nothing would bound a micro-batch")  # fmt: skip
+        require(b.async_level >= 0, "batch.async_level", b.async_level, "must be >= 0")
+        require(0 <= b.max_errored_frac <= 1, "batch.max_errored_frac", b.max_errored_frac,
+                 "must be between 0 and 1")  # fmt: skip
+        require(b.max_prompt_len < b.max_seq_len, "batch.max_prompt_len", b.max_prompt_len,
+                 f"must be below batch.max_seq_len ({b.max_seq_len})")  # fmt: skip
+        require(self.max_steps >= 1, "max_steps", self.max_steps)
+        self.optim.validate()
+        require(self.sampling.temperature > 0, "sampling.temperature", self.sampling.temperature)
+        require(self.sampling.max_tokens is None or self.sampling.max_tokens >= 1,
+                 "sampling.max_tokens", self.sampling.max_tokens)  # fmt: skip
+        self._check_sampling_filters()
+        require(self.server.transfer_timeout_s > 0, "server.transfer_timeout_s",
+                 self.server.transfer_timeout_s)  # fmt: skip
+        probe_max = self.server.probe_kl_max
+        require(probe_max is None or probe_max > 0, "server.probe_kl_max", probe_max)
+        require(0 <= self.server.transfer_port < 65536, "server.transfer_port",
+                 self.server.transfer_port, "must be a port number (0: any free port)")  # fmt: skip
+        self.distributed.validate()
+        low, high = self.loss.ratio_mask_low, self.loss.ratio_mask_high
+        require(0 <= low < 1 < high, "loss.ratio_mask_low/high", (low, high),
+                 "need 0 <= low < 1 < high")  # fmt: skip
+        require(self.loss.beta >= 0, "loss.beta", self.loss.beta)
+        self.model.validate()
+        self.lora.validate()
+        self.checkpoint.validate()
+
+    def _check_sampling_filters(self) -> None:
+        from rlvr.rollouts.request_args import SamplingFilterError, check_reproducible
+
+        s = self.sampling
+        try:
+            check_reproducible({"top_p": s.top_p, "extra_body": s.extra_body}, "sampling")
+        except SamplingFilterError as e:
+            raise ConfigError(str(e)) from None
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.batch.batch_size // self.batch.rollouts_per_example
+
+    @property
+    def served_model(self) -> str:
+        return self.server.served_model or self.model.name

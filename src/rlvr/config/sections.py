@@ -1,0 +1,119 @@
+"""The typed sections both trainers share: model, LoRA, optimizer, checkpoints, W&B and the
+process group. A section checks its own values in `validate()`; the config holding it calls that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlvr.config.loader import require
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"
+    """`smollm2-135m` (embedded default), a local directory, or a Hugging Face id."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """auto: bfloat16 on CUDA, float32 on CPU (CPU bf16 matmuls are slow and imprecise)."""
+    gradient_checkpointing: bool | None = None
+    """None: the trainer chooses from its start-up memory estimate (rlvr.trainer.memory): off only
+    when the largest micro-batch fits comfortably without it. true/false: as set."""
+    attn_implementation: str | None = None
+    """Passed to transformers (e.g. `sdpa`, `flash_attention_2`); None lets it choose."""
+    reasoning_vocab_size: int = 0
+    """A reasoning vocabulary (rlvr.reasoning_vocab.mapping): N extra ids, V + j a copy of the j-th
+    non-special token of the tokenizer (-1: a copy of every one), usable only inside think
+    spans. 0: none, unless the model directory already carries one (reasoning_vocab.json),
+    which is always restored."""
+    reasoning_start: str = "<think>"
+    """Opens a think span (matched in the decoded text, see rlvr.reasoning_vocab.gate)."""
+    reasoning_end: str = "</think>"
+    """Closes a think span."""
+
+    def validate(self) -> None:
+        require(self.reasoning_vocab_size >= -1, "model.reasoning_vocab_size",
+                 self.reasoning_vocab_size, "must be -1 (all), 0 (off) or a count")  # fmt: skip
+        start, end = self.reasoning_start, self.reasoning_end
+        require(delimiters_ok(start, end), "model.reasoning_start/end", (start, end),
+                 "must be non-empty and neither may contain the other")  # fmt: skip
+
+
+def delimiters_ok(start: str, end: str) -> bool:
+    """Think delimiters are told apart only when neither contains the other."""
+    return bool(start and end) and start not in end and end not in start
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = True
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+    resume_from: str | None = None
+    """An adapter directory (PEFT format) to continue training from."""
+
+    def validate(self) -> None:
+        require(self.rank >= 1, "lora.rank", self.rank)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables it."""
+
+    def validate(self) -> None:
+        require(self.lr > 0, "optim.lr", self.lr)
+        require(len(self.betas) == 2, "optim.betas", self.betas, "needs 2 values")
+        require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 50
+    """Save every N steps (0: only at the end)."""
+    keep_last: int = 2
+    resume: str | None = None
+    """`auto` (latest checkpoint in output_dir, if any), a checkpoint directory, or None."""
+
+    def validate(self) -> None:
+        require(self.every >= 0, "checkpoint.every", self.every, "must be >= 0")
+        require(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last)
+
+
+@dataclass
+class WandbConfig:
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    """auto: online when WANDB_API_KEY is set, offline otherwise."""
+    project: str = "rlvr"
+    entity: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DistributedConfig:
+    timeout_s: float = 7200.0
+    """Timeout of the trainer ranks' process group. Ranks other than 0 wait in a collective
+    while rank 0 generates a step's rollouts or evaluates, so this bounds one generation or
+    evaluation; rank 0 gives up on rollouts a little earlier, with a clear error."""
+
+    def validate(self) -> None:
+        require(self.timeout_s > 0, "distributed.timeout_s", self.timeout_s)

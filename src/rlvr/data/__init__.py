@@ -1,0 +1,1 @@
+"""Data files: SFT rows, exports of rollouts as chat JSONL, the JSONL reader."""

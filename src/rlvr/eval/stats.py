@@ -1,0 +1,87 @@
+"""Estimates with honest uncertainty for evaluation results: means with confidence intervals whose
+independent unit is the example, and the unbiased pass@k estimator.
+
+An evaluation draws a few rollouts of each of a few examples. The rollouts of one example share
+its difficulty, so they are correlated: treating them as independent samples makes intervals too
+narrow (with many rollouts per example, far too narrow). Here the example is the unit of
+independence throughout, and intervals use Student's t because evaluations often have only a
+handful of examples, where the normal approximation is optimistic too. `percentile` serves the
+benchmarks' latency summaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy.stats import t as student_t
+
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean with its 95% confidence interval over `n` independent units (examples).
+
+    `low` and `high` are None when `n` < 2: one unit says nothing about the spread.
+    """
+
+    mean: float
+    low: float | None
+    high: float | None
+    n: int
+
+
+def clustered_mean(clusters: Sequence[Sequence[float]]) -> Estimate:
+    """The mean over all values with a 95% CI clustered by example: `clusters[i]` holds the
+    values (rewards of the rollouts) of example i.
+
+    The rollouts of one example are not independent, so the standard error is the
+    cluster-robust one (CR1): the squared sums of residuals per example, scaled by G/(G-1) for G
+    examples, with t quantiles on G-1 degrees of freedom. With equally many rollouts per example
+    it equals the standard error of the per-example means; with one value per cluster, the usual
+    standard error of a mean.
+    """
+    clusters = [list(c) for c in clusters if len(c)]
+    if not clusters:
+        raise ValueError("no values to estimate a mean from")
+    values = [v for c in clusters for v in c]
+    mean = math.fsum(values) / len(values)
+    g = len(clusters)
+    if g < 2:
+        return Estimate(mean, None, None, g)
+    squares = math.fsum(math.fsum(v - mean for v in c) ** 2 for c in clusters)
+    se = math.sqrt(g / (g - 1) * squares) / len(values)
+    half = float(student_t.ppf(0.5 + LEVEL / 2, g - 1)) * se
+    return Estimate(mean, mean - half, mean + half, g)
+
+
+def mean_with_ci(values: Sequence[float]) -> Estimate:
+    """The mean of independent values (e.g. paired per-example differences) with a 95% t CI."""
+    return clustered_mean([[v] for v in values])
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of the chance that at least one of k rollouts drawn without replacement
+    from n, of which c succeeded, succeeds: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def k_values(n: int) -> list[int]:
+    """The k reported for n rollouts per example: 1, 2, 4, ... up to n."""
+    return [2**i for i in range(n.bit_length())]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), interpolating linearly between the closest ranks (numpy's
+    default; q=50 is the median). NaN when there are no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    position = min(max(q, 0.0), 100.0) / 100 * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

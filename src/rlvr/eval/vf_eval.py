@@ -1,0 +1,203 @@
+"""Run `vf-eval` on an environment and read back the rollouts it saved.
+
+Integration tests and the demo evaluate environments the way users do, with the installed
+`vf-eval` command against a served model, rather than by calling verifiers' internals; this is the
+one place that builds that command line, runs it and parses its results (which evaluation
+reports read too).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlvr.data.jsonl import iter_jsonl
+
+# The vf-eval installed with this interpreter (the project's venv), not whichever is on PATH.
+VF_EVAL = Path(sys.executable).parent / "vf-eval"
+# vf-eval reads the API key from a named variable; vf-vllm ignores it, so any value will do.
+API_KEY_VAR = "RLVR_EVAL_API_KEY"
+TAIL_CHARS = 3000
+
+
+class ResultsError(ValueError):
+    """Saved vf-eval results that are missing, malformed or cannot be compared."""
+
+
+def find_results(output_dir: Path) -> list[Path]:
+    """Every results.jsonl below `output_dir`, sorted. vf-eval nests them as
+    `evals/<env>--<model>/<run id>/results.jsonl` under its `-o` directory."""
+    return sorted(Path(output_dir).rglob("results.jsonl"))
+
+
+def iter_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, rollout) for every non-blank line of a results.jsonl.
+
+    A line that is not a JSON object raises ResultsError naming the file and line, a cut-off last
+    line included: verifiers skips that one silently, but a report over an interrupted run must
+    say so rather than quietly count fewer rollouts.
+    """
+    for number, row in iter_jsonl(path, ResultsError):
+        if not isinstance(row, dict):
+            raise ResultsError(f"{path}:{number}: a rollout must be a JSON object")
+        yield number, row
+
+
+def _failure(message: str, proc: subprocess.CompletedProcess[str]) -> RuntimeError:
+    """An error carrying the ends of vf-eval's output, where its own error message is."""
+    return RuntimeError(
+        f"{message}\n--- vf-eval stdout (tail) ---\n{proc.stdout[-TAIL_CHARS:]}"
+        f"\n--- vf-eval stderr (tail) ---\n{proc.stderr[-TAIL_CHARS:]}"
+    )
+
+
+def run_vf_eval(
+    env_id: str,
+    *,
+    model: str,
+    base_url: str,
+    output_dir: Path,
+    num_examples: int | None,
+    rollouts_per_example: int | None = 1,
+    max_tokens: int | None = None,
+    env_args: dict[str, Any] | None = None,
+    state_columns: list[str] | None = None,
+    sampling_args: dict[str, Any] | None = None,
+    timeout: float | None = 900,
+) -> list[dict[str, Any]]:
+    """Evaluate `env_id` on `model` served at `base_url`, saving results under `output_dir`
+    (`-s`, plain logging with `-d`), and return the saved rollouts (one dict per row of every
+    results.jsonl found there). `state_columns` are extra state fields saved with each rollout;
+    `sampling_args` go to the model as vf-eval's `-S` (e.g. a seed, or vLLM's `extra_body`).
+    `num_examples` / `rollouts_per_example` of None leave out `-n` / `-r`, so vf-eval takes the
+    environment's own defaults (its `[tool.verifiers.eval]` table).
+
+    Raises RuntimeError, with the tails of vf-eval's stdout and stderr, if vf-eval exits non-zero
+    or saves no results; ResultsError if a saved line is malformed; subprocess.TimeoutExpired
+    after `timeout` seconds (None: no limit).
+    """
+    cmd = [str(VF_EVAL), env_id, "-m", model, "-b", base_url, "-k", API_KEY_VAR]
+    if num_examples is not None:
+        cmd += ["-n", str(num_examples)]
+    if rollouts_per_example is not None:
+        cmd += ["-r", str(rollouts_per_example)]
+    cmd += ["-s", "-d", "-o", str(output_dir)]
+    if max_tokens is not None:
+        cmd += ["-t", str(max_tokens)]
+    if env_args is not None:
+        cmd += ["-a", json.dumps(env_args)]
+    if state_columns:
+        cmd += ["-C", ",".join(state_columns)]
+    if sampling_args:
+        cmd += ["-S", json.dumps(sampling_args)]
+    env = {**os.environ, API_KEY_VAR: "EMPTY"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise _failure(f"vf-eval {env_id} failed with exit code {proc.returncode}", proc)
+    results = find_results(output_dir)
+    if not results:
+        raise _failure(f"vf-eval {env_id} saved no results under {output_dir}", proc)
+    return [row for path in results for _, row in iter_results(path)]
+
+
+# ---- a saved run ----------------------------------------------------------------------------
+
+
+# A weighted rubric sum meant to be exactly 1.0 can come out as 0.9999999999999999; rounding
+# must not turn a success into a failure.
+SUCCESS_TOLERANCE = 1e-9
+
+
+def succeeded(reward: float, bar: float) -> bool:
+    """reward >= bar, up to float rounding (SUCCESS_TOLERANCE)."""
+    return reward >= bar - SUCCESS_TOLERANCE
+
+
+def errored(row: dict[str, Any]) -> bool:
+    """vf-eval saves `error` with every rollout: None when it ran cleanly, the error's type and
+    chain when the model call, a tool or the environment raised."""
+    return row.get("error") is not None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One saved rollout: where it was saved, the fields every number needs (checked), and the
+    row as vf-eval saved it."""
+
+    line: int
+    example_id: int
+    reward: float
+    row: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Run:
+    """The rollouts and metadata of one vf-eval run, under the name the report gives it."""
+
+    name: str
+    results: Path
+    metadata: dict[str, Any]
+    rollouts: list[Rollout]
+
+    def by_example(self) -> dict[int, list[Rollout]]:
+        """Rollouts grouped by example id, in the order of first appearance."""
+        groups: dict[int, list[Rollout]] = defaultdict(list)
+        for rollout in self.rollouts:
+            groups[rollout.example_id].append(rollout)
+        return dict(groups)
+
+
+def load_run(run_dir: str | Path, name: str) -> Run:
+    """Read the one vf-eval run saved below `run_dir` (its `-o` directory or any folder inside).
+
+    Raises ResultsError when there is no run, more than one (which one was meant is not ours to
+    guess), a malformed line, or a rollout without a numeric reward or integer example id.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ResultsError(f"{run_dir}: no such directory")
+    found = find_results(run_dir)
+    if not found:
+        raise ResultsError(f"{run_dir}: no results.jsonl below it (vf-eval saves one with -s)")
+    if len(found) > 1:
+        listing = "".join(f"\n  {path.parent}" for path in found)
+        raise ResultsError(f"{run_dir} holds {len(found)} vf-eval runs; pass one of:{listing}")
+    results = found[0]
+    rollouts = [_rollout(results, line, row) for line, row in iter_results(results)]
+    if not rollouts:
+        raise ResultsError(f"{results}: no rollouts")
+    return Run(name, results, _metadata(results.parent / "metadata.json"), rollouts)
+
+
+def _rollout(path: Path, line: int, row: dict[str, Any]) -> Rollout:
+    if "reward" not in row:
+        raise ResultsError(f"{path}:{line}: no 'reward' field")
+    reward = row["reward"]
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise ResultsError(f"{path}:{line}: reward {reward!r} is not a finite number")
+    example_id = row.get("example_id")
+    if isinstance(example_id, bool) or not isinstance(example_id, int):
+        raise ResultsError(f"{path}:{line}: example_id {example_id!r} is not an integer")
+    return Rollout(line, example_id, float(reward), row)
+
+
+def _metadata(path: Path) -> dict[str, Any]:
+    """vf-eval's metadata.json beside the results; {} when absent (the rows alone still report,
+    without environment, model and sampling)."""
+    if not path.is_file():
+        return {}
+    try:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: not valid JSON ({e.msg})") from None
+    if not isinstance(metadata, dict):
+        raise ResultsError(f"{path}: metadata must be a JSON object")
+    return metadata

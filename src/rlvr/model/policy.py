@@ -1,0 +1,349 @@
+"""The trainable policy, for every trainer (GRPO and SFT): loading and the final save.
+
+Loading resolves the model name (embedded short name, directory or hub id), reads the tokenizer
+and its pad id, loads the weights in the configured dtype, wraps the model in a LoRA adapter
+(new, or one to continue from) and switches gradient checkpointing on where the trainer's
+largest micro-batch needs it (`rlvr.trainer.memory`). The final save writes the adapter or the full
+model in Hugging Face format, and `merge_adapter` turns a saved adapter into a plain model for
+serving.
+
+Precision: every weight the optimizer updates is float32. A bfloat16 weight of 0.02 moves
+only by steps of 1.2e-4, so AdamW updates below half of that (lr 1e-6 for thousands of steps)
+round to nothing and the run trains nothing while its loss looks fine. LoRA keeps its adapter
+in float32 (PEFT) over a frozen half-precision base, and DeepSpeed keeps float32 master
+weights itself; a full fine-tune elsewhere (one process, DDP) in a half dtype therefore loads
+float32 weights and computes in the half dtype under autocast (`mixed_precision`), whatever
+accelerate's own mixed_precision says. Pushes to vf-vllm stream the half dtype.
+
+Nothing here imports vLLM (the merged-weight stream for vf-vllm lives in
+`rlvr.weight_sync.merged_stream`), so SFT runs on machines that have no vLLM, such as training-only
+GPU hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.atomic import atomic_directory
+from rlvr.config import ConfigError, LoraConfig, ModelConfig
+from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_model, load_tokenizer
+from rlvr.reasoning_vocab.mapping import attach as attach_reasoning_vocab
+from rlvr.trainer.memory import Budget, plan_memory
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module
+    """The model to train: a PeftModel when LoRA is on, else the Hugging Face model."""
+    tokenizer: Any
+    pad_id: int
+    """The tokenizer's pad token, or its EOS where it has none (padding is masked anyway)."""
+    path: str
+    """Where the weights came from (a local directory or a hub id)."""
+    reasoning_vocab: ReasoningVocab | None = None
+    """The model's reasoning vocabulary (`tokenizer` is then the expanded one), or None."""
+    compute_dtype: torch.dtype | None = None
+    """Set when float32 weights compute in a half dtype (see the module docstring): the
+    dtype pushed weights travel in."""
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, name)
+
+
+def master_weights_dtype(cfg: ModelConfig, lora: bool, deepspeed: bool) -> torch.dtype | None:
+    """The half dtype a full fine-tune computes in over float32 weights (None: the weights
+    load in the configured dtype as they are). See the module docstring."""
+    dtype = resolve_dtype(cfg.dtype)
+    if lora or deepspeed or dtype == torch.float32:
+        return None
+    return dtype
+
+
+def mixed_precision(model: torch.nn.Module, dtype: torch.dtype, device_type: str) -> None:
+    """Run the model's forward, and its output head (which `rlvr.trainer.logprobs` calls on its
+    own), under autocast to `dtype`: matmuls in `dtype`, reductions and the weights float32."""
+    head = model.get_output_embeddings()
+    for module in (model, head):
+        module.forward = torch.autocast(device_type, dtype=dtype)(module.forward)
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    """Parameter count, also when ZeRO-3 has partitioned the parameters to empty tensors."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+def load_model(
+    path: str,
+    cfg: ModelConfig,
+    reasoning_vocab: ReasoningVocab | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
+    """The plain Hugging Face model at `path` in `dtype` (default: `cfg`'s) and `cfg`'s
+    attention implementation (also used for the frozen reference of a full fine-tune),
+    expanded by `reasoning_vocab` when it does not carry it yet."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": dtype or resolve_dtype(cfg.dtype)}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if reasoning_vocab is not None and ReasoningVocab.load(path) is None:
+        expand_model(model, reasoning_vocab)
+    return model
+
+
+# The frozen copy of a resumed adapter that serves as the KL reference (see `reference_mode`).
+REFERENCE_ADAPTER = "reference"
+TIED_MODULES = ("lm_head", "embed_tokens")
+
+
+def check_lora_targets(model: torch.nn.Module, targets: list[str]) -> None:
+    """Refuse LoRA on a tied output head or input embedding: PEFT adds the delta to one use
+    of the shared matrix only, but the merged weight pushed into vLLM (which ties them too)
+    would change both, so the server would sample from a model the trainer is not training."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    hit = sorted(set(targets) & set(TIED_MODULES))
+    if tied and hit:
+        raise ConfigError(
+            f"lora.target_modules includes {hit}, but this model ties its input embedding and "
+            "output head: the adapter's delta would reach only one of the two in training and "
+            "both on the server. Remove them from lora.target_modules (or use a model with "
+            "untied embeddings)."
+        )
+
+
+def apply_lora(
+    model: torch.nn.Module,
+    cfg: LoraConfig,
+    keep_reference: bool = False,
+    reasoning_vocab: ReasoningVocab | None = None,
+) -> torch.nn.Module:
+    """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s.
+
+    `keep_reference` (for a KL penalty) also loads a resumed adapter a second time, frozen,
+    as the reference: the initial policy is base + that adapter, not the bare base.
+
+    With a reasoning vocabulary, its rows (and only those) of the input embedding and of an
+    untied output head train in full beside the adapter (PEFT's trainable tokens; a tied head
+    shares the embedding's rows): a low-rank update could not move N new rows independently
+    of the originals they copy."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel, get_peft_model
+
+    check_lora_targets(model, list(cfg.target_modules))
+    if cfg.resume_from:
+        model = PeftModel.from_pretrained(model, cfg.resume_from, is_trainable=True)
+        if keep_reference:
+            model.load_adapter(cfg.resume_from, adapter_name=REFERENCE_ADAPTER)
+            model.set_adapter("default")
+        return model
+    peft_config = PeftLoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        task_type="CAUSAL_LM",
+        trainable_token_indices=trainable_rows(model, reasoning_vocab, cfg.target_modules),
+    )
+    return get_peft_model(model, peft_config)
+
+
+def trainable_rows(
+    model: torch.nn.Module, reasoning_vocab: ReasoningVocab | None, lora_targets: list[str]
+) -> dict[str, list[int]] | None:
+    """PEFT's `trainable_token_indices` for the reasoning rows, by module name. An untied head
+    that LoRA already targets is left to LoRA (PEFT cannot wrap it twice; its LoRA update
+    gives each output row, the new ones included, its own coefficients)."""
+    if reasoning_vocab is None:
+        return None
+    rows = list(range(reasoning_vocab.base_vocab_size, reasoning_vocab.total_vocab_size))
+    names = {module: name.rsplit(".", 1)[-1] for name, module in model.named_modules()}
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    indices = {names[embedding]: rows}
+    untied = head is not None and head.weight is not embedding.weight
+    if untied and names[head] not in lora_targets:
+        indices[names[head]] = rows
+    return indices
+
+
+@contextlib.contextmanager
+def reference_mode(model: torch.nn.Module):
+    """Run a LoRA policy as its KL reference, the initial policy: the frozen copy of a resumed
+    adapter where there is one (`apply_lora(keep_reference=True)`), else the base with the
+    adapter off (a new adapter starts at zero, so the base is the initial policy). Switches
+    the active adapter of each LoRA layer directly: PEFT's `set_adapter` would also change
+    which parameters are trainable."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    unwrapped = getattr(model, "module", model)
+    if REFERENCE_ADAPTER not in getattr(unwrapped, "peft_config", {}):
+        with unwrapped.disable_adapter():
+            yield
+        return
+    layers = [m for m in unwrapped.modules() if isinstance(m, BaseTunerLayer)]
+    saved = [m._active_adapter for m in layers]
+    for layer in layers:
+        layer._active_adapter = [REFERENCE_ADAPTER]
+    try:
+        yield
+    finally:
+        for layer, active in zip(layers, saved, strict=True):
+            layer._active_adapter = active
+
+
+def load_policy(
+    model_cfg: ModelConfig,
+    lora_cfg: LoraConfig,
+    accelerator: Any,
+    keep_reference: bool = False,
+    budget: Budget | None = None,
+) -> Policy:
+    """Everything a trainer needs to start training the model `model_cfg.name`
+    (`keep_reference`: see `apply_lora`). With the `budget` of its largest micro-batch, the
+    step's peak memory is checked against the device's (a ConfigError when it cannot fit)
+    and gradient checkpointing, unless set, is on only when the step needs it
+    (`rlvr.trainer.memory.plan_memory`); without one, checkpointing is as set (default off)."""
+    from accelerate.utils import DistributedType
+
+    from rlvr.model.names import resolve_model
+
+    with accelerator.main_process_first():  # the embedded model is converted once, by one process
+        path = resolve_model(model_cfg.name)
+    tokenizer = load_tokenizer(path)
+    pad = tokenizer.pad_token_id
+    deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    compute_dtype = master_weights_dtype(model_cfg, lora_cfg.enabled, deepspeed)
+    model = load_model(path, model_cfg, dtype=torch.float32 if compute_dtype else None)
+    tokenizer, reasoning_vocab = attach_reasoning_vocab(model, tokenizer, model_cfg, path)
+    if compute_dtype is not None:  # after any resize: it replaces the head module
+        mixed_precision(model, compute_dtype, accelerator.device.type)
+    model.config.use_cache = False
+    if lora_cfg.enabled:
+        model = apply_lora(model, lora_cfg, keep_reference, reasoning_vocab)
+    plan = None
+    if budget is not None:  # refuse a step that cannot fit; choose checkpointing for it
+        reference_copy = keep_reference and not lora_cfg.enabled
+        plan = plan_memory(model, model_cfg.gradient_checkpointing, budget, accelerator,
+                           reference_copy=reference_copy)  # fmt: skip
+    checkpointing = plan.checkpointing if plan else bool(model_cfg.gradient_checkpointing)
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    if accelerator.is_main_process:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        kind = "LoRA" if lora_cfg.enabled else "full"
+        print(
+            f"model {path}: {num_parameters(model) / 1e6:.1f}M parameters, "
+            f"{trainable / 1e6:.2f}M trainable ({kind}), dtype {model.dtype}"
+            + (f" computing in {compute_dtype}" if compute_dtype else "")
+            + f", gradient checkpointing {checkpointing}"
+            + (f", reasoning vocabulary {reasoning_vocab.size}" if reasoning_vocab else "")
+        )
+        if plan is not None:
+            print(plan.describe())
+    pad_id = pad if pad is not None else tokenizer.eos_token_id
+    return Policy(model, tokenizer, pad_id, path, reasoning_vocab, compute_dtype)
+
+
+def zero3_gather(params: list[torch.nn.Parameter]):
+    """Gather ZeRO-3 partitioned parameters for reading (a no-op for ordinary tensors)."""
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+def save_final(
+    accelerator: Any,
+    model: Any,
+    tokenizer: Any,
+    out_dir: Path,
+    lora: bool,
+    reasoning_vocab: ReasoningVocab | None = None,
+) -> Path:
+    """The trained adapter (LoRA) or full model in Hugging Face format, with the tokenizer (and
+    the reasoning vocabulary's mapping), in `out_dir/final` (written atomically). ZeRO-3
+    gathers only the adapter for LoRA. Every process must call this; the main one writes."""
+    unwrapped = accelerator.unwrap_model(model)
+    state = trainable_state(unwrapped) if lora else accelerator.get_state_dict(model)
+    final = Path(out_dir) / "final"
+    if accelerator.is_main_process:
+        with atomic_directory(final, replace=True) as tmp:
+            if lora:
+                save_adapter(unwrapped, state, tmp)
+            else:
+                unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            if reasoning_vocab is not None:
+                reasoning_vocab.save(tmp)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the trainable parameters (a LoRA policy: the adapter). Under ZeRO-3 only
+    these are gathered, on every rank together; the frozen base stays partitioned."""
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    with zero3_gather(list(trainable.values())):
+        return {n: p.detach().to("cpu", copy=True) for n, p in trainable.items()}
+
+
+def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """The trained adapter (`trainable_state`) in PEFT format: adapter_config.json +
+    adapter_model.safetensors, as vLLM's `--lora-modules` and `load_lora_adapter` read it.
+    Only the trained adapter, never the frozen KL reference copy. An adapter with a reasoning
+    vocabulary holds the rows it trained, not whole embedding matrices: loading expands the
+    base again (PEFT would otherwise save both in full)."""
+    rows = getattr(model.peft_config["default"], "trainable_token_indices", None)
+    extra = {"save_embedding_layers": False} if rows else {}
+    model.save_pretrained(
+        directory, state_dict=state, safe_serialization=True, selected_adapters=["default"], **extra
+    )
+
+
+def merge_adapter(
+    adapter_dir: str | Path, out_dir: str | Path, base: str | None = None, dtype: str = "auto"
+) -> Path:
+    """Write base model + adapter as one plain Hugging Face model (safetensors + tokenizer).
+
+    `base` defaults to the adapter's recorded base model (short names, local directories and
+    hub ids all resolve). An adapter trained with a reasoning vocabulary expands a base that
+    lacks one first, and the merged model carries the mapping. Written to a temporary
+    directory and renamed, so `out_dir` is either complete or absent.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.model.names import resolve_model
+
+    adapter_dir = Path(adapter_dir)
+    config_file = adapter_dir / "adapter_config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{adapter_dir} is not a PEFT adapter (no adapter_config.json)")
+    base = base or json.loads(config_file.read_text())["base_model_name_or_path"]
+    base_path = resolve_model(base)
+    torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
+    base_vocab = ReasoningVocab.load(base_path)
+    reasoning_vocab = ReasoningVocab.load(adapter_dir) or base_vocab
+    if reasoning_vocab is not None and base_vocab is None:
+        expand_model(model, reasoning_vocab)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
+    tokenizer = load_tokenizer(adapter_dir if has_tokenizer else base_path)
+    out = Path(out_dir)
+    with atomic_directory(out, replace=True) as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if reasoning_vocab is not None:
+            reasoning_vocab.save(tmp)
+    return out

@@ -1,0 +1,129 @@
+"""Rollouts -> training samples: the token ids vLLM reported and the loss mask over them.
+
+Samples: per trajectory when possible, per turn where needed. A multi-turn rollout becomes one
+sample when each turn's prompt ids start with the previous turn's prompt + completion ids (the
+usual case with ChatML templates): the environment's tokens between turns (tool results, user
+or opponent messages) are then part of the sequence with loss mask 0, and one forward pass
+trains every turn with the exact context the sampler saw. Where re-rendering the conversation
+changes earlier tokens (a template that drops reasoning, a tool call re-serialised differently
+from how it was sampled, BPE merging across the turn boundary), a new sample starts at that
+turn: merging would train on a context the sampler never saw. Either way the ids are exactly
+those vLLM reported, never re-tokenized text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.trainer.micro_batches import Sample
+
+
+class MissingTokensError(RuntimeError):
+    """The server did not return token ids / logprobs, so nothing can be trained."""
+
+
+def message_field(obj: Any, key: str, default: Any = None) -> Any:
+    """Messages are pydantic objects at run time and dicts in saved results: read both."""
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def message_text(message: Any) -> str:
+    content = message_field(message, "content")
+    if isinstance(content, list):
+        content = " ".join(str(message_field(part, "text", "")) for part in content)
+    text = content or ""
+    for call in message_field(message, "tool_calls") or []:
+        text += f"\n[tool_call {message_field(call, 'name')}({message_field(call, 'arguments')})]"
+    return text
+
+
+def render_messages(messages: Any, limit: int = 2000) -> str:
+    """Readable text for the sample table: `role: text` per message, cut to `limit` chars."""
+    if isinstance(messages, str):
+        return messages[:limit]
+    lines = [f"{message_field(m, 'role')}: {message_text(m)}" for m in messages or []]
+    return "\n".join(lines)[:limit]
+
+
+def trajectory_samples(trajectory: list[dict], max_seq_len: int) -> list[Sample]:
+    """Turn a rollout's trajectory into samples (see the module docstring for when turns are
+    merged). Loss mask 1 only on completion tokens the sampler produced (and that the
+    environment's completion mask keeps); everything else, including every prompt, system,
+    user and tool token, gets 0."""
+    samples: list[Sample] = []
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    for turn, step in enumerate(trajectory):
+        tokens = step.get("tokens")
+        if tokens is None:
+            raise MissingTokensError(
+                f"turn {turn} of a rollout has no token data: the server must return "
+                "prompt_token_ids/token_ids and logprobs (vLLM with return_token_ids)"
+            )
+        prompt = list(tokens["prompt_ids"])
+        completion = list(tokens["completion_ids"])
+        completion_mask = list(tokens.get("completion_mask") or [1] * len(completion))
+        completion_logprobs = [float(x) for x in tokens["completion_logprobs"]]
+        if len(completion_logprobs) != len(completion):
+            raise MissingTokensError(
+                f"turn {turn}: {len(completion)} completion ids but "
+                f"{len(completion_logprobs)} logprobs"
+            )
+        extends = (
+            bool(ids) and prompt[: len(ids)] == ids and len(prompt) + len(completion) <= max_seq_len
+        )
+        if not extends and ids:
+            samples.append(Sample(ids, mask, logprobs))
+            ids, mask, logprobs = [], [], []
+        new_prompt = prompt[len(ids) :]
+        ids = ids + new_prompt + completion
+        mask = mask + [0] * len(new_prompt) + [int(bool(m)) for m in completion_mask]
+        logprobs = logprobs + [0.0] * len(new_prompt) + completion_logprobs
+    if ids:
+        samples.append(Sample(ids, mask, logprobs))
+    return samples
+
+
+@dataclass
+class RolloutResult:
+    """One finished rollout, reduced to what training and logging need."""
+
+    example_id: int
+    reward: float
+    metrics: dict[str, float]
+    samples: list[Sample]
+    truncated: bool
+    num_turns: int
+    completion_tokens: int
+    prompt_text: str
+    completion_text: str
+    answer: str = ""
+
+
+def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> RolloutResult:
+    trajectory = state.get("trajectory") or []
+    truncated = bool(state.get("is_truncated")) or any(
+        step.get("is_truncated") for step in trajectory
+    )
+    samples = trajectory_samples(trajectory, max_seq_len)
+    if truncated and mask_truncated:
+        samples = []
+    completion_tokens = sum(
+        len((s.get("tokens") or {}).get("completion_ids", [])) for s in trajectory
+    )
+    return RolloutResult(
+        example_id=int(state.get("example_id", 0)),
+        reward=float(state.get("reward") or 0.0),
+        metrics={k: float(v) for k, v in (state.get("metrics") or {}).items()},
+        samples=samples,
+        truncated=truncated,
+        num_turns=len(trajectory),
+        completion_tokens=completion_tokens,
+        prompt_text=render_messages(state.get("prompt")),
+        completion_text=render_messages(state.get("completion")),
+        answer=str(state.get("answer", "") or ""),
+    )

@@ -1,0 +1,371 @@
+"""Rollouts for training: the environment's own rollout code against vf-vllm, run ahead of the
+trainer in a background thread (`RolloutWorker`), at most `batch.async_level` steps ahead.
+
+The client and per-request sampling arguments are in `rlvr.rollouts.client`; how a finished rollout
+becomes token samples with loss masks is in `rlvr.rollouts.to_samples`. One prompt's group of
+rollouts is `rlvr.rollouts.groups`; which rows become prompts, `rlvr.rollouts.prompts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.config import Config
+from rlvr.rollouts.groups import GroupResult, StepBatch, run_group
+from rlvr.rollouts.prompts import PromptOrder
+from rlvr.rollouts.request_args import build_sampling_args, request_seed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalResult:
+    reward: float
+    metrics: dict[str, float]
+    num_rollouts: int
+    errored: int
+    truncated: int
+
+
+class _Batches:
+    """Finished step batches on their way from the worker thread to the trainer, and the steps
+    whose generation has started (a checkpoint keeps the batches in flight)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.ready: dict[int, StepBatch] = {}
+        self.started: set[int] = set()
+        self.failure: BaseException | None = None
+
+    def start(self, step: int) -> None:
+        with self._cond:
+            self.started.add(step)
+            self._cond.notify_all()
+
+    def put(self, batch: StepBatch) -> None:
+        with self._cond:
+            self.ready[batch.step] = batch
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            self.failure = error
+            self._cond.notify_all()
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float | None, what: str) -> None:
+        """Wait until `done()` (under the lock); re-raise a worker failure; time out clearly."""
+        if not self._cond.wait_for(lambda: done() or self.failure is not None, timeout_s):
+            raise TimeoutError(
+                f"no rollouts for {what} after {timeout_s:.0f}s: the server is stuck or "
+                "generation is slower than distributed.timeout_s allows (raise it, or lower "
+                "batch.batch_size / sampling.max_tokens)"
+            )
+        if self.failure is not None and not done():
+            raise RuntimeError("the rollout worker failed") from self.failure
+
+    def wait_started(self, step: int, timeout_s: float | None) -> None:
+        with self._cond:
+            self._wait(lambda: step in self.started, timeout_s, f"the start of step {step}")
+
+    def take(self, step: int, timeout_s: float | None) -> StepBatch:
+        with self._cond:
+            self._wait(lambda: step in self.ready, timeout_s, f"step {step}")
+            return self.ready.pop(step)
+
+    def in_flight(self, first: int, last: int, timeout_s: float | None) -> list[StepBatch]:
+        """The batches of steps first..last whose generation has started, once finished."""
+        with self._cond:
+            steps = sorted(s for s in self.started if first <= s <= last)
+            self._wait(lambda: all(s in self.ready for s in steps), timeout_s,
+                       f"steps {steps}")  # fmt: skip
+            return [self.ready[s] for s in steps]
+
+
+class _Versions:
+    """The newest weight version the server holds, and how many batches and evaluations are
+    generating with each version. A version is taken (`lease`) and registered in one locked
+    step, so once the trainer has moved to a newer version, `in_use` names every older one a
+    request can still ask for: the adapter sync may unload the rest."""
+
+    def __init__(self, current: int):
+        self._lock = threading.Lock()
+        self.current = current
+        self._leases: Counter[int] = Counter()
+
+    def advance(self, version: int) -> None:
+        with self._lock:
+            self.current = version
+
+    @contextmanager
+    def lease(self) -> Iterator[int]:
+        """The current version, kept in use until the block ends."""
+        with self._lock:
+            version = self.current
+            self._leases[version] += 1
+        try:
+            yield version
+        finally:
+            with self._lock:
+                self._leases[version] -= 1
+                if not self._leases[version]:
+                    del self._leases[version]
+
+    def in_use(self) -> set[int]:
+        """Leased versions and the current one (which the next batch takes)."""
+        with self._lock:
+            return {self.current, *self._leases}
+
+
+class RolloutWorker:
+    """Generates step batches in a background thread, at most `async_level` steps ahead.
+
+    Batch s is generated by exactly weight version max(0, s - async_level) (version v =
+    weights after v optimizer steps; version 0 is pushed before training starts). It starts
+    once the server holds that version, and the trainer pushes no newer one before it has
+    started (`wait_for_batches_of`). With async_level 0 every batch is generated by the weights
+    it trains; with 1, batch s+1 is generated while step s trains, and the importance ratio
+    corrects for the one-step lag. Fixing the version, rather than taking whatever the server
+    holds when a batch starts, makes the lag the same in every run and in a resumed one.
+
+    Batches generated before an interruption come back through `preloaded` (see
+    `in_flight`): a resumed run trains on exactly the batches, generated by exactly the
+    policies, that the interrupted run would have.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        dataset: Any,
+        config: Config,
+        client_factory: Callable[[], Any],
+        start_step: int = 0,
+        version: int = 0,
+        data_position: int = 0,
+        prompt_fits: Callable[[dict], bool] | None = None,
+        preloaded: list[StepBatch] | None = None,
+        model: str | Callable[[int], str] | None = None,
+    ):
+        self.env = env
+        self.dataset = dataset
+        self.cfg = config
+        self.client_factory = client_factory
+        name = model or config.served_model
+        self.model = model if callable(model) else lambda version: name
+        """The name that serves weight version v to rollouts: one name whatever the version
+        (the served base model, merged pushes), or that version's adapter."""
+        self.order = PromptOrder(len(dataset), config.seed)
+        self.start_step = start_step
+        self.position = data_position
+        self.prompt_fits = prompt_fits or (lambda row: True)
+        self._versions = _Versions(version)
+        self._batches = _Batches()
+        self._preloaded = {b.step: b for b in preloaded or []}
+        self._loop = asyncio.new_event_loop()
+        self._version_event: asyncio.Event | None = None
+        self._client: Any = None
+        self._task: asyncio.Task | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rollout-worker", daemon=True)
+
+    # -- trainer-side API -------------------------------------------------------------
+
+    def start(self) -> RolloutWorker:
+        self._thread.start()
+        self._ready.wait()
+        return self
+
+    def set_version(self, version: int) -> None:
+        """Called by the trainer after each weight push."""
+        self._versions.advance(version)
+        if self._version_event is not None:
+            self._loop.call_soon_threadsafe(self._version_event.set)
+
+    def wait_for_batches_of(self, version: int, timeout_s: float | None = None) -> None:
+        """Block until the batch that weight `version` generates (step version +
+        async_level) has started, so that the trainer may push the next version (see the class
+        docstring). Steps beyond the run have nothing to wait for."""
+        step = version + self.cfg.batch.async_level
+        if step < self.cfg.max_steps:
+            self._batches.wait_started(step, timeout_s)
+
+    def get(self, step: int, timeout_s: float | None = None) -> StepBatch:
+        """Block until the batch of `step` is ready (re-raises a worker failure); after
+        `timeout_s`, raise TimeoutError instead of waiting on a stuck server forever."""
+        return self._batches.take(step, timeout_s)
+
+    def in_flight(self, first: int, timeout_s: float | None = None) -> list[StepBatch]:
+        """For a checkpoint after `first` steps: the batches of steps first..first +
+        async_level - 1 that are already generating (with policies older than the one
+        being saved), waited for. A resumed run must not regenerate these with the newer
+        policy; later batches start from the saved policy either way."""
+        last = first + self.cfg.batch.async_level - 1
+        return self._batches.in_flight(first, last, timeout_s)
+
+    def versions_in_use(self) -> set[int]:
+        """Weight versions that running batches or evaluations request, and the current one."""
+        return self._versions.in_use()
+
+    def ready_steps(self) -> list[int]:
+        return sorted(self._batches.ready)
+
+    def evaluate(
+        self, num_examples: int, rollouts_per_example: int, timeout_s: float | None = None
+    ) -> EvalResult:
+        """Run the environment's eval set on the worker's loop (beside training rollouts);
+        cancelled with TimeoutError after `timeout_s`."""
+        future = asyncio.run_coroutine_threadsafe(
+            self._evaluate(num_examples, rollouts_per_example), self._loop
+        )
+        try:
+            return future.result(timeout=timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(
+                f"evaluation did not finish within {timeout_s:.0f}s (distributed.timeout_s "
+                "bounds it: the other ranks wait for it); lower eval.num_examples"
+            ) from None
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            if self._task is not None:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            self._thread.join(timeout=60)
+
+    # -- worker thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._main())
+        finally:
+            self._loop.close()
+
+    async def _main(self) -> None:
+        self._version_event = asyncio.Event()
+        self._client = self.client_factory()
+        self._task = asyncio.current_task()
+        self._ready.set()
+        try:
+            for step in range(self.start_step, self.cfg.max_steps):
+                if step in self._preloaded:  # started before the checkpoint: in flight still
+                    self._batches.start(step)
+                    batch = self._preloaded.pop(step)
+                    self.position = batch.data_position
+                else:
+                    await self._wait_for_version(step - self.cfg.batch.async_level)
+                    with self._versions.lease() as version:  # before the trainer may push on
+                        self._batches.start(step)
+                        batch = await self.generate_step(step, version)
+                self._batches.put(batch)
+            await asyncio.Event().wait()  # stay up for evaluations until close()
+        except asyncio.CancelledError:
+            pass
+        except BaseException as e:  # handed to the trainer, which re-raises it
+            log.exception("rollout worker failed")
+            self._batches.fail(e)
+        finally:
+            await self._client.close()
+
+    async def _wait_for_version(self, needed: int) -> None:
+        assert self._version_event is not None
+        while self._versions.current < needed:
+            self._version_event.clear()
+            if self._versions.current >= needed:
+                return
+            await self._version_event.wait()
+
+    def _sampling_args(self, step: int, position: int, rollout: int) -> dict[str, Any]:
+        seed = None
+        if self.cfg.sampling.seed_requests:
+            seed = request_seed(self.cfg.seed, step, position, rollout)
+        return build_sampling_args(self.cfg.sampling, self.env.sampling_args, seed)
+
+    async def _run_groups(
+        self, rows: list[dict], step: int, first_position: int, group_size: int, version: int
+    ) -> list[GroupResult]:
+        """Generate and score the groups of `rows`, every request through the model name
+        that serves weight `version`."""
+        limit = self.cfg.batch.max_concurrent
+        semaphore = asyncio.Semaphore(limit if limit > 0 else len(rows) or 1)
+
+        async def one(i: int, row: dict) -> GroupResult:
+            args = [self._sampling_args(step, first_position + i, r) for r in range(group_size)]
+            async with semaphore:
+                return await run_group(
+                    self.env,
+                    self._client,
+                    self.model(version),
+                    row,
+                    args,
+                    self.cfg.batch.max_seq_len,
+                    self.cfg.batch.mask_truncated,
+                )
+
+        return list(await asyncio.gather(*(one(i, row) for i, row in enumerate(rows))))
+
+    def _next_rows(self, count: int) -> tuple[list[dict], int, int]:
+        """The next `count` rows whose prompts fit, the first row's position, and how many
+        rows were skipped for being too long."""
+        rows: list[dict] = []
+        first = self.position
+        skipped = 0
+        while len(rows) < count:
+            (index,) = self.order.rows(self.position, 1)
+            self.position += 1
+            row = self.dataset[index]
+            if self.prompt_fits(row):
+                rows.append(row)
+                continue
+            skipped += 1
+            if skipped > len(self.dataset):
+                raise RuntimeError(
+                    f"no prompt of the dataset fits batch.max_prompt_len="
+                    f"{self.cfg.batch.max_prompt_len} tokens"
+                )
+        return rows, first, skipped
+
+    async def generate_step(self, step: int, version: int) -> StepBatch:
+        """The batch of `step`, every request through the name serving weight `version`."""
+        rows, first, skipped = self._next_rows(self.cfg.examples_per_step)
+        began = time.perf_counter()
+        group_size = self.cfg.batch.rollouts_per_example
+        groups = await self._run_groups(rows, step, first, group_size, version)
+        errors = [e for g in groups for e in g.errors]
+        for message in errors[:3]:
+            log.warning("step %d: rollout errored: %s", step, message)
+        return StepBatch(
+            step,
+            groups,
+            data_position=self.position,
+            skipped_prompts=skipped,
+            generate_s=time.perf_counter() - began,
+            min_policy_version=version,
+            errors=errors,
+        )
+
+    async def _evaluate(self, num_examples: int, rollouts_per_example: int) -> EvalResult:
+        dataset = self.env.get_eval_dataset(n=num_examples)
+        rows = [dataset[i] for i in range(len(dataset))]
+        with self._versions.lease() as version:
+            groups = await self._run_groups(rows, -1, 0, rollouts_per_example, version)
+        rollouts = [r for g in groups for r in g.rollouts]
+        metrics: dict[str, float] = {}
+        for name in sorted({k for r in rollouts for k in r.metrics}):
+            values = [r.metrics[name] for r in rollouts if name in r.metrics]
+            metrics[name] = sum(values) / len(values)
+        n = len(rollouts)
+        return EvalResult(
+            reward=sum(r.reward for r in rollouts) / n if n else 0.0,
+            metrics=metrics,
+            num_rollouts=n,
+            errored=sum(g.errored for g in groups),
+            truncated=sum(r.truncated for r in rollouts),
+        )

@@ -1,0 +1,165 @@
+"""Run logging: a progress bar, W&B (offline unless a key is set, or disabled), and local
+`metrics.jsonl` / `samples.jsonl` files that hold the same numbers whatever W&B does.
+
+Only the main process logs. Metric names are grouped by prefix (GRPO: `reward/`,
+`env/<metric>`, `loss/`, `ratio/`, `time/`, `throughput/`, `rollouts/`, `push/`, `eval/`; SFT:
+`train/`, `val/`, `data/`) so W&B's panels sort them. Any trainer's config works: the logger
+reads its `output_dir` and `wandb` sections and records the whole config with the W&B run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rlvr.config import Config, SFTConfig, WandbConfig, to_dict
+
+log = logging.getLogger(__name__)
+
+PROGRESS_KEYS = {
+    "reward/mean": "reward",
+    "train/loss": "loss",
+    "time/step": "step_s",
+    "mismatch_kl": "kl",
+}
+
+
+def wandb_mode(cfg: WandbConfig) -> str:
+    """`auto` means online with a key and offline without: runs never fail for lack of one."""
+    if cfg.mode != "auto":
+        return cfg.mode
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def distribution(prefix: str, values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {
+        f"{prefix}/mean": mean(values),
+        f"{prefix}/std": statistics.pstdev(values),
+        f"{prefix}/min": min(values),
+        f"{prefix}/max": max(values),
+    }
+
+
+def metric_means(metric_dicts: Iterable[Any], prefix: str = "") -> dict[str, float]:
+    """Mean of every numeric rubric metric over the rollouts that report it, in the order of
+    first appearance, named `prefix/name` (just `name` without a prefix). Entries that are not
+    mappings, and values that are not numbers (booleans included), are left out. The trainer's
+    `env/` means and the evaluation reports' metric columns both come from here."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for metrics in metric_dicts:
+        for name, value in metrics.items() if isinstance(metrics, dict) else ():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                values[name].append(value)
+    return {
+        f"{prefix}/{name}" if prefix else name: statistics.fmean(v) for name, v in values.items()
+    }
+
+
+class RunLogger:
+    """`bar=(description, total steps)` shows a progress bar that advances on every metrics
+    record with `time/step`; None shows none."""
+
+    def __init__(
+        self,
+        config: Config | SFTConfig,
+        enabled: bool,
+        start_step: int,
+        run_id: str | None = None,
+        bar: tuple[str, int] | None = None,
+    ):
+        self.cfg = config
+        self.enabled = enabled
+        self.out = Path(config.output_dir)
+        self.run = None
+        self.bar = None
+        self.run_id = run_id
+        if not enabled:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._init_wandb(run_id)
+        if bar is not None:
+            from tqdm.auto import tqdm
+
+            desc, total = bar
+            self.bar = tqdm(total=total, initial=start_step, desc=desc, unit="step", leave=True)
+
+    def _init_wandb(self, run_id: str | None) -> None:
+        mode = wandb_mode(self.cfg.wandb)
+        if mode == "disabled":
+            return
+        import wandb
+
+        wcfg = self.cfg.wandb
+        self.run = wandb.init(
+            project=wcfg.project,
+            entity=wcfg.entity,
+            name=wcfg.name,
+            tags=wcfg.tags or None,
+            dir=str(self.out),
+            id=run_id,
+            resume="allow" if run_id else None,
+            mode=mode,
+            config=to_dict(self.cfg),
+        )
+        self.run_id = self.run.id
+        log.info("W&B run %s (%s) in %s", self.run.id, mode, self.out)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Log one step's metrics (step = number of optimizer steps done)."""
+        if not self.enabled:
+            return
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **clean}) + "\n")
+        if self.run is not None:
+            self.run.log(clean, step=step)
+        if self.bar is not None and "time/step" in clean:
+            self.bar.update(1)
+            self.bar.set_postfix(
+                {short: f"{clean[k]:.4g}" for k, short in PROGRESS_KEYS.items() if k in clean}
+            )
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """A table of sample rollouts (prompt, completion, reward, advantage)."""
+        if not self.enabled or not rows:
+            return
+        with open(self.out / "samples.jsonl", "a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}) + "\n")
+        if self.run is not None:
+            import wandb
+
+            columns = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+            self.run.log({"samples": table}, step=step)
+
+    def warn(self, message: str) -> None:
+        log.warning(message)
+        if self.bar is not None:
+            self.bar.write(f"WARNING: {message}")
+
+    def print(self, message: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.run is not None:
+            self.run.finish()

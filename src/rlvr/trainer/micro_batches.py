@@ -1,0 +1,243 @@
+"""Training samples and how they are laid out in micro-batches.
+
+A `Sample` is one token sequence exactly as vLLM saw it (the trainer never re-tokenizes text,
+so the ids, the loss mask and the sampler's logprobs cannot drift apart), with a mask that is 1
+only on tokens the policy sampled. SFT reuses samples and their layout: its mask marks the
+assistant's tokens (see `rlvr.data.sft_rows`) and the sampler fields stay zero.
+
+A micro-batch is a list of rows, a row a list of samples laid end to end.
+
+Padded (one sample per row, `packing=False`, the default): samples sorted by length, so rows of
+a micro-batch have similar lengths, right-padded to the longest. The model gets no attention
+mask: under causal attention no token sees the padding after it, and the loss never reads the
+padding's outputs, so a mask would change nothing that counts. Without one, attention takes its
+causal fast path (sdpa's `is_causal`) instead of building and applying a mask.
+
+Packed (`packing=True`): samples are packed first-fit-decreasing into rows no wider than the
+step's longest sample, so short samples share a row instead of padding it; position ids
+restart at 0 where each sample starts, and transformers builds the block-diagonal causal mask
+from them (sdpa and eager on the CPU; flash_attention_2's varlen path on GPUs, with no mask),
+so no token attends to another sample. Padding mostly disappears, but with sdpa every packed
+row pays for a mask over its whole width: on a CPU that costs more than the padding it saves
+(bench/train_step.py), so packing is for flash_attention_2.
+
+Micro-batches hold at most `batch.micro_batch_size` rows and `batch.micro_batch_tokens` slots
+(rows x the widest row, the positions the tensors hold: padding costs the activation memory a
+token does), whichever binds first, like verl's `ppo_max_token_len_per_gpu` and prime-rl's
+packed micro-batches: a step of long samples gets more, smaller micro-batches instead of
+running out of memory, and a step of short ones fewer, fuller ones.
+
+The loss is a sum over tokens normalised by the step's global loss-token count, so the layout
+cannot change it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Sample:
+    input_ids: list[int]
+    loss_mask: list[int]
+    """1 where the token was sampled by the policy (gets loss), 0 for prompt/env tokens."""
+    sampler_logprobs: list[float]
+    """vLLM's log-probability of each token where loss_mask is 1 (0.0 elsewhere)."""
+    advantage: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not len(self.input_ids) == len(self.loss_mask) == len(self.sampler_logprobs):
+            raise ValueError(
+                f"sample fields differ in length: ids {len(self.input_ids)}, mask "
+                f"{len(self.loss_mask)}, logprobs {len(self.sampler_logprobs)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+Row = list[Sample]
+"""Samples laid end to end in one row of a micro-batch."""
+
+
+@dataclass
+class MicroBatch:
+    """Rows right-padded to the widest. `loss_mask`, `sampler_logprobs` and `advantages` are
+    aligned with next-token predictions: column i describes token i+1 of `input_ids` (the
+    first token of each sample is never predicted)."""
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    attention_mask: torch.Tensor
+    """1 on tokens, 0 on padding (what the model need not see: see the module docstring)."""
+    position_ids: torch.Tensor | None = None
+    """Positions restarting at 0 where each sample starts; the padding after the last sample
+    of a row counts as a sample of its own, so nothing attends to it or from it."""
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments for the model's forward: no attention mask (see the module
+        docstring); transformers builds packed rows' block-diagonal mask from position ids."""
+        if self.position_ids is not None:
+            return {"input_ids": self.input_ids, "position_ids": self.position_ids}
+        return {"input_ids": self.input_ids}
+
+    def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+        """The final hidden states [n, H] that make the predictions `select` [B, T-1] picks,
+        from the forward's `hidden` [B, T, H] (a folded micro-batch gathers them instead:
+        `rlvr.trainer.prefix_tree`)."""
+        return hidden[:, :-1][select]
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        fields = vars(self).items()
+        return type(self)(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in fields})
+
+
+def collate(rows: list[Row], pad_id: int) -> MicroBatch:
+    """Tensors for a micro-batch of rows (see the module docstring for the two layouts)."""
+    width = max(sum(len(s) for s in row) for row in rows)
+    n = len(rows)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    positions = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.float32)
+    logprobs = torch.zeros((n, width), dtype=torch.float32)
+    advantages = torch.zeros((n, width), dtype=torch.float32)
+    for r, row in enumerate(rows):
+        start = 0
+        for s in row:
+            end = start + len(s)
+            ids[r, start:end] = torch.tensor(s.input_ids)
+            attention[r, start:end] = 1
+            positions[r, start:end] = torch.arange(len(s))
+            mask[r, start:end] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            mask[r, start] = 0  # not predicted from the previous sample's last token
+            logprobs[r, start:end] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
+            advantages[r, start:end] = s.advantage
+            start = end
+        positions[r, start:] = torch.arange(width - start)
+    packed = any(len(row) > 1 for row in rows)
+    return MicroBatch(
+        ids, mask[:, 1:], logprobs[:, 1:], advantages[:, 1:], attention,
+        positions if packed else None,
+    )  # fmt: skip
+
+
+def slot_count(rows: list[Row]) -> int:
+    """Token positions the micro-batch's tensors hold: rows x the widest row. Everything
+    beyond the samples' own tokens is padding, forward/backward work that trains nothing."""
+    return len(rows) * max(sum(len(s) for s in row) for row in rows)
+
+
+def pack_rows(samples: list[Sample], width: int) -> list[Row]:
+    """First-fit decreasing: each sample, longest first, goes into the first row with room
+    for it (a sample longer than `width` gets a row of its own)."""
+    rows: list[Row] = []
+    room: list[int] = []
+    for s in sorted(samples, key=len, reverse=True):
+        for i, free in enumerate(room):
+            if len(s) <= free:
+                rows[i].append(s)
+                room[i] -= len(s)
+                break
+        else:
+            rows.append([s])
+            room.append(width - len(s))
+    return rows
+
+
+def split_micro_batches(
+    samples: list[Sample],
+    micro_batch_size: int | None,
+    width: int | None = None,
+    max_tokens: int | None = None,
+) -> list[list[Row]]:
+    """Micro-batches of at most `micro_batch_size` rows and `max_tokens` slots (see
+    `group_rows`; None: no bound): one sample per row, longest first (so similar lengths share
+    padding), or with `width`, samples packed into rows that wide.
+    (The loss is a sum over tokens, so neither the order nor the layout changes it.)"""
+    rows = (
+        pack_rows(samples, width)
+        if width
+        else [[s] for s in sorted(samples, key=len, reverse=True)]
+    )
+    return group_rows(rows, micro_batch_size, max_tokens)
+
+
+def group_rows(rows: list[Row], max_rows: int | None, max_tokens: int | None) -> list[list[Row]]:
+    """Consecutive rows into micro-batches of at most `max_rows` rows whose `slot_count` (rows
+    x the widest row: padding costs the memory and compute a token does) is at most
+    `max_tokens`. A row wider than `max_tokens` gets a micro-batch of its own rather than
+    being dropped: the start-up memory check sizes the largest micro-batch as at least one
+    whole sample (`largest_micro_batch`)."""
+
+    def fits(batch: list[Row]) -> bool:
+        rows_ok = max_rows is None or len(batch) <= max_rows
+        return rows_ok and (max_tokens is None or slot_count(batch) <= max_tokens)
+
+    batches: list[list[Row]] = []
+    for row in rows:
+        if batches and fits(batches[-1] + [row]):
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+    return batches
+
+
+def largest_micro_batch(max_rows: int | None, max_tokens: int | None, max_seq_len: int) -> int:
+    """The most slots a micro-batch of samples of up to `max_seq_len` tokens can hold under
+    these bounds (at least one whole sample: see `group_rows`)."""
+    bounds = [b for b in (max_tokens, max_rows and max_rows * max_seq_len) if b]
+    return max(min(bounds), max_seq_len)
+
+
+def shard(samples: list[Sample], rank: int, world_size: int) -> list[Sample]:
+    """This rank's share of the step's samples (round-robin over the length-sorted list keeps
+    the ranks' token counts close)."""
+    ordered = sorted(samples, key=len, reverse=True)
+    return ordered[rank::world_size]
+
+
+def padding_micro_batch(pad_id: int) -> list[Row]:
+    """A micro-batch that contributes no loss. Ranks with fewer micro-batches run these so
+    every rank makes the same number of forward/backward passes: ZeRO-3 gathers parameters
+    with collectives inside them, and mismatched counts would deadlock."""
+    return [[Sample([pad_id, pad_id], [0, 0], [0.0, 0.0], 0.0)]]
+
+
+def rank_micro_batches(
+    samples: list[Sample],
+    rank: int,
+    world_size: int,
+    micro_batch_size: int | None,
+    pad_id: int,
+    packing: bool = False,
+    max_tokens: int | None = None,
+) -> list[list[Row]]:
+    """This rank's micro-batches of the step's samples (at most `micro_batch_size` rows and
+    `max_tokens` slots each, see `group_rows`), topped up with padding micro-batches to the
+    count of the busiest rank (see `padding_micro_batch`). With `packing`, rows are as wide
+    as the step's longest sample, or `max_tokens` when that is narrower (a longer sample
+    then has a row of its own)."""
+    width = None
+    if packing:
+        width = min(max((len(s) for s in samples), default=0), max_tokens or sys.maxsize)
+    shards = [
+        split_micro_batches(shard(samples, r, world_size), micro_batch_size, width, max_tokens)
+        for r in range(world_size)
+    ]
+    count = max(len(s) for s in shards)
+    mine = shards[rank]
+    return mine + [padding_micro_batch(pad_id)] * (count - len(mine))

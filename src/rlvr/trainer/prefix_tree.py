@@ -1,0 +1,344 @@
+"""Shared-prefix training: every common token prefix of a step's samples is forwarded once.
+
+In GRPO every rollout of a group starts from the same prompt, and a multi-turn rollout split
+into several samples repeats its earlier turns in each; forwarding each sample on its own runs
+those tokens through the model once per sample. Here the samples of a row fold into a prefix
+tree (Liu et al., "Prefix Grouper", 2025, generalised from one shared prompt to a tree): the
+tokens several samples share are placed once, each sample's remaining tokens after them, and
+attention lets every token see exactly the tokens of its own sample before it. Each token's
+hidden state is then the one the sample's own forward computes (same tokens, same positions,
+same attended set), so log-probabilities, loss, gradients, the reference pass and the entropy
+are those of the unshared layout: training-equivalent, not an approximation.
+
+Layout. A row's samples are sorted lexicographically by token ids. In that order the tokens a
+sample shares with all earlier ones are exactly its common prefix with its predecessor
+(`lcp`), so the row is sample 0's tokens, then sample 1's tokens after lcp(0, 1), and so on:
+the depth-first layout of the row's token trie, at any depth (a prompt shared by a group, and
+deeper the earlier turns shared by one rollout's samples). Position ids are the tokens'
+positions in their samples, so they continue from the end of the shared part.
+
+Attention. A token at row index k is read by the samples from the one that placed it up to
+the last sample that still shares it; they occupy the contiguous indices up to `scope_end[k]`.
+So query q sees key k iff `k <= q < scope_end[k]`: one integer per token defines the whole
+mask, at any depth. On the CPU (and wherever the model runs `sdpa`) the mask is materialised
+as a [rows, 1, W, W] boolean tensor that transformers hands to SDPA as it is; with
+`attn_implementation=flex_attention` (GPUs) the same rule is a flex-attention `mask_mod`
+whose block mask skips the blocks no query reads, and no W x W mask exists. Everything else is
+shared by the two paths.
+
+Predictions. Column t of a sample's next-token grid (predicting token t+1) reads the hidden
+state of its token t wherever the tree placed it. The last shared token therefore feeds one
+prediction per continuation: its hidden state is computed once and gathered once per sample
+(`FoldedMicroBatch.hidden_index`), and autograd sums the continuations' gradients into it,
+which is what the unshared layout's separate copies sum to. This is the paper's approach
+(prefix outputs expanded back to every sample) rather than repeating the last prefix token
+at the start of each continuation, which would add a token per sample and shift positions.
+The loss, its masks, the sampler's log-probabilities, the advantages and the reasoning gate's
+per-position rule all stay on the unshared [samples, longest - 1] grid of
+`rlvr.trainer.micro_batches`: only the forward's input changes.
+
+When it pays. Folding saves the shared tokens' forward and backward but attends over the
+folded row's full width (the dense mask computes every W x W score, read or not), and with
+sdpa forfeits the causal fast path: on a CPU a masked pass costs about 1.5x an unmasked one.
+A sample joins a row only when it shares at least `MIN_SHARED_FRACTION` of its tokens with
+it, and a step whose fold saves less than `MIN_SAVED_FRACTION` of its tokens keeps the
+unshared layout (bench/train_step.py --parts prefix measures both sides; docs/training.md has the
+numbers).
+
+Micro-batches. A folded row is never wider than the unshared layout's largest micro-batch
+(`batch.micro_batch_tokens` slots, or `micro_batch_size` x the step's longest sample if that
+binds first), and a folded micro-batch holds no more slots than that, so activation memory
+stays within what the memory check sized for the unshared layout. Rows, not samples, are distributed
+over ranks (a group is never cut in two by sharding), balanced by folded tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlvr.config import BatchConfig
+from rlvr.trainer.micro_batches import (
+    MicroBatch,
+    Row,
+    Sample,
+    collate,
+    largest_micro_batch,
+    padding_micro_batch,
+    slot_count,
+)
+from rlvr.trainer.micro_batches import rank_micro_batches as unshared_micro_batches
+
+log = logging.getLogger(__name__)
+
+MIN_SHARED_FRACTION = 0.25
+"""A sample joins a folded row only when at least this share of its tokens is already there:
+a sample that shares little adds the W x W attention of a wider row for few saved tokens."""
+
+MIN_SAVED_FRACTION = 0.5
+"""Below this share of a step's tokens saved by folding, the step keeps the unshared layout.
+Measured on 2 CPU cores (SmolLM2, LoRA, sdpa): the mask alone makes a pass about 1.5x slower
+than causal attention without one (same tokens), so folding 78% away gave 2.9x, 73% 2.3x and
+40% a slowdown (0.69x); see docs/training.md."""
+
+TREE_ATTENTION = ("sdpa", "flex_attention")
+"""Attention implementations that take the tree's mask: a dense boolean mask (sdpa) or a block
+mask (flex attention). Others (flash_attention_2, eager's additive mask) train unshared."""
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def fold_rows(samples: list[Sample], max_width: int) -> list[Row]:
+    """Samples into rows of folded samples (see the module docstring): in lexicographic order
+    of their ids, each joins the current row when it shares at least `MIN_SHARED_FRACTION` of
+    its tokens with its predecessor and the row stays within `max_width` folded tokens."""
+    rows: list[Row] = []
+    width = 0
+    for s in sorted(samples, key=lambda s: s.input_ids):
+        shared = common_prefix(rows[-1][-1].input_ids, s.input_ids) if rows else 0
+        added = len(s) - shared
+        if rows and shared >= MIN_SHARED_FRACTION * len(s) and width + added <= max_width:
+            rows[-1].append(s)
+            width += added
+        else:
+            rows.append([s])
+            width = len(s)
+    return rows
+
+
+def folded_width(row: Row) -> int:
+    """Tokens of the row once its samples are folded (each shared prefix counted once)."""
+    return sum(
+        len(s) - (common_prefix(row[i - 1].input_ids, s.input_ids) if i else 0)
+        for i, s in enumerate(row)
+    )
+
+
+def folded_slot_count(rows: list[Row]) -> int:
+    """Token positions a folded micro-batch's forward holds: rows x the widest folded row."""
+    return len(rows) * max(map(folded_width, rows))
+
+
+@dataclass
+class RowTree:
+    """One row's folded layout: the forward's tokens and positions, each token's
+    `scope_end` (see the module docstring) and where each sample's tokens were placed."""
+
+    ids: list[int]
+    positions: list[int]
+    scope_end: list[int]
+    locations: list[list[int]]
+    """Per sample, the row index of each of its tokens."""
+
+
+def row_tree(row: Row) -> RowTree:
+    """Lay out a row's samples (in lexicographic order) as the depth-first prefix tree."""
+    ids: list[int] = []
+    positions: list[int] = []
+    scope_end: list[int] = []
+    locations: list[list[int]] = []
+    for i, s in enumerate(row):
+        shared = common_prefix(row[i - 1].input_ids, s.input_ids) if i else 0
+        start = len(ids)
+        ids += s.input_ids[shared:]
+        positions += range(shared, len(s))
+        scope_end += [0] * (len(s) - shared)
+        placed = (locations[-1][:shared] if i else []) + list(range(start, len(ids)))
+        for k in placed:  # samples in order: the last one to read a token sets its scope
+            scope_end[k] = len(ids)
+        locations.append(placed)
+    return RowTree(ids, positions, scope_end, locations)
+
+
+def visibility(scope_end: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """The tree's attention rule as a flex-attention `mask_mod(b, h, q, k)`: query q of row b
+    sees key k iff k <= q < scope_end[b, k]. Broadcasts over tensors of indices, so the dense
+    mask is the same function evaluated on a grid."""
+
+    def visible(b: torch.Tensor, _h: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return (k <= q) & (q < scope_end[b, k])
+
+    return visible
+
+
+def tree_attention_mask(scope_end: torch.Tensor, attention: str) -> Any:
+    """The attention mask of folded rows with `scope_end` [R, W] (see `visibility`): a
+    [R, 1, W, W] boolean tensor for sdpa, a block mask (no W x W tensor, fully masked blocks
+    skipped) for flex attention."""
+    rows, width = scope_end.shape
+    visible = visibility(scope_end)
+    if attention == "flex_attention":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        return create_block_mask(visible, rows, None, width, width, device=scope_end.device)
+    b = torch.arange(rows, device=scope_end.device)[:, None, None]
+    index = torch.arange(width, device=scope_end.device)
+    return visible(b, None, index[None, :, None], index[None, None, :])[:, None]
+
+
+@dataclass
+class FoldedMicroBatch(MicroBatch):
+    """A micro-batch whose forward runs on folded rows. The inherited fields are the unshared
+    layout of its samples (one sample per row, see `rlvr.trainer.micro_batches.collate`): the loss,
+    the targets and the reasoning gate read them unchanged; only the forward and the gathering of
+    its hidden states differ."""
+
+    tree_ids: torch.Tensor | None = None
+    """[R, W] the folded rows' tokens (padding after each row's end)."""
+    tree_positions: torch.Tensor | None = None
+    """[R, W] each token's position in its samples."""
+    scope_end: torch.Tensor | None = None
+    """[R, W] one past the last row index that may attend to each token."""
+    hidden_index: torch.Tensor | None = None
+    """[S, L-1] for each prediction of the unshared grid, the flat index (row * W + column)
+    of the folded hidden state it is made from."""
+    attention: str = "sdpa"
+    """Which mask the forward gets (see `tree_attention_mask`)."""
+
+    def model_inputs(self) -> dict[str, Any]:
+        mask = tree_attention_mask(self.scope_end, self.attention)
+        return {"input_ids": self.tree_ids, "position_ids": self.tree_positions,
+                "attention_mask": mask}  # fmt: skip
+
+    def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+        return hidden.flatten(0, 1)[self.hidden_index[select]]
+
+
+def collate_folded(rows: list[Row], pad_id: int, attention: str) -> FoldedMicroBatch:
+    """Tensors for a micro-batch of folded rows: the folded forward's inputs and the map from
+    the unshared prediction grid to its hidden states."""
+    samples = [s for row in rows for s in row]
+    trees = [row_tree(row) for row in rows]
+    width = max(len(t.ids) for t in trees)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    scope_end = torch.arange(1, width + 1).repeat(len(rows), 1)  # padding sees only itself
+    longest = max(len(s) for s in samples)
+    hidden_index = torch.zeros((len(samples), longest - 1), dtype=torch.long)
+    s = 0
+    for r, tree in enumerate(trees):
+        n = len(tree.ids)
+        ids[r, :n] = torch.tensor(tree.ids)
+        positions[r, :n] = torch.tensor(tree.positions)
+        scope_end[r, :n] = torch.tensor(tree.scope_end)
+        for placed in tree.locations:
+            hidden_index[s, : len(placed) - 1] = r * width + torch.tensor(placed[:-1])
+            s += 1
+    flat = collate([[sample] for sample in samples], pad_id)
+    tree = {"tree_ids": ids, "tree_positions": positions, "scope_end": scope_end}
+    return FoldedMicroBatch(**vars(flat), **tree, hidden_index=hidden_index, attention=attention)
+
+
+def saved_fraction(samples: list[Sample], rows: list[Row]) -> float:
+    """Share of the samples' tokens the folded rows do not forward."""
+    total = sum(len(s) for s in samples)
+    return 1 - _folded_tokens(rows) / max(total, 1)
+
+
+def rank_folded_micro_batches(
+    rows: list[Row], rank: int, world_size: int, max_slots: int, pad_id: int
+) -> list[list[Row]]:
+    """This rank's micro-batches of folded rows: rows go to ranks largest first, each to the
+    rank with the fewest folded tokens so far; each rank groups its rows (widest first) into
+    micro-batches of at most `max_slots` slots; every rank gets the busiest rank's count, topped
+    up with padding micro-batches (see `rlvr.trainer.micro_batches.padding_micro_batch`)."""
+    shares: list[list[Row]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for row in sorted(rows, key=folded_width, reverse=True):
+        r = load.index(min(load))
+        shares[r].append(row)
+        load[r] += folded_width(row)
+    batches = [_group(share, max_slots) for share in shares]
+    count = max(len(b) for b in batches)
+    return batches[rank] + [padding_micro_batch(pad_id)] * (count - len(batches[rank]))
+
+
+def _group(rows: list[Row], max_slots: int) -> list[list[Row]]:
+    """Consecutive rows (widest first) into micro-batches of at most `max_slots` slots."""
+    batches: list[list[Row]] = []
+    for row in rows:
+        if batches and folded_slot_count(batches[-1] + [row]) <= max_slots:
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+    return batches
+
+
+@dataclass
+class Plan:
+    """A rank's micro-batches for one step and how to turn each into tensors."""
+
+    micro_batches: list[list[Row]]
+    collate: Callable[[list[Row]], MicroBatch]
+    slots: Callable[[list[Row]], int]
+    forwarded: Callable[[list[Row]], int]
+    """Tokens of a micro-batch the forward runs on, padding aside."""
+
+
+def plan_micro_batches(
+    samples: list[Sample],
+    rank: int,
+    world_size: int,
+    cfg: BatchConfig,
+    pad_id: int,
+    attention: str | None,
+) -> Plan:
+    """Folded micro-batches when `attention` (see `tree_attention`) can take the tree's mask
+    and the fold saves at least `MIN_SAVED_FRACTION` of the step's tokens; otherwise the
+    unshared layout of `rlvr.trainer.micro_batches`. Decided from the whole step, so every rank
+    decides alike."""
+    longest = max((len(s) for s in samples), default=0)
+    max_slots = largest_micro_batch(cfg.micro_batch_size, cfg.micro_batch_tokens, longest)
+    if attention is not None:
+        rows = fold_rows(samples, max_slots)
+        saved = saved_fraction(samples, rows)
+        if saved >= MIN_SAVED_FRACTION:
+            mine = rank_folded_micro_batches(rows, rank, world_size, max_slots, pad_id)
+            fold = functools.partial(collate_folded, pad_id=pad_id, attention=attention)
+            return Plan(mine, fold, folded_slot_count, _folded_tokens)
+    mine = unshared_micro_batches(
+        samples, rank, world_size, cfg.micro_batch_size, pad_id, cfg.packing, cfg.micro_batch_tokens
+    )
+    return Plan(mine, functools.partial(collate, pad_id=pad_id), slot_count, _sample_tokens)
+
+
+def _folded_tokens(rows: list[Row]) -> int:
+    return sum(map(folded_width, rows))
+
+
+def _sample_tokens(rows: list[Row]) -> int:
+    return sum(len(s) for row in rows for s in row)
+
+
+def tree_attention(model: torch.nn.Module) -> str | None:
+    """The model's attention implementation when it can take a prefix tree's mask, else None
+    (with a warning, once: the run trains unshared)."""
+    from accelerate.utils import extract_model_from_parallel
+
+    name = extract_model_from_parallel(model).config._attn_implementation
+    if name in TREE_ATTENTION:
+        return name
+    _warn_unshared(name)
+    return None
+
+
+@functools.cache
+def _warn_unshared(name: str) -> None:
+    log.warning(
+        "batch.prefix_sharing: attention %r cannot take a prefix tree's mask, so every sample "
+        "is forwarded on its own; use attn_implementation=sdpa or flex_attention to share "
+        "prefixes",
+        name,
+    )

@@ -1,0 +1,215 @@
+"""Adapter sync: after each step, push the trained LoRA adapter (megabytes) into vf-vllm, which
+serves it on top of its own frozen base model, instead of streaming the whole merged model.
+
+The base model's name keeps serving the frozen base, so a frozen helper (vf_planner's worker)
+can share the policy's server. Each weight version v is loaded once, under a name of its own,
+`{server.adapter_name}-v{v}`, and each rollout requests the version its batch is tagged with:
+
+- Why not one name loaded in place (`load_inplace`): vLLM 0.32 keeps the load request and
+  attaches it to every later generation request for the name, and its LRU worker manager
+  reloads an adapter whose request has `load_inplace` set from disk every time it activates it,
+  i.e. on every engine step (`lora/worker_manager.py`, `add_adapter`). That costs throughput,
+  mixes versions inside a batch that spans a push, and, once the old directory is deleted,
+  kills the engine (a failed load is fatal).
+- Loading a new name touches nothing that runs: requests of older versions go on with their
+  own adapter (vLLM's prefix cache keys include the adapter's name and path), so a push needs
+  no pause and no prefix-cache reset.
+- `release(in_use)` unloads the versions no batch or evaluation can still request (the rollout
+  worker says which) and deletes their files. vLLM's `/v1/unload_lora_adapter` only forgets
+  the name; the engine's LRU cache (`--max-cpu-loras`) drops the weights when it needs room,
+  and reloads from disk an adapter it evicted while still in use, which is why files stay
+  until their version is released.
+
+Where the files are:
+
+- same host: the directory is in shared memory (/dev/shm), so "writing" is a memory copy;
+- another host: the adapter's bytes travel in the HTTP request to vf-vllm's worker extension
+  (`rlvr_store_adapter`), which writes them to the server's own shared memory. No shared file
+  system and no transfer group are needed: an adapter is a few megabytes.
+
+A trainer that dies mid-push leaves the previous versions serving: vLLM reads a directory only
+when asked to load it, and it is only asked once the directory is complete. A trainer that
+ends unloads its versions: a name left loaded would point at deleted files.
+
+Not every adapter can be served this way (see rlvr.weight_sync.vllm_lora: vLLM's LoRA layers cover
+the linear projections only, and its engine dies on a refused load), so `adapter_sync_problem`
+says why and the trainer falls back to merged pushes (or refuses, when
+`server.lora_sync=adapter` was asked for explicitly).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.atomic import atomic_directory
+from rlvr.model.policy import save_adapter, trainable_state
+from rlvr.weight_sync.push import ServerControl, ServerError, server_host
+from rlvr.weight_sync.rendezvous import LOOPBACK
+from rlvr.weight_sync.vllm_lora import lora_serving_problem
+
+log = logging.getLogger(__name__)
+
+ADAPTER_ROOT = Path(os.environ.get("RLVR_ADAPTER_DIR", "/dev/shm/rlvr-adapters"))
+
+
+def adapter_sync_problem(model: torch.nn.Module, max_lora_rank: int | None) -> str | None:
+    """Why this PEFT model's adapter cannot be pushed for vLLM to serve (None: it can).
+    `max_lora_rank` is the server's (None: the server cannot load adapters at run time)."""
+    if max_lora_rank is None:
+        return (
+            "the server was not started with LoRA support "
+            "(vf-vllm --enable-lora, with runtime adapter loading)"
+        )
+    config = getattr(model, "peft_config", {}).get("default")
+    if config is None:
+        return "the model has no LoRA adapter"
+    return lora_serving_problem(config.to_dict(), max_lora_rank)
+
+
+class AdapterSync:
+    """Pushes a PEFT model's trained adapter into one vf-vllm, one served name per weight
+    version (`served_name`). The same interface as `WeightSync` (connect, push, release,
+    close): every rank calls `push` together (the adapter is gathered from ZeRO-3 shards on
+    all of them); rank 0 writes and talks to the server."""
+
+    def __init__(
+        self,
+        control: ServerControl,
+        base_url: str,
+        adapter_name: str,
+        rank: int = 0,
+        root: Path = ADAPTER_ROOT,
+    ):
+        self.control = control
+        self.adapter_name = adapter_name
+        self.rank = rank
+        self.local = server_host(base_url) in LOOPBACK
+        self.directory = root / f"{adapter_name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.model: torch.nn.Module | None = None
+        self.version = -1
+        """The weight version of the last push (-1: none yet)."""
+        self.backend = "adapter"
+        self.meeting = None
+        self._loaded: dict[int, Path] = {}
+        """Version -> its files on this host, for every version the server has loaded; read by
+        the rollout worker's thread (`served_name`), hence the lock."""
+        self._lock = threading.Lock()
+
+    def resolve(self) -> str:
+        return self.backend
+
+    def name(self, version: int) -> str:
+        """The name weight `version` is loaded under (when it was pushed)."""
+        return f"{self.adapter_name}-v{version}"
+
+    def served_name(self, version: int) -> str:
+        """The model name that serves weight `version`: its own adapter, or the newest pushed
+        before it (pushes skipped with `server.push_weights=false`)."""
+        return self.name(self._serving(version))
+
+    def _serving(self, version: int) -> int:
+        with self._lock:
+            pushed = [v for v in self._loaded if v <= version]
+        if not pushed:
+            raise KeyError(f"no adapter version <= {version} is loaded (pushed: {self.version})")
+        return max(pushed)
+
+    def connect(self, model: torch.nn.Module, backend: str | None = None) -> None:
+        """Remember the model; rank 0 un-pauses a server that a dead trainer left paused and
+        unloads the versions it left (a resumed run loads the same names again)."""
+        self.model = model
+        if self.rank == 0:
+            self.control.resume()
+            self._unload_leftovers()
+
+    def _unload_leftovers(self) -> None:
+        pattern = re.compile(re.escape(self.adapter_name) + r"-v\d+")
+        for card in self.control.get("/v1/models").get("data", []):
+            if pattern.fullmatch(card.get("id", "")):
+                self.control.post("/v1/unload_lora_adapter", json={"lora_name": card["id"]})
+                log.warning("unloaded adapter %r, left on the server by an earlier trainer",
+                            card["id"])  # fmt: skip
+
+    def push(self, version: int | None = None) -> float:
+        """Write the current adapter and load it as weight `version` (default: one more than
+        the last push); returns the seconds the push took. Nothing is paused: requests of
+        older versions go on with their own adapters."""
+        if self.model is None:
+            raise RuntimeError("AdapterSync.push() before connect()")
+        start = time.perf_counter()
+        state = trainable_state(self.model)
+        self.version = self.version + 1 if version is None else version
+        if self.rank != 0:
+            return time.perf_counter() - start
+        local, path = self._write(state)
+        name = self.name(self.version)
+        self.control.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+        with self._lock:
+            self._loaded[self.version] = local
+        return time.perf_counter() - start
+
+    def release(self, in_use: Iterable[int]) -> None:
+        """Unload every version but the newest and those serving a version in `in_use` (what
+        running batches and evaluations request), and delete their files."""
+        self._unload(keep={self.version} | {self._serving(v) for v in in_use})
+
+    def _unload(self, keep: set[int]) -> None:
+        with self._lock:
+            gone = [(v, p) for v, p in sorted(self._loaded.items()) if v not in keep]
+            self._loaded = {v: p for v, p in self._loaded.items() if v in keep}
+        for version, _ in gone:
+            self.control.post("/v1/unload_lora_adapter", json={"lora_name": self.name(version)})
+        self._drop_files([path for _, path in gone])
+
+    def _write(self, state: dict[str, torch.Tensor]) -> tuple[Path, str]:
+        """The adapter of this version, complete, in a directory the server reads: its path
+        here and as the server sees it."""
+        local = self.directory / f"v{self.version:06d}"
+        with atomic_directory(local) as tmp:
+            save_adapter(self.model, state, tmp)
+        if self.local:
+            return local, str(local)
+        files = {f.name: base64.b64encode(f.read_bytes()).decode() for f in local.iterdir()}
+        payload = {"run": self.directory.name, "version": local.name, "files": files}
+        results = self.control.worker_rpc("rlvr_store_adapter", {"payload": json.dumps(payload)})
+        return local, next(r["path"] for r in results if isinstance(r, dict))
+
+    def _drop_files(self, directories: list[Path]) -> None:
+        """Delete versions' files here and, for a server on another host, its copies."""
+        for directory in directories:
+            shutil.rmtree(directory, ignore_errors=True)
+        if directories and not self.local:
+            payload = {"run": self.directory.name, "versions": [d.name for d in directories]}
+            self.control.worker_rpc("rlvr_drop_adapters", {"payload": json.dumps(payload)})
+
+    def close(self) -> None:
+        """Unload every version (a name left behind would point at deleted files) and delete
+        the files. A server that no longer answers is only logged: closing runs while a
+        failure is on its way up, and must not replace it."""
+        if self.rank == 0:
+            try:
+                self._unload(keep=set())
+            except ServerError as e:
+                log.warning("could not unload the adapters from %s: %s", self.control.root, e)
+            finally:
+                shutil.rmtree(self.directory, ignore_errors=True)
+        self.control.close()
+
+    def __enter__(self) -> AdapterSync:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

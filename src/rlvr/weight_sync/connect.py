@@ -1,0 +1,161 @@
+"""Deciding how the trainer's weights reach vf-vllm, and connecting every rank to it.
+
+`connect` runs once at start-up, on every rank. Rank 0 asks the server how it runs and checks
+that it can serve this policy: the same vocabulary (a reasoning vocabulary needs the expanded
+directory served, `check_served_vocabulary`) and logprobs of the sampled distribution
+(`check_served_logprobs`). It then chooses the push (`choose_push`): the LoRA adapter, served
+by vLLM on its frozen base (`rlvr.weight_sync.adapter`), or the transfer of merged weights
+(`rlvr.weight_sync.push`, streamed by `rlvr.weight_sync.merged_stream`), and tells the other
+ranks, which then connect with it (they only join the trainer-side gathers of ZeRO-3 shards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.config import Config, ConfigError
+from rlvr.rollouts.request_args import SamplingFilterError, check_logprobs_mode
+from rlvr.weight_sync.probe import PushProbe, probe_ids
+
+
+@dataclass
+class Connection:
+    """What the trainer keeps of the server: `sync` pushes weights (a `WeightSync` for merged
+    weights or an `AdapterSync`; both hold the server's `control`), `push` names the way
+    (`adapter` or the merged transfer's backend), `probe` checks pushes (None: not probed)."""
+
+    sync: Any
+    push: str
+    probe: PushProbe | None
+
+    @property
+    def control(self) -> Any:
+        return self.sync.control
+
+
+def connect(
+    cfg: Config,
+    accelerator: Any,
+    model: Any,
+    *,
+    tokenizer: Any,
+    reasoning_vocab: Any,
+    compute_dtype: Any,
+    env: Any,
+    start_step: int,
+    say: Callable[[str], None],
+) -> Connection:
+    """Rank 0 picks how weights reach the server (asking it how it runs) and tells the
+    others; all ranks then connect together. `model` is the (wrapped) policy, `say` prints
+    on the main process."""
+    from rlvr.weight_sync.adapter import AdapterSync
+    from rlvr.weight_sync.merged_stream import MergedWeightSource
+    from rlvr.weight_sync.push import WeightSync
+
+    server, rank = cfg.server, accelerator.process_index
+    merged = WeightSync(
+        server.base_url,
+        backend=server.backend,
+        api_key=server.api_key,
+        timeout_s=server.timeout_s,
+        transfer_timeout_s=server.transfer_timeout_s,
+        transfer_host=server.transfer_host,
+        transfer_port=server.transfer_port,
+        rank=rank,
+    )
+    unwrapped = accelerator.unwrap_model(model)
+    push = None
+    if accelerator.is_main_process:
+        check_served_vocabulary(merged.control, reasoning_vocab, cfg)
+        check_served_logprobs(merged.control, cfg)
+        push = choose_push(merged, cfg, unwrapped, env, say)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        push = broadcast_object_list([push])[0]
+    if push == "adapter":
+        sync = AdapterSync(merged.control, server.base_url, server.adapter_name, rank)
+        sync.connect(unwrapped)
+        requested = f"{sync.name(start_step)!r}, one name per weight version"
+    else:
+        sync = merged
+        sync.connect(MergedWeightSource(unwrapped, dtype=compute_dtype), push)
+        requested = repr(cfg.served_model)
+    say(f"weight push: {push}; rollouts request model {requested}")
+    probe = None
+    if server.push_probe:
+        probe = PushProbe(probe_ids(tokenizer, reasoning_vocab), server.probe_kl_max)
+    return Connection(sync, push, probe)
+
+
+def check_served_vocabulary(control: Any, reasoning_vocab: Any, cfg: Config) -> None:
+    """The server must sample from the policy's vocabulary: a reasoning vocabulary needs
+    vf-vllm serving the expanded directory (with its gate and folding tokenizer), and a
+    server with one needs a policy that has it. A server that does not say is trusted."""
+    from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE
+
+    mode = control.tokenizer_mode()
+    if mode is None:
+        return
+    vocab, name = reasoning_vocab, cfg.model.name
+    if vocab is not None and mode != REASONING_VOCAB_TOKENIZER_MODE:
+        raise ConfigError(
+            f"model {name} has a reasoning vocabulary ({vocab.size} ids) but the server at "
+            f"{cfg.server.base_url} serves a model without one (tokenizer mode {mode!r}): "
+            "write the expanded model with scripts/expand_vocab.py, serve that directory "
+            "(vf-vllm switches its gate on) and set model.name to it"
+        )
+    if vocab is None and mode == REASONING_VOCAB_TOKENIZER_MODE:
+        raise ConfigError(
+            f"the server at {cfg.server.base_url} serves a model with a reasoning "
+            f"vocabulary but model {name} has none: train the directory it serves"
+        )
+
+
+def check_served_logprobs(control: Any, cfg: Config) -> None:
+    """The server's logprobs must be the sampled distribution's (see
+    `check_logprobs_mode`): otherwise every importance ratio is off, silently."""
+    try:
+        check_logprobs_mode(control.logprobs_mode(), cfg.sampling.temperature)
+    except SamplingFilterError as e:
+        raise ConfigError(f"server {cfg.server.base_url}: {e}") from None
+
+
+def choose_push(merged: Any, cfg: Config, model: Any, env: Any, say: Callable[[str], None]) -> str:
+    """`adapter` (push the LoRA adapter, served by vLLM on its frozen base) or the
+    transfer of merged weights. `server.lora_sync=auto` takes the adapter whenever the
+    server can serve it; otherwise says why in the log and pushes merged weights. `model`
+    is the unwrapped policy."""
+    mode = cfg.server.lora_sync
+    if not cfg.lora.enabled:
+        if mode == "adapter":
+            raise ConfigError("server.lora_sync=adapter needs lora.enabled=true")
+        return check_frozen_helpers(merged.resolve(), env, cfg)
+    if mode == "merged":
+        return check_frozen_helpers(merged.resolve(), env, cfg)
+    from rlvr.weight_sync.adapter import adapter_sync_problem
+
+    problem = adapter_sync_problem(model, merged.control.max_lora_rank())
+    if problem is None:
+        return "adapter"
+    if mode == "adapter":
+        raise ConfigError(f"server.lora_sync=adapter: {problem}")
+    say(f"pushing merged weights, not the adapter: {problem}")
+    return check_frozen_helpers(merged.resolve(), env, cfg)
+
+
+def check_frozen_helpers(push: str, env: Any, cfg: Config) -> str:
+    """Refuse merged pushes into a server whose base model the environment uses as a
+    frozen helper (vf_planner's worker without worker_base_url): the helper would train
+    along with the policy."""
+    if getattr(env, "frozen_model_on_policy_server", False):
+        raise ConfigError(
+            f"environment {cfg.env.id} uses the policy's server as a frozen model "
+            "(e.g. vf_planner's worker), but this run pushes merged weights into it, so "
+            "that model would train too. Use LoRA adapter sync (lora.enabled=true, "
+            "server.lora_sync=auto or adapter, vf-vllm --enable-lora) or give the "
+            "environment its own server with worker_base_url in env.args."
+        )
+    return push

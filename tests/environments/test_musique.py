@@ -1,0 +1,872 @@
+"""vf-musique on real MuSiQue rows, driven through the real verifiers loop by scripted agents.
+
+A scripted agent is a policy function (prompt messages -> tool calls or text) answering through
+`rlvr.testing.ScriptedClient`; the environment, its tools and its rubric run exactly as they do
+against a model server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from verifiers.types import ToolCall
+from vf_musique import DEFAULT_WEIGHTS, MusiqueDataError, answerability, load_environment
+from vf_musique import dataset as musique_dataset
+from vf_musique.hops import content_terms, searched_missing_hop
+from vf_musique.messages import parse_tool_call, tool_calls
+from vf_musique.replies import get_field, message_text
+from vf_musique.retrieval import (
+    ENCODER,
+    Document,
+    IndexCache,
+    QuestionIndex,
+    reciprocal_rank_fusion,
+)
+from vf_musique.rubric import score_components
+from vf_musique.scoring import exact_match, normalize_answer, token_f1
+
+from rlvr.testing import Policy, ScriptedClient, render
+
+DOC_ID = re.compile(r"^Document ID: (\d+)$", re.MULTILINE)
+
+
+def read_rows(path: Path) -> dict[str, dict[str, Any]]:
+    """Raw MuSiQue rows keyed by question (the scripted agent's oracle)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {row["question"]: row for row in rows}
+
+
+def call(name: str, args: dict[str, Any] | str, call_id: str) -> ToolCall:
+    arguments = args if isinstance(args, str) else json.dumps(args)
+    return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+def question_of(prompt: list[Any]) -> str:
+    return next(message_text(m) for m in prompt if get_field(m, "role") == "user")
+
+
+def turns_taken(prompt: list[Any]) -> int:
+    return sum(1 for m in prompt if get_field(m, "role") == "assistant")
+
+
+def seen_doc_ids(prompt: list[Any]) -> set[int]:
+    """Document IDs the tools have shown so far (what a model could cite)."""
+    tool_texts = (message_text(m) for m in prompt if get_field(m, "role") == "tool")
+    return {int(i) for text in tool_texts for i in DOC_ID.findall(text)}
+
+
+def sub_questions(row: dict[str, Any]) -> list[str]:
+    """The decomposition steps with each `#k` replaced by step k's answer."""
+    steps = row["question_decomposition"]
+    queries = []
+    for step in steps:
+        query = step["question"]
+        for k in range(len(steps), 0, -1):  # #12 before #1
+            query = query.replace(f"#{k}", steps[k - 1]["answer"])
+        queries.append(query)
+    return queries
+
+
+def gold_answer(row: dict[str, Any]) -> str:
+    return row["answer"] if row.get("answerable", True) else "unanswerable"
+
+
+def supporting(row: dict[str, Any]) -> list[int]:
+    return [p["idx"] for p in row["paragraphs"] if p["is_supporting"]]
+
+
+def decomposition_agent(
+    rows: dict[str, dict[str, Any]],
+    answer: Callable[[dict[str, Any]], Any] = gold_answer,
+    cite: Callable[[dict[str, Any], set[int]], list[int]] | None = None,
+    top_n: int | None = None,
+) -> Policy:
+    """Retrieve once per decomposition step, then submit `answer(row)` citing `cite(row, seen)`
+    (by default the supporting paragraphs it has seen)."""
+    cite = cite or (lambda row, seen: [i for i in supporting(row) if i in seen])
+
+    def policy(prompt: list[Any]) -> list[ToolCall]:
+        row = rows[question_of(prompt)]
+        queries = sub_questions(row)
+        turn = turns_taken(prompt)
+        if turn < len(queries):
+            args: dict[str, Any] = {"query": queries[turn]}
+            if top_n is not None:
+                args["top_n"] = top_n
+            return [call("retrieve_documents", args, f"r{turn}")]
+        cited = [str(i) for i in cite(row, seen_doc_ids(prompt))]
+        return [call("submit_answer", {"answer": answer(row), "cited_doc_ids": cited}, "final")]
+
+    return policy
+
+
+def run(env, policy: Policy, n: int = -1) -> list[dict[str, Any]]:
+    """All rollouts of the env's eval rows through env.generate (the real loop and rubric)."""
+    inputs = env.get_eval_dataset(n=n)
+    result = asyncio.run(
+        env.generate(
+            inputs, client=ScriptedClient(policy), model="scripted", on_progress=lambda *a: None
+        )
+    )
+    return result["outputs"]
+
+
+def rollout_state(env, policy: Policy, row_index: int = 0, tokens: bool = False):
+    """One rollout through env.rollout, returning the live State."""
+    row = env.get_eval_dataset()[row_index]
+    return asyncio.run(env.rollout(row, ScriptedClient(policy, tokens), "scripted", {}))
+
+
+def tool_replies(completion: list[Any]) -> list[str]:
+    return [message_text(m) for m in completion if get_field(m, "role") == "tool"]
+
+
+@pytest.fixture(scope="session")
+def fixture_path(shared_data: Path) -> Path:
+    return shared_data / "musique" / "fixture_small.jsonl"
+
+
+@pytest.fixture(scope="session")
+def dev_path(shared_data: Path) -> Path:
+    return shared_data / "musique" / "dev_sample.jsonl"
+
+
+@pytest.fixture(scope="session")
+def fixture_rows(fixture_path: Path) -> dict[str, dict[str, Any]]:
+    return read_rows(fixture_path)
+
+
+@pytest.fixture(scope="session")
+def dev_rows(dev_path: Path) -> dict[str, dict[str, Any]]:
+    return read_rows(dev_path)
+
+
+@pytest.fixture(scope="session")
+def full_env(fixture_path: Path):
+    """MuSiQue-Full fixture: six answerable rows and three unanswerable ones."""
+    return load_environment(data_files=str(fixture_path), dataset_config="full")
+
+
+@pytest.fixture(scope="session")
+def dev_env(dev_path: Path):
+    return load_environment(data_files=str(dev_path))
+
+
+# --- the scripted decomposition agent scores 1 -------------------------------------------------
+
+
+@pytest.mark.parametrize("retriever", ["bm25", "golden", "hybrid"])
+def test_decomposition_agent_scores_one_on_fixture(fixture_path, fixture_rows, retriever):
+    env = load_environment(data_files=str(fixture_path), dataset_config="full", retriever=retriever)
+    outputs = run(env, decomposition_agent(fixture_rows))
+    assert len(outputs) == 9
+    for out in outputs:
+        assert out["metrics"]["format"] == 1.0
+        assert out["metrics"]["exact_match"] == 1.0
+        assert out["metrics"]["citation_f1"] == 1.0
+        assert out["reward"] == 1.0, out["info"]["id"]
+
+
+def test_decomposition_agent_on_200_dev_rows(dev_env, dev_rows):
+    """Gold answers score EM/F1 1 everywhere; the reward is exactly the documented formula,
+    1.0 wherever the sub-question searches surfaced every supporting paragraph."""
+    outputs = run(dev_env, decomposition_agent(dev_rows))
+    assert len(outputs) == 200
+    for out in outputs:
+        m = out["metrics"]
+        assert (m["format"], m["exact_match"], m["f1"]) == (1, 1, 1)
+        # it cites the supporting paragraphs it saw: all precise, recall = retrieval recall
+        assert m["citation_recall"] == m["retrieval_recall"]
+        assert m["citation_precision"] == (1.0 if m["citation_recall"] else 0.0)
+        assert m["docs_shown"] <= 3 * out["info"]["n_hops"]  # within budget: score = recall
+        assert m["retrieval_score"] == m["retrieval_recall"]
+        expected = 0.7 + 0.2 * m["citation_f1"] + 0.1 * m["retrieval_score"]
+        assert out["reward"] == pytest.approx(expected)
+        if m["retrieval_recall"] == 1.0:
+            assert out["reward"] == 1.0
+    mean_reward = sum(out["reward"] for out in outputs) / len(outputs)
+    assert mean_reward > 0.95
+
+
+# --- wrong and exploit-shaped answers score low ------------------------------------------------
+
+
+def test_wrong_answer_scores_low(full_env, fixture_rows):
+    outputs = run(full_env, decomposition_agent(fixture_rows, answer=lambda row: "Paris"))
+    for out in outputs:
+        assert out["metrics"]["exact_match"] == 0.0
+        assert out["metrics"]["f1"] == 0.0
+        # evidence only (0.2 citations + 0.1 retrieval) where there is an answer to find; none on
+        # an unanswerable row, where only "unanswerable" is right
+        expected = 0.3 if out["info"]["answerable"] else 0.0
+        assert out["reward"] == pytest.approx(expected)
+
+
+def test_citing_every_document_scores_lower_than_right_citations(dev_env, dev_rows):
+    right = run(dev_env, decomposition_agent(dev_rows, top_n=5), n=20)
+    everything = run(
+        dev_env, decomposition_agent(dev_rows, cite=lambda row, seen: sorted(seen), top_n=5), n=20
+    )
+    for good, greedy in zip(right, everything, strict=True):
+        assert greedy["metrics"]["citation_recall"] == good["metrics"]["citation_recall"]
+        assert greedy["metrics"]["citation_precision"] < 1.0
+        assert greedy["reward"] < good["reward"]
+
+
+def test_listing_candidate_answers_does_not_win(full_env, fixture_rows):
+    def hedge(row: dict[str, Any]) -> str:
+        candidates = [step["answer"] for step in row["question_decomposition"]]
+        return ", ".join(candidates)  # the gold answer is among the candidates
+
+    honest = run(full_env, decomposition_agent(fixture_rows), n=6)
+    hedged = run(full_env, decomposition_agent(fixture_rows, answer=hedge), n=6)
+    for good, bad in zip(honest, hedged, strict=True):
+        assert bad["metrics"]["exact_match"] == 0.0
+        assert bad["metrics"]["f1"] < 0.7
+        assert bad["reward"] < good["reward"]
+
+
+def test_answer_as_a_list_is_refused_and_the_rollout_goes_on(full_env, fixture_rows):
+    """A list of candidates is not accepted; the agent then sends one answer and is scored."""
+    base = decomposition_agent(fixture_rows)
+
+    def policy(prompt):
+        row = fixture_rows[question_of(prompt)]
+        calls = base(prompt)
+        if calls[0].name == "submit_answer" and not any(
+            "answer must be one string" in message_text(m) for m in prompt
+        ):
+            args = json.loads(calls[0].arguments)
+            args["answer"] = [gold_answer(row), "Paris"]
+            return [call("submit_answer", args, "listed")]
+        return calls
+
+    out = run(full_env, policy, n=1)[0]
+    replies = tool_replies(out["completion"])
+    assert any(r.startswith("Error: answer must be one string") for r in replies)
+    assert replies[-1] == "Answer submitted."
+    assert out["reward"] == 1.0
+
+
+# --- unanswerable rows and aliases ------------------------------------------------------------
+
+
+def test_unanswerable_rows(full_env, fixture_rows, fixture_path):
+    outputs = run(full_env, decomposition_agent(fixture_rows))
+    unanswerable = [o for o in outputs if not o["info"]["answerable"]]
+    assert len(unanswerable) == 3
+    for out in unanswerable:
+        assert out["answer"] == "unanswerable"
+        assert out["metrics"]["exact_match"] == 1.0
+        assert out["reward"] == 1.0
+    # answering an unanswerable question with the (unsupported) original answer is wrong
+    original = run(full_env, decomposition_agent(fixture_rows, answer=lambda row: row["answer"]))
+    for out in original:
+        expected = 1.0 if out["info"]["answerable"] else 0.0
+        assert out["metrics"]["exact_match"] == expected
+    # the answerable config drops them, and its prompt does not mention "unanswerable"
+    answerable_env = load_environment(data_files=str(fixture_path))
+    rows = answerable_env.get_eval_dataset()
+    assert len(rows) == 6 and all(info["answerable"] for info in rows["info"])
+    assert "unanswerable" not in answerable_env.system_prompt
+    assert "unanswerable" in full_env.system_prompt
+
+
+def always_unanswerable(
+    rows: dict[str, dict[str, Any]], queries: Callable[[dict[str, Any]], list[str]]
+) -> Policy:
+    """Searches `queries(row)`, one per turn, then claims "unanswerable" citing nothing."""
+
+    def policy(prompt: list[Any]) -> list[ToolCall]:
+        searches = queries(rows[question_of(prompt)])
+        turn = turns_taken(prompt)
+        if turn < len(searches):
+            return [call("retrieve_documents", {"query": searches[turn]}, f"r{turn}")]
+        return [call("submit_answer", {"answer": "unanswerable", "cited_doc_ids": []}, "final")]
+
+    return policy
+
+
+def mean_reward(outputs: list[dict[str, Any]]) -> float:
+    return sum(out["reward"] for out in outputs) / len(outputs)
+
+
+def small_changes(question: str) -> list[str]:
+    """The question searched again and again, reworded just enough to look like new queries."""
+    return [
+        question,
+        f"{question} please",
+        f"search: {question}",
+        question.lower().rstrip("?"),
+        f"{question} (again)",
+    ]
+
+
+def extra_words(question: str) -> list[str]:
+    """The question with words put before or after it, so no query is the question verbatim."""
+    return [
+        f"documents about {question}",
+        f"{question} wikipedia article",
+        f"Find the paragraph that answers: {question} Give names, dates and places.",
+    ]
+
+
+def question_searches(rows: dict[str, dict[str, Any]]) -> dict[str, Policy]:
+    """The no-effort "unanswerable" policies that search the question itself."""
+    return {
+        "question, small changes": always_unanswerable(
+            rows, lambda r: small_changes(r["question"])
+        ),
+        "question, extra words": always_unanswerable(rows, lambda r: extra_words(r["question"])),
+    }
+
+
+def test_musique_full_junk_search_unanswerable_does_not_pay(
+    full_env, fixture_rows, dev_env, dev_rows
+):
+    """No-effort "unanswerable" policies earn nothing on the MuSiQue-Full rows (6 answerable,
+    3 unanswerable), the gold agent at least 0.9. "Unanswerable" pays only when backed: the
+    supporting paragraphs the row keeps (the hops before the missing one) shown and cited, and
+    a focused search for the missing hop (its own terms, none of the other hops', not the whole
+    question). So no search, junk searches and the question searched repeatedly (with small
+    changes or extra words) earn 0 on every row, also where the very first hop is missing; an
+    agent that searches each hop's sub-question but always declines earns only on the rows
+    whose first hop is missing, and never on an answerable row. The answerability decision is
+    logged: its precision falls with every wrong claim, its recall with every missed one. Run
+    with -s for the numbers."""
+    junk = [f"zq{i} xv{i}" for i in range(4)]
+    policies = {
+        "no search": always_unanswerable(fixture_rows, lambda row: []),
+        "junk searches": always_unanswerable(fixture_rows, lambda row: junk),
+        **question_searches(fixture_rows),
+        "each hop searched, nothing cited": always_unanswerable(fixture_rows, sub_questions),
+    }
+    full = {name: run(full_env, policy) for name, policy in policies.items()}
+    honest = run(full_env, decomposition_agent(fixture_rows))
+    for name, outputs in full.items():
+        assert all(out["metrics"]["said_unanswerable"] == 1.0 for out in outputs)
+        assert all(out["reward"] == 0.0 for out in outputs if out["info"]["answerable"]), name
+        assert mean_reward(outputs) <= 0.25, name
+    no_effort = ("no search", "junk searches", *question_searches(fixture_rows))
+    for name in no_effort:
+        assert all(out["reward"] == 0.0 for out in full[name]), name
+    first_hop_missing = [o for o in honest if o["info"]["hops"][0]["support"] is None]
+    assert len(first_hop_missing) == 2 and all(o["reward"] == 1.0 for o in first_hop_missing)
+    assert mean_reward(honest) >= 0.9
+    assert all(o["reward"] == 1.0 for o in honest if not o["info"]["answerable"])
+    dev = run(dev_env, always_unanswerable(dev_rows, sub_questions))
+    assert all(out["reward"] == 0.0 for out in dev)  # 200 answerable rows
+
+    claimed = answerability(out["metrics"] for out in full["no search"])
+    assert claimed == {"precision": pytest.approx(3 / 9), "recall": 1.0}
+    assert answerability(out["metrics"] for out in honest) == {"precision": 1.0, "recall": 1.0}
+    never = run(full_env, decomposition_agent(fixture_rows, answer=lambda row: row["answer"]))
+    assert math.isnan(answerability(out["metrics"] for out in never)["precision"])
+    assert answerability(out["metrics"] for out in never)["recall"] == 0.0
+    print(
+        "\nalways 'unanswerable' on the MuSiQue-Full fixture (6 answerable, 3 unanswerable):",
+        {name: round(mean_reward(outputs), 3) for name, outputs in full.items()},
+        f"on 200 answerable dev rows: {mean_reward(dev):.3f};",
+        f"gold decomposition agent: {mean_reward(honest):.3f}",
+    )
+
+
+def without_hops_from(row: dict[str, Any], first_missing: int) -> dict[str, Any]:
+    """The row made unanswerable the MuSiQue-Full way: the evidence of hop `first_missing` and
+    of the hops after it is gone (the paragraphs stay, as distractors), the earlier hops keep
+    theirs."""
+    steps = [dict(step) for step in row["question_decomposition"]]
+    removed = {step.pop("paragraph_support_idx") for step in steps[first_missing:]}
+    paragraphs = [
+        {**p, "is_supporting": p["is_supporting"] and p["idx"] not in removed}
+        for p in row["paragraphs"]
+    ]
+    return {
+        **row,
+        "answerable": False,
+        "question_decomposition": steps,
+        "paragraphs": paragraphs,
+    }
+
+
+@pytest.mark.parametrize("missing", ["first", "last"])
+def test_question_searches_never_back_unanswerable_on_200_dev_rows(dev_rows, tmp_path, missing):
+    """The 200 dev rows (unseen by the rule's design), each made unanswerable by removing its
+    first or its last hop: the question searched repeatedly, with small changes or extra words,
+    backs "unanswerable" on none of them; the gold agent (each hop's sub-question searched,
+    the kept evidence it saw cited) on at least 90%."""
+    rows = {
+        q: without_hops_from(
+            row, 0 if missing == "first" else len(row["question_decomposition"]) - 1
+        )
+        for q, row in dev_rows.items()
+    }
+    path = tmp_path / "unanswerable.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows.values()))
+    env = load_environment(data_files=str(path), dataset_config="full")
+    for name, policy in question_searches(rows).items():
+        assert all(out["reward"] == 0.0 for out in run(env, policy)), name
+    gold = run(env, decomposition_agent(rows))
+    assert mean_reward(gold) >= 0.9
+    print(
+        f"\n{missing} hop removed, 200 dev rows: gold decomposition agent {mean_reward(gold):.3f}"
+    )
+
+
+def focused_for(info: dict[str, Any], *queries: str) -> bool:
+    return searched_missing_hop([content_terms(q) for q in queries], info)
+
+
+def test_a_missing_hop_counts_only_a_focused_search(full_env):
+    """A query counts for the missing hop when it asks for that hop (half its terms, or the
+    bridge answers it builds on) and for no other (no other hop's terms beyond its own, counted
+    with repeats, and not the whole question); a hop with nothing to search for backs nothing."""
+    infos = {info["id"]: info for info in full_env.get_eval_dataset()["info"]}
+    first = infos["2hop__42543_20093"]  # writer of Crazy Little Thing Called Love; hop 1 missing
+    assert focused_for(first, "who wrote crazy little thing called love")
+    assert focused_for(first, "writer of Crazy Little Thing Called Love")
+    assert not focused_for(
+        first, first["question"], "the year Crazy Little Thing Called Love's writer died"
+    )
+    second = infos["2hop__150985_444333"]  # Routledge, publisher of the journal; hop 2 missing
+    assert focused_for(second, "Routledge >> founded by")
+    assert focused_for(second, "founder of Routledge")
+    assert not focused_for(
+        second, "founded by", "Routledge, publisher of Journal of Media Economics"
+    )
+    repeated = {
+        "question": "Who is the father of Edward Baring's father?",
+        "hops": [
+            {"question": "Edward Baring >> father", "answer": "Thomas Baring", "support": None},
+            {"question": "#1 >> father", "answer": "Francis Baring", "support": None},
+        ],
+    }
+    assert focused_for(repeated, "Edward Baring's father")
+    assert not focused_for(repeated, repeated["question"], "father of Edward Baring father")
+    empty = {"question": "Who is it?", "hops": [{"question": "Who is it?", "support": None}]}
+    assert not focused_for(empty, "who is it", "it")
+
+
+def test_showing_everything_scores_below_a_precise_agent(dev_env, dev_rows):
+    """The same agent (one search per hop, gold answer, citing the supporting paragraphs it saw)
+    with top_n=3 and with top_n=10: showing ~every paragraph lowers the retrieval term below the
+    precise agent's wherever the precise one found the evidence, and on average."""
+    precise = run(dev_env, decomposition_agent(dev_rows))
+    everything = run(dev_env, decomposition_agent(dev_rows, top_n=10))
+    for good, broad in zip(precise, everything, strict=True):
+        assert good["metrics"]["exact_match"] == broad["metrics"]["exact_match"] == 1.0
+        assert broad["metrics"]["docs_shown"] > good["metrics"]["docs_shown"]
+        if good["metrics"]["retrieval_recall"] == 1.0:
+            assert broad["reward"] < good["reward"], good["info"]["id"]
+    assert mean_reward(everything) < mean_reward(precise)
+    shown = sum(out["metrics"]["docs_shown"] for out in everything) / len(everything)
+    print(
+        f"\n200 dev rows: precise (top_n=3) {mean_reward(precise):.3f},"
+        f" show-everything (top_n=10, {shown:.1f} paragraphs shown) {mean_reward(everything):.3f}"
+    )
+
+
+def test_an_unseen_citation_costs_citation_precision_not_the_answer(dev_env, dev_rows):
+    """An agent that cites every supporting paragraph, seen or not (the issue's scripted agent):
+    the submission is accepted with a note, the answer keeps its full score, and the unseen
+    paragraphs count as wrong citations."""
+    oracle = run(dev_env, decomposition_agent(dev_rows, cite=lambda row, seen: supporting(row)))
+    missed = [out for out in oracle if out["metrics"]["retrieval_recall"] < 1.0]
+    assert missed, "BM25's top 3 finds every supporting paragraph on every row"
+    for out in oracle:
+        m = out["metrics"]
+        assert (m["format"], m["exact_match"], m["f1"]) == (1, 1, 1)
+        assert m["citation_recall"] == m["retrieval_recall"]
+        assert m["citation_precision"] == m["retrieval_recall"]  # cited = all supporting ones
+        assert out["reward"] >= 0.7
+    assert "count as wrong citations" in tool_replies(missed[0]["completion"])[-1]
+    assert all(out["reward"] < 1.0 for out in missed)
+    print(
+        f"\ncites every supporting paragraph, top_n=3: mean {mean_reward(oracle):.3f};"
+        f" {len(missed)} rows with an unseen citation, their mean {mean_reward(missed):.3f}"
+    )
+
+
+def test_aliases_score_exact_match_one(dev_env, dev_rows):
+    with_aliases = {q: row for q, row in dev_rows.items() if row["answer_aliases"]}
+    assert len(with_aliases) > 50
+    outputs = run(
+        dev_env,
+        decomposition_agent(
+            dev_rows, answer=lambda row: (row["answer_aliases"] or [row["answer"]])[-1]
+        ),
+    )
+    scored = [o for o in outputs if o["info"]["answers"][1:]]
+    assert len(scored) == len(with_aliases)
+    assert all(o["metrics"]["exact_match"] == 1.0 for o in scored)
+
+
+def test_alias_on_the_fixture_4hop_row(full_env, fixture_rows):
+    outputs = run(
+        full_env, decomposition_agent(fixture_rows, answer=lambda r: "alfredo stroessner")
+    )
+    row = next(o for o in outputs if o["info"]["id"].startswith("4hop2"))
+    assert row["metrics"]["exact_match"] == 1.0
+
+
+# --- conversation shape: tool messages, no leaked paragraphs ----------------------------------
+
+
+def test_tool_messages_are_role_tool_and_model_turns_hold_only_assistant_messages(
+    full_env, fixture_rows
+):
+    state = rollout_state(full_env, decomposition_agent(fixture_rows))
+    completion = state["completion"]
+    for message in completion:
+        role = get_field(message, "role")
+        assert role in {"assistant", "tool"}
+        if role == "tool":
+            assert get_field(message, "tool_call_id")
+    assert [get_field(m, "role") for m in completion].count("tool") == 3  # 2 searches + submit
+    # what a trainer gives loss to (each step's completion) is model output only
+    for step in state["trajectory"]:
+        assert [get_field(m, "role") for m in step["completion"]] == ["assistant"]
+    assert state["stop_condition"] == "has_final_env_response"
+
+
+def test_tool_messages_get_no_loss_in_the_trainers_token_masks(full_env, fixture_rows):
+    """The trainer's own sample builder on this env's trajectory: loss falls on exactly the
+    model's turns; the retrieved documents sit in the sequence with mask 0."""
+    from rlvr.rollouts.to_samples import trajectory_samples
+
+    state = rollout_state(full_env, decomposition_agent(fixture_rows), row_index=3, tokens=True)
+    samples = trajectory_samples(state["trajectory"], max_seq_len=1_000_000)
+    assert len(samples) == 1  # the turns extend each other, so one sequence trains every turn
+    sample = samples[0]
+    trained = "".join(chr(i) for i, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m)
+    untrained = "".join(
+        chr(i) for i, m in zip(sample.input_ids, sample.loss_mask, strict=True) if not m
+    )
+    model_turns = [m for m in state["completion"] if get_field(m, "role") == "assistant"]
+    assert trained == "".join(render(m) for m in model_turns)
+    searches = [m for m in state["completion"][:-1] if get_field(m, "role") == "tool"]
+    assert len(searches) == 4  # the 4-hop row: four searches, each result in the context
+    for message in searches:
+        assert render(message) in untrained
+        assert "Document ID:" in message_text(message)
+    assert "Document ID:" not in trained
+
+
+def test_paragraphs_stay_out_of_prompt_and_tool_schema(full_env):
+    row = full_env.get_eval_dataset()[0]
+    prompt_text = json.dumps(row["prompt"])
+    schema_text = json.dumps([t.model_dump() for t in full_env.tool_defs])
+    for paragraph in row["info"]["paragraphs"]:
+        assert paragraph["text"][:60] not in prompt_text
+    assert "paragraphs" not in schema_text and "state" not in schema_text
+    retrieve = next(t for t in full_env.tool_defs if t.name == "retrieve_documents")
+    assert retrieve.parameters["required"] == ["query"]
+    assert retrieve.parameters["properties"]["top_n"]["default"] == 3
+
+
+# --- bad tool use is explained, never fatal ---------------------------------------------------
+
+
+BAD_CALLS: list[tuple[list[ToolCall], str]] = [
+    ([call("search_web", {"query": "x"}, "a")], "unknown tool 'search_web'"),
+    (
+        [call("retrieve_documents", {"query": f"q{k}"}, f"j{k}") for k in range(6)],
+        "too many tool calls in one turn",
+    ),
+    ([call("retrieve_documents", "{query: Van Hook", "b")], "not valid JSON"),
+    ([call("retrieve_documents", "[1, 2]", "c")], "must be a JSON object"),
+    ([call("retrieve_documents", {"q": "x"}, "d")], "unknown argument(s) ['q']"),
+    ([call("retrieve_documents", {"query": "x", "top_n": 50}, "e")], "top_n must be an integer"),
+    ([call("retrieve_documents", {"query": "  "}, "f")], "query must be a non-empty string"),
+    ([call("submit_answer", {"answer": "Stanley"}, "g")], "missing required argument(s)"),
+    (
+        [call("submit_answer", {"answer": "Stanley", "cited_doc_ids": ["doc 8"]}, "h")],
+        "cited_doc_ids must hold document IDs",
+    ),
+    (
+        [call("submit_answer", {"answer": "Stanley", "cited_doc_ids": "8"}, "i")],
+        "cited_doc_ids must be a list",
+    ),
+]
+
+
+def test_bad_tool_use_gets_explained_and_the_rollout_runs_to_max_turns(fixture_path):
+    """Each turn makes one kind of mistake; the last turn's calls go unanswered because the
+    episode stops at max_turns right after the model's reply."""
+    env = load_environment(data_files=str(fixture_path), max_turns=len(BAD_CALLS) + 1)
+
+    def policy(prompt):
+        turn = turns_taken(prompt)
+        return BAD_CALLS[turn][0] if turn < len(BAD_CALLS) else BAD_CALLS[0][0]
+
+    state = rollout_state(env, policy)
+    assert state["error"] is None
+    assert state["stop_condition"] == "max_turns_reached"
+    replies = tool_replies(state["completion"])
+    errors = [r for r in replies if r.startswith("Error: ")]
+    for _, expected in BAD_CALLS:
+        assert any(expected in r for r in errors), expected
+    assert len(replies) == sum(len(calls) for calls, _ in BAD_CALLS)
+    asyncio.run(env.rubric.score_rollout(state))
+    assert state["reward"] == 0.0
+    assert state["metrics"]["format"] == 0.0
+    assert state["metrics"]["tool_errors"] == len(errors)
+
+
+PATHOLOGICAL_ARGUMENTS = {
+    "nested 2,000 deep": '{"query": ' + "[" * 2000 + "]" * 2000 + "}",
+    "5,000-digit integer": '{"query": "Van Hook Township", "top_n": ' + "9" * 5000 + "}",
+    "top-level list 2,000 deep": "[" * 2000 + "]" * 2000,
+    "bare 5,000-digit integer": "1" * 5000,
+}
+
+
+def test_musique_pathological_tool_arguments_score_zero(fixture_path):
+    """Tool arguments the JSON decoder cannot take (nesting past its recursion limit, integers
+    past Python's digit limit) get an explained error reply, in searches and submissions alike;
+    every rollout of the batch comes back, scored 0, with its errors counted."""
+    env = load_environment(data_files=str(fixture_path), max_turns=3)
+    calls = [
+        call(name, arguments, f"{name[0]}{i}")
+        for i, arguments in enumerate(PATHOLOGICAL_ARGUMENTS.values())
+        for name in ("retrieve_documents", "submit_answer")
+    ]
+
+    def policy(prompt):
+        turn = turns_taken(prompt)
+        return calls[4 * turn : 4 * turn + 4] if turn < 2 else "I give up."
+
+    outputs = run(env, policy, n=4)
+    assert len(outputs) == 4
+    for out in outputs:
+        assert out["reward"] == 0.0 and out["metrics"]["format"] == 0.0
+        assert out["metrics"]["tool_errors"] == len(calls)
+        replies = tool_replies(out["completion"])
+        assert all(r.startswith("Error: ") for r in replies) and len(replies) == len(calls)
+        assert any("not valid JSON" in r for r in replies)
+
+
+def test_an_answer_on_two_lines_is_refused_whatever_the_line_break(full_env, fixture_rows):
+    """Every line break str.splitlines knows (\\n, \\r, \\r\\n, U+2028, U+2029, ...) makes
+    the answer two lines, which is refused; the rollout then ends without a submission."""
+    for brk in ("\n", "\r", "\r\n", "\u2028", "\u2029", "\x0b", "\x85"):
+        agent = decomposition_agent(
+            fixture_rows, answer=lambda row, b=brk: f"{row['answer']}{b}Paris"
+        )
+        [out] = run(full_env, agent, n=1)
+        assert out["metrics"]["format"] == 0.0 and out["reward"] == 0.0, repr(brk)
+        assert "one line" in tool_replies(out["completion"])[-1], repr(brk)
+
+
+def test_plain_text_reply_ends_the_episode_with_zero(full_env):
+    state = rollout_state(full_env, lambda prompt: "I think the answer is Paris.")
+    asyncio.run(full_env.rubric.score_rollout(state))
+    assert state["stop_condition"] == "no_tools_called"
+    assert state["reward"] == 0.0
+
+
+def test_calls_after_the_submission_are_ignored(full_env, fixture_rows):
+    base = decomposition_agent(fixture_rows)
+
+    def policy(prompt):
+        calls = base(prompt)
+        if calls[0].name == "submit_answer":
+            return [*calls, call("submit_answer", {"answer": "Paris", "cited_doc_ids": []}, "late")]
+        return calls
+
+    out = run(full_env, policy, n=1)[0]
+    assert tool_replies(out["completion"])[-1].startswith("Error: the answer was already submitted")
+    assert out["reward"] == 1.0
+
+
+# --- saved results rescore the same -----------------------------------------------------------
+
+
+def test_saved_results_rescore_identically(full_env, fixture_rows):
+    outputs = run(full_env, decomposition_agent(fixture_rows))
+    for out in outputs:
+        saved = json.loads(json.dumps(out["completion"], default=lambda m: m.model_dump()))
+        assert all(isinstance(m, dict) for m in saved)
+        rescored = score_components(saved, out["info"])
+        for name, value in rescored.items():
+            assert out["metrics"][name] == value, name
+
+
+def test_tool_call_readers_accept_every_form():
+    flat = {"id": "1", "name": "submit_answer", "arguments": '{"answer": "x"}'}
+    forms = [ToolCall(**flat), flat, json.dumps(flat), {**flat, "arguments": {"answer": "x"}}]
+    for form in forms:
+        parsed = parse_tool_call(form)
+        assert (parsed.id, parsed.name, json.loads(parsed.arguments)) == (
+            "1",
+            "submit_answer",
+            {"answer": "x"},
+        )
+    assert parse_tool_call("not json") is None
+    assert tool_calls({"role": "user", "tool_calls": [flat]}) == []
+
+
+# --- reward options ---------------------------------------------------------------------------
+
+
+def test_hop_weighting_is_a_sampling_weight(fixture_path, fixture_rows):
+    """hop_weighting repeats each training row n_hops times (2:3:4), which GRPO's per-group
+    normalisation cannot divide out; the eval rows stay one per question, the reward unscaled."""
+    plain = load_environment(data_files=str(fixture_path), retriever="golden")
+    weighted = load_environment(
+        data_files=str(fixture_path), retriever="golden", hop_weighting=True
+    )
+    hops = [info["n_hops"] for info in plain.get_dataset()["info"]]
+    train_ids = [info["id"] for info in weighted.get_dataset()["info"]]
+    assert len(train_ids) == sum(hops) == 2 * 1 + 3 * 2 + 4 * 3
+    for info in plain.get_dataset()["info"]:
+        assert train_ids.count(info["id"]) == info["n_hops"]
+    assert weighted.get_eval_dataset()["info"] == plain.get_dataset()["info"]
+    assert all(out["reward"] == 1.0 for out in run(weighted, decomposition_agent(fixture_rows)))
+
+
+def test_reward_weights_are_validated(fixture_path):
+    with pytest.raises(ValueError, match="sum to 1"):
+        load_environment(data_files=str(fixture_path), reward_weights={"f1": 0.5})
+    with pytest.raises(ValueError, match="unknown term"):
+        load_environment(data_files=str(fixture_path), reward_weights={"bleu": 1.0})
+    assert sum(DEFAULT_WEIGHTS.values()) == pytest.approx(1.0)
+
+
+def test_custom_weights_change_the_combination(fixture_path, fixture_rows):
+    env = load_environment(data_files=str(fixture_path), reward_weights={"exact_match": 1.0})
+    outputs = run(env, decomposition_agent(fixture_rows, cite=lambda row, seen: []))
+    assert all(out["reward"] == 1.0 for out in outputs)
+
+
+# --- data loading -----------------------------------------------------------------------------
+
+
+def test_no_network_and_no_data_files_says_how_to_pass_a_file(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(musique_dataset, "hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(MusiqueDataError, match="data_files=") as err:
+        load_environment()
+    assert "bdsaglam/musique" in str(err.value)
+
+
+def test_bad_arguments_are_named(tmp_path, fixture_path):
+    with pytest.raises(FileNotFoundError, match="data_files"):
+        load_environment(data_files=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="retriever"):
+        load_environment(data_files=str(fixture_path), retriever="tfidf")
+    with pytest.raises(ValueError, match="dataset_config"):
+        load_environment(data_files=str(fixture_path), dataset_config="all")
+    with pytest.raises(ValueError, match="noise_rate"):
+        load_environment(data_files=str(fixture_path), noise_rate=1.5)
+    not_musique = tmp_path / "gsm8k.jsonl"
+    not_musique.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    with pytest.raises(MusiqueDataError, match="paragraphs"):
+        load_environment(data_files=str(not_musique))
+
+
+def test_noise_rate_keeps_supporting_paragraphs_and_is_seeded(fixture_path):
+    def kept(noise_rate: float, seed: int) -> list[list[int]]:
+        env = load_environment(data_files=str(fixture_path), noise_rate=noise_rate, seed=seed)
+        return [[p["idx"] for p in info["paragraphs"]] for info in env.get_eval_dataset()["info"]]
+
+    infos = load_environment(data_files=str(fixture_path)).get_eval_dataset()["info"]
+    no_noise = kept(0.0, 0)
+    for ids, info in zip(no_noise, infos, strict=True):
+        assert ids == sorted(info["supporting_ids"])
+    half = kept(0.5, 0)
+    for ids, info in zip(half, infos, strict=True):
+        n_support = len(info["supporting_ids"])
+        assert set(info["supporting_ids"]) <= set(ids)
+        assert len(ids) - n_support == round(0.5 * (20 - n_support))
+    assert half == kept(0.5, 0)
+    assert half != kept(0.5, 1)
+
+
+def test_max_examples_and_separate_eval_files(fixture_path, dev_path):
+    env = load_environment(
+        data_files=str(dev_path), eval_data_files=str(fixture_path), max_examples=4
+    )
+    assert len(env.get_dataset()) == 4
+    assert len(env.get_eval_dataset()) == 4
+    assert env.get_eval_dataset()[0]["info"]["id"] == "2hop__574419_270105"
+
+
+# --- retrieval --------------------------------------------------------------------------------
+
+
+def test_bm25_index_is_built_once_per_question(fixture_path, fixture_rows):
+    env = load_environment(data_files=str(fixture_path), dataset_config="full")
+    run(env, decomposition_agent(fixture_rows))
+    run(env, decomposition_agent(fixture_rows))
+    assert env.index_cache.builds == 9  # 2 x 9 rollouts, 2-4 searches each, 9 indexes
+
+
+def _index(rows: dict[str, dict[str, Any]], question_prefix: str) -> tuple[dict, QuestionIndex]:
+    row = next(r for q, r in rows.items() if q.startswith(question_prefix))
+    docs = [Document(p["idx"], p["title"], p["paragraph_text"]) for p in row["paragraphs"]]
+    return row, QuestionIndex(docs, frozenset(supporting(row)))
+
+
+def test_each_retriever_finds_the_first_hop(fixture_rows):
+    row, index = _index(fixture_rows, "What is the seat of the county where Van Hook")
+    first_hop = row["question_decomposition"][0]
+    for retriever in ("bm25", "semantic", "hybrid", "golden"):
+        top = index.search(sub_questions(row)[0], retriever, 3)
+        assert first_hop["paragraph_support_idx"] in [d.idx for d in top], retriever
+
+
+def test_semantic_model_loads_once_and_embeddings_are_cached(fixture_rows):
+    _, index = _index(fixture_rows, "What is the seat of the county where Van Hook")
+    first = index.embeddings()
+    model = ENCODER._model
+    index.search("county seat", "semantic", 3)
+    index.search("courthouse", "hybrid", 3)
+    assert index.embeddings() is first and ENCODER._model is model
+    assert first.shape == (20, 384)
+
+
+def test_golden_returns_the_supporting_paragraphs_first(fixture_rows):
+    row, index = _index(fixture_rows, "Where does the city where Alexander Golitzen")
+    top = index.search("anything at all", "golden", 4)
+    assert sorted(d.idx for d in top) == sorted(supporting(row))
+
+
+def test_reciprocal_rank_fusion_rewards_agreement():
+    assert reciprocal_rank_fusion([[0, 1, 2], [1, 0, 2]])[-1] == 2
+    assert reciprocal_rank_fusion([[0, 1, 2], [1, 2, 0]])[0] == 1
+
+
+def test_index_cache_evicts_least_recently_used():
+    cache = IndexCache(max_size=2)
+    build = lambda: QuestionIndex([Document(0, "t", "x")], frozenset())  # noqa: E731
+    a = cache.get("a", build)
+    cache.get("b", build)
+    assert cache.get("a", build) is a
+    cache.get("c", build)  # evicts b
+    cache.get("b", build)
+    assert cache.builds == 4
+
+
+def test_empty_corpus_and_empty_query_do_not_crash():
+    assert QuestionIndex([], frozenset()).search("x", "bm25", 3) == []
+    index = QuestionIndex([Document(0, "t", "the a an")], frozenset())
+    assert [d.idx for d in index.search("the", "bm25", 3)] == [0]
+
+
+# --- SQuAD scoring ----------------------------------------------------------------------------
+
+
+def test_squad_normalisation_and_f1():
+    assert normalize_answer("The  Green Bay!") == "green bay"
+    assert exact_match("green bay", "Green Bay.") == 1.0
+    assert token_f1("Green Bay Packers", "Green Bay") == pytest.approx(0.8)
+    assert token_f1("", "Green Bay") == 0.0

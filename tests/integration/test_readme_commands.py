@@ -1,0 +1,111 @@
+"""Every `vf-eval` line of the quickstarts (README.md's and each environment README's), parsed from
+the READMEs so the two cannot drift, runs on the shared SmolLM2 server with a small -n, finishes,
+and saves its results; single-turn replies stay within the environment's default max_tokens,
+which vf-eval would otherwise leave unbounded (the lines pass no -t).
+
+The lines run as written except: -m/-b/-k point at the test server, -n is SMALL_N, the data
+root `../shared/data` is the suite's (RLVR_SHARED_DATA), and -o keeps results in tmp_path.
+Lines that differ only in those collapse into one run."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr.eval.vf_eval import find_results, iter_results
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+READMES = [ROOT / "README.md", *sorted(ROOT.glob("environments/vf_*/README.md"))]
+QUICKSTART = re.compile(r"^## Quickstart.*?$(.*?)^## ", re.MULTILINE | re.DOTALL)
+BASH_BLOCK = re.compile(r"^```bash$(.*?)^```$", re.MULTILINE | re.DOTALL)
+DATA_ROOT = "../shared/data"
+SMALL_N = "2"
+API_KEY_VAR = "RLVR_README_KEY"
+SINGLE_TURN = {"vf-deepscaler", "vf-planner"}
+# Without a data file these read the Hub (vf-deepscaler falls back to generated problems).
+HUB_ONLY = {"vf-musique", "vf-planner"}
+
+
+def quickstart_lines(readme: Path) -> list[str]:
+    """The vf-eval commands of a README's Quickstart section, continuation lines joined."""
+    section = QUICKSTART.search(readme.read_text())
+    assert section, f"{readme} has no Quickstart section"
+    blocks = "\n".join(BASH_BLOCK.findall(section.group(1))).replace("\\\n", " ")
+    return [line.strip() for line in blocks.splitlines() if line.strip().startswith("vf-eval ")]
+
+
+def normalized(line: str) -> tuple[str, ...]:
+    """The command's arguments with the server, key and -n replaced (the README's data root
+    kept, to be swapped at run time), so lines that differ only there compare equal."""
+    args = shlex.split(line, comments=True)
+    replace = {"-m": "{model}", "-b": "{base_url}", "-k": API_KEY_VAR, "-n": SMALL_N}
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in replace:
+            out += [args[i], replace[args[i]]]
+            i += 2
+        else:
+            out.append(args[i])
+            i += 1
+    if "-n" not in out:
+        out += ["-n", SMALL_N]
+    return tuple(out)
+
+
+def commands() -> dict[tuple[str, ...], str]:
+    """Each distinct quickstart command, with the README line it came from (first seen)."""
+    found: dict[tuple[str, ...], str] = {}
+    for readme in READMES:
+        for line in quickstart_lines(readme):
+            found.setdefault(normalized(line), f"{readme.relative_to(ROOT)}: {line}")
+    return found
+
+
+COMMANDS = commands()
+
+
+def option(args: tuple[str, ...], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_every_environment_has_a_quickstart_line_that_saves():
+    envs = {args[1] for args in COMMANDS}
+    assert envs == {"vf-deepscaler", "vf-musique", "vf-openspiel", "vf-planner"}
+    for args, source in COMMANDS.items():
+        assert "-s" in args, f"saves nothing: {source}"
+
+
+@pytest.mark.parametrize("args", list(COMMANDS), ids=[" ".join(a[1:]) for a in COMMANDS])
+def test_readme_quickstart_vf_eval_line_runs(args, smollm2_server, shared_data, tmp_path):
+    env_id, env_args = args[1], option(args, "-a") or ""
+    if env_id in HUB_ONLY and "data_files" not in env_args:
+        from vf_musique.hub import hub_reachable
+
+        if not hub_reachable():
+            pytest.skip(f"{COMMANDS[args]}: reads the Hugging Face Hub, which is unreachable")
+    server = {"{model}": smollm2_server.model, "{base_url}": smollm2_server.base_url}
+    cmd = [server.get(a, a.replace(DATA_ROOT, str(shared_data))) for a in args]
+    cmd[0] = str(Path(sys.executable).with_name("vf-eval"))
+    env = {**os.environ, API_KEY_VAR: "EMPTY"}
+    proc = subprocess.run(
+        [*cmd, "-o", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, f"{COMMANDS[args]}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    (results,) = find_results(tmp_path)
+    rows = [row for _, row in iter_results(results)]
+    metadata = json.loads((results.parent / "metadata.json").read_text())
+    assert len(rows) == int(SMALL_N) * metadata["rollouts_per_example"]
+    assert metadata["sampling_args"].get("max_tokens") is None  # no -t: the env's default
+    if env_id in SINGLE_TURN:
+        default = importlib.import_module(env_id.replace("-", "_")).DEFAULT_SAMPLING_ARGS
+        assert max(row["token_usage"]["output_tokens"] for row in rows) <= default["max_tokens"]

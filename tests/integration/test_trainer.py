@@ -1,0 +1,247 @@
+"""The GRPO trainer end to end on the CPU: a real vf-vllm serving the tiny model, weights pushed
+after every step through the gloo engine, the toy environment of `toy_env.py`.
+
+Numbers (seed 0, LoRA rank 16 on every projection + lm_head, lr 1e-2, 32 rollouts of 16
+tokens per step, measured on the 2-core dev machine): the target token's share starts near the
+uniform 1/467 (mean of steps 1-3 ~0.001) and passes 0.5 by step 8-10; mismatch-KL stays around
+1e-13 after every push. Without pushes the reward stays at the start level and mismatch-KL
+passes 1e-3 after one step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+from safetensors.torch import load_file
+from support import (
+    chat_requests,
+    config,
+    json_server,
+    launch,
+    recording_proxy,
+    restore_base_weights,
+    target_id,
+)
+from toy_env import multi_turn_target_env, target_share_env
+
+from rlvr.config import ConfigError, load_config
+from rlvr.rollouts.client import make_client
+from rlvr.rollouts.worker import RolloutWorker
+from rlvr.trainer.checkpoint import list_checkpoints
+from rlvr.trainer.grpo import Trainer
+from rlvr.weight_sync.push import ServerControl
+
+pytestmark = pytest.mark.integration
+
+# Projections vLLM's LoRA serves (not the tied lm_head): adapter sync, one version per batch.
+ADAPTER_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
+def test_grpo_raises_reward_with_weights_pushed_every_step(tiny_server, tmp_path):
+    out = tmp_path / "run"
+    cfg = config(tiny_server, out, "max_steps=12", "eval.every=6", "eval.num_examples=4",
+                 "wandb.mode=offline")  # fmt: skip
+    history = Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir))).run()
+
+    rewards = [h["reward/mean"] for h in history]
+    first, last = mean(rewards[:3]), mean(rewards[-3:])
+    print(f"target-token share per step: {[round(r, 4) for r in rewards]}")
+    assert first < 0.02, rewards
+    assert last > first + 0.2, f"reward did not rise: first {first:.4f}, last {last:.4f}"
+    # float32 on both sides, on-policy batches: sampler and trainer agree after every push
+    kls = [h["mismatch_kl"] for h in history]
+    assert max(kls) < 1e-3, kls
+    assert all(h["time/weight_push"] > 0 for h in history)
+
+    # what the run leaves behind
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in logged if "reward/mean" in m]
+    assert [m["step"] for m in steps] == list(range(1, 13))
+    for key in (
+        "env/target_share",
+        "loss/total",
+        "entropy",
+        "ratio/max",
+        "mismatch_kl",
+        "time/wait_rollouts",
+        "time/forward_backward",
+        "time/optimizer",
+        "time/weight_push",
+        "throughput/gen_tokens_per_s",
+        "rollouts/truncated",
+        "memory/peak_gib",
+    ):
+        assert key in steps[-1], key  # fmt: skip
+    evals = [m for m in logged if "eval/reward" in m]
+    assert [m["step"] for m in evals] == [6, 12]
+    assert (out / "samples.jsonl").stat().st_size > 0
+    assert load_config(out / "config.yaml").optim.lr == 2e-2
+    assert (out / "final" / "adapter_config.json").is_file()
+    assert (out / "final" / "tokenizer.json").is_file()
+    assert list((out / "wandb").glob("offline-run-*")), "W&B runs offline without a key"
+    assert [p.name for p in list_checkpoints(out)] == ["step_000012"]
+
+
+def test_without_pushes_the_server_goes_stale_and_the_trainer_warns(tiny_server, tmp_path, caplog):
+    cfg = config(tiny_server, tmp_path / "run", "max_steps=4", "lora.enabled=false",
+                 "server.push_weights=false", "logging.mismatch_kl_warn=1e-3",
+                 "loss.beta=0.05")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="rlvr.trainer.metrics"):
+        history = Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir))).run()
+    kls = [h["mismatch_kl"] for h in history]
+    assert kls[0] < 1e-3 < kls[-1], kls
+    # full fine-tuning with beta > 0 keeps a frozen reference copy: KL to it grows from 0
+    assert history[0]["loss/kl_ref"] < 1e-9 < history[-1]["loss/kl_ref"]
+    assert any("mismatch-KL" in r.getMessage() for r in caplog.records)
+
+
+def test_resume_continues_exactly(tiny_server, tmp_path):
+    env = target_share_env(target_id(tiny_server.model_dir))
+    extra = ["max_steps=6", "lora.dropout=0.1", "optim.scheduler=cosine", "optim.warmup_steps=1",
+             "loss.beta=0.01"]  # fmt: skip
+    straight = Trainer(config(tiny_server, tmp_path / "a", *extra), env=env).run()
+
+    first = Trainer(config(tiny_server, tmp_path / "b", *extra), env=env).run(stop_after=3)
+    assert len(first) == 3 and [p.name for p in list_checkpoints(tmp_path / "b")] == ["step_000003"]
+    resumed = Trainer(
+        config(tiny_server, tmp_path / "b", *extra, "checkpoint.resume=auto"), env=env
+    ).run()
+    assert len(resumed) == 3
+    assert resumed[-1]["loss/kl_ref"] > 0  # the LoRA reference: the base with the adapter off
+    for a, b in zip(straight[3:], resumed, strict=True):
+        for key in ("reward/mean", "loss/total", "loss/kl_ref", "grad_norm", "lr"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+    wa = load_file(tmp_path / "a" / "final" / "adapter_model.safetensors")
+    wb = load_file(tmp_path / "b" / "final" / "adapter_model.safetensors")
+    assert wa.keys() == wb.keys()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+
+
+def test_async_resume_trains_on_the_batch_that_was_in_flight(tiny_server, tmp_path):
+    """async_level 1: when the run stops after step 2, batch 3 is already being generated by
+    policy 1. The checkpoint keeps it, and the resumed run trains step 3 on exactly that batch
+    (one step of policy lag, as uninterrupted) instead of regenerating it with policy 2."""
+    from rlvr.trainer.checkpoint import load_in_flight
+
+    env = _env(tiny_server)
+    extra = ["max_steps=4", "batch.async_level=1"]
+    Trainer(config(tiny_server, tmp_path / "run", *extra), env=env).run(stop_after=2)
+    (checkpoint,) = list_checkpoints(tmp_path / "run")
+    (kept,) = load_in_flight(checkpoint)
+    assert kept.step == 2 and kept.min_policy_version == 1
+    resumed = Trainer(
+        config(tiny_server, tmp_path / "run", *extra, "checkpoint.resume=auto"), env=env
+    ).run()
+    assert len(resumed) == 2 and resumed[0]["rollouts/policy_lag"] == 1
+    rewards = [r.reward for r in kept.rollouts]
+    assert resumed[0]["reward/mean"] == pytest.approx(sum(rewards) / len(rewards))
+
+
+@pytest.mark.slow
+def test_two_ranks_compute_the_same_step_as_one(tiny_server, tmp_path):
+    """DDP on 2 CPU processes: samples broadcast from rank 0, sharded, micro-batch counts
+    equalised, the loss normalised by the global token count; rank 1 takes part in every
+    weight push without talking to the server. The first step's loss and gradient norm equal
+    the single-process run's (same batch: seeded sampling from the same initial weights)."""
+    extra = ["max_steps=2", "batch.micro_batch_size=3"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    ranks = launch(tiny_server, tmp_path / "ddp", torchrun, extra, {"ACCELERATE_USE_CPU": "1"})
+    single = Trainer(config(tiny_server, tmp_path / "one", *extra), env=_env(tiny_server))
+    alone = single.run()
+    assert [r["world"] for r in ranks] == [2, 2]
+    first = [r["history"][0] for r in ranks]
+    for key in ("loss/total", "grad_norm", "reward/mean", "loss_tokens"):
+        expected = pytest.approx(alone[0][key], rel=1e-4, abs=1e-6)  # on-policy loss ~ 0
+        assert first[0][key] == first[1][key] == expected, key
+    assert all(h["mismatch_kl"] < 1e-3 for r in ranks for h in r["history"])
+
+
+def _env(server):
+    return target_share_env(target_id(server.model_dir))
+
+
+def _same_steps(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        for key in keys:
+            assert y[key] == pytest.approx(x[key], rel=1e-4, abs=1e-7), key
+
+
+def test_async_level_2_resumed_twice_matches_uninterrupted(tiny_server, tmp_path):
+    """async_level 2: batch s is generated by policy max(0, s - 2) in every run. Stopped after
+    step 2 and after step 3, each resume hands the batches that were in flight to the worker
+    (the preloaded ones included), so the resumed steps train on what the uninterrupted run
+    trained on: the same rewards, lags and losses. Adapter sync pins every request of a batch
+    to its version; merged pushes land mid-batch, at a time the machine's load decides."""
+    env = _env(tiny_server)
+    extra = ["max_steps=5", "batch.async_level=2", "checkpoint.every=1",
+             "server.lora_sync=adapter", f"lora.target_modules={ADAPTER_TARGETS}"]  # fmt: skip
+    restore_base_weights(tiny_server)  # adapters are served over the base other tests pushed
+    straight = Trainer(config(tiny_server, tmp_path / "a", *extra), env=env).run()
+    assert [h["rollouts/policy_lag"] for h in straight] == [0, 1, 2, 2, 2]
+
+    out = tmp_path / "b"
+    first = Trainer(config(tiny_server, out, *extra), env=env).run(stop_after=2)
+    resume = [*extra, "checkpoint.resume=auto"]
+    second = Trainer(config(tiny_server, out, *resume), env=env).run(stop_after=3)
+    third = Trainer(config(tiny_server, out, *resume), env=env).run()
+    keys = ("reward/mean", "rollouts/policy_lag", "loss/total", "grad_norm", "mismatch_kl")
+    _same_steps(straight, first + second + third, keys)
+
+
+def test_multi_turn_requests_use_a_distinct_seed_per_turn(tiny_server, tmp_path):
+    """vLLM seeds a generator per request: every turn of every rollout sends its own seed,
+    and the same step sends the same seeds again (recorded in front of the server)."""
+    env = multi_turn_target_env(target_id(tiny_server.model_dir), turns=3)
+    cfg = config(tiny_server, tmp_path, "batch.batch_size=8", "batch.rollouts_per_example=4",
+                 "max_steps=1")  # fmt: skip
+    runs = []
+    for _ in range(2):
+        with recording_proxy(tiny_server) as (url, requests):
+            worker = RolloutWorker(env, env.get_dataset(), cfg,
+                                   lambda url=url: make_client(url, None, 300, 64),
+                                   model=tiny_server.model).start()  # fmt: skip
+            try:
+                batch = worker.get(0, timeout_s=600)
+            finally:
+                worker.close()
+        assert batch.errored == 0 and [r.num_turns for r in batch.rollouts] == [3] * 8
+        bodies = chat_requests(requests)
+        turns = [sum(m["role"] == "assistant" for m in b["messages"]) for b in bodies]
+        assert sorted(turns) == [0] * 8 + [1] * 8 + [2] * 8
+        runs.append(sorted((t, b["seed"]) for t, b in zip(turns, bodies, strict=True)))
+    seeds = [seed for _, seed in runs[0]]
+    assert len(set(seeds)) == len(seeds) == 24, "a seed repeats across turns or rollouts"
+    assert runs[0] == runs[1], "the same step must send the same seeds"
+
+
+def test_multi_turn_resume_samples_the_same_turns(tiny_server, tmp_path):
+    env = multi_turn_target_env(target_id(tiny_server.model_dir), turns=3)
+    extra = ["max_steps=3", "batch.batch_size=16", "batch.async_level=1"]
+    straight = Trainer(config(tiny_server, tmp_path / "a", *extra), env=env).run()
+    assert all(h["rollouts/turns"] == 3 for h in straight)
+    out = tmp_path / "b"
+    first = Trainer(config(tiny_server, out, *extra), env=env).run(stop_after=1)
+    rest = Trainer(config(tiny_server, out, *extra, "checkpoint.resume=auto"), env=env).run()
+    keys = ("reward/mean", "rollouts/completion_tokens", "loss/total", "grad_norm")
+    _same_steps(straight, first + rest, keys)
+
+
+def test_raw_logprobs_server_is_refused(tiny_server, tmp_path):
+    """A server started with plain `vllm serve` returns logprobs before the temperature: its
+    configuration (the real server's, with vLLM's default mode) is refused at connect."""
+    control = ServerControl(tiny_server.base_url)
+    info = control.get("/server_info", params={"config_format": "json"})
+    assert control.logprobs_mode() == "processed_logprobs"  # vf-vllm's own choice
+    info["vllm_config"]["model_config"]["logprobs_mode"] = "raw_logprobs"
+    with json_server({"/server_info": info}) as url:
+        cfg = config(tiny_server, tmp_path, f"server.base_url={url}", "sampling.temperature=0.7")
+        with pytest.raises(ConfigError, match="--logprobs-mode processed_logprobs"):
+            Trainer(cfg, env=_env(tiny_server)).setup()

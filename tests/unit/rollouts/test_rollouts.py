@@ -1,0 +1,448 @@
+"""Rollouts -> samples: loss masks of a multi-turn tool trajectory, merging and splitting of
+turns, sampling args, data order, and the background worker's bound on running ahead.
+
+The multi-turn test runs a real `vf.ToolEnv` through verifiers' own rollout loop and response
+parser; only the network is replaced, by a scripted client that renders prompts with the tiny
+model's real chat template and answers like vLLM does (prompt_token_ids, token_ids, logprobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import verifiers as vf
+from datasets import Dataset
+from openai.types.chat import ChatCompletion
+from transformers import AutoTokenizer
+
+from rlvr.config import ConfigError, load_config
+from rlvr.rollouts.client import RolloutClient
+from rlvr.rollouts.groups import GroupResult, StepBatch, run_group
+from rlvr.rollouts.prompts import PromptOrder
+from rlvr.rollouts.request_args import (
+    FALLBACK_MAX_TOKENS,
+    SamplingFilterError,
+    build_sampling_args,
+    request_seed,
+    turn_seed,
+)
+from rlvr.rollouts.to_samples import MissingTokensError, RolloutResult, trajectory_samples
+from rlvr.rollouts.worker import RolloutWorker
+from rlvr.trainer.grpo import build_samples
+from rlvr.trainer.micro_batches import Sample
+
+TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
+FINAL = "The value is \\boxed{42}."
+TOOL_RESULT = "value of a is 42"
+
+
+class ScriptedClient(RolloutClient):
+    """Answers like vLLM with return_token_ids: turn k of a rollout replies `replies[k]`.
+
+    Records every (prompt_ids, completion_ids, logprobs) it returned, so tests can compare the
+    training samples with exactly what the 'sampler' produced.
+    """
+
+    def __init__(self, tokenizer, replies: list[str]):
+        super().__init__(object())
+        self.tok = tokenizer
+        self.replies = replies
+        self.returned: list[tuple[list[int], list[int], list[float]]] = []
+        self.sampling_args: list[dict] = []
+
+    async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
+        self.sampling_args.append(sampling_args)
+        text = self.tok.apply_chat_template(
+            prompt, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        prompt_ids = self.tok.encode(text, add_special_tokens=False)
+        turn = sum(1 for m in prompt if m["role"] == "assistant")
+        reply = self.replies[min(turn, len(self.replies) - 1)]
+        completion_ids = self.tok.encode(reply, add_special_tokens=False)
+        completion_ids.append(self.tok.convert_tokens_to_ids("<|im_end|>"))
+        logprobs = [-0.01 * (i + 1) - turn for i in range(len(completion_ids))]
+        self.returned.append((prompt_ids, completion_ids, logprobs))
+        message: dict = {"role": "assistant", "content": reply}
+        finish = "stop"
+        if reply.startswith("<tool_call>"):
+            call = json.loads(reply.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{turn}",
+                        "type": "function",
+                        "function": {
+                            "name": call["name"],
+                            "arguments": json.dumps(call["arguments"]),
+                        },
+                    }
+                ],
+            }
+            finish = "tool_calls"
+        return ChatCompletion.model_validate(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "prompt_token_ids": prompt_ids,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": finish,
+                        "message": message,
+                        "token_ids": completion_ids,
+                        "logprobs": {
+                            "content": [
+                                {"token": str(t), "logprob": lp, "bytes": [], "top_logprobs": []}
+                                for t, lp in zip(completion_ids, logprobs, strict=True)
+                            ]
+                        },
+                    }
+                ],
+            }
+        )
+
+    async def close(self) -> None:
+        return None
+
+
+def lookup(key: str) -> str:
+    """Look up the value stored under a key.
+
+    Args:
+        key: The key to look up.
+    """
+    return f"value of {key} is 42"
+
+
+def correct(completion, answer) -> float:
+    return float(answer in (completion[-1].content or ""))
+
+
+def tool_env() -> vf.ToolEnv:
+    dataset = Dataset.from_list([{"question": "What is the value of a?", "answer": "42"}])
+    return vf.ToolEnv(
+        tools=[lookup], dataset=dataset, rubric=vf.Rubric(funcs=[correct]), max_turns=4
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def run_tool_group(tokenizer, replies, max_seq_len=4096, group=2):
+    env = tool_env()
+    env.set_max_seq_len(max_seq_len)
+    client = ScriptedClient(tokenizer, replies)
+    row = env.get_dataset()[0]
+    args = [build_sampling_args(load_config().sampling, env.sampling_args, s) for s in range(group)]
+    result = asyncio.run(run_group(env, client, "m", row, args, max_seq_len, True))
+    return result, client
+
+
+def tokens_where(samples, field: str, mask_value: int) -> list:
+    """The values of `field` at positions whose loss mask equals `mask_value`, in order."""
+    return [
+        value
+        for s in samples
+        for value, m in zip(getattr(s, field), s.loss_mask, strict=True)
+        if m == mask_value
+    ]
+
+
+def test_multi_turn_tool_trajectory_masks_exactly_the_sampled_tokens(tokenizer):
+    result, client = run_tool_group(tokenizer, [TOOL_CALL, FINAL])
+    assert result.errored == 0 and len(result.rollouts) == 2
+    # every request asked vLLM for token ids and logprobs
+    for args in client.sampling_args:
+        assert args["logprobs"] is True and args["extra_body"]["return_token_ids"] is True
+    per_rollout = len(client.returned) // 2
+    for n, rollout in enumerate(result.rollouts):
+        assert rollout.reward == 1.0 and rollout.num_turns == 2 and not rollout.truncated
+        turns = client.returned[n * per_rollout : (n + 1) * per_rollout]
+        sampled = [t for _, completion, _ in turns for t in completion]
+        sampled_lp = [lp for _, _, lps in turns for lp in lps]
+        masked = tokens_where(rollout.samples, "input_ids", 1)
+        assert masked == sampled, "loss mask must cover exactly the sampled tokens"
+        masked_lp = tokens_where(rollout.samples, "sampler_logprobs", 1)
+        assert masked_lp == pytest.approx(sampled_lp)
+        unmasked = tokenizer.decode(tokens_where(rollout.samples, "input_ids", 0))
+        assert TOOL_RESULT in unmasked and "What is the value of a?" in unmasked
+        assert "lookup" in unmasked  # the tool schema in the system prompt
+        # the second turn's prompt extends the first turn exactly -> one sample per rollout
+        first_prompt, first_completion, _ = turns[0]
+        second_prompt = turns[1][0]
+        if second_prompt[: len(first_prompt) + len(first_completion)] == (
+            first_prompt + first_completion
+        ):
+            assert len(rollout.samples) == 1
+            assert rollout.samples[0].input_ids == second_prompt + turns[1][1]
+        else:
+            assert len(rollout.samples) == 2
+
+
+def _step(prompt, completion, logprobs=None, mask=None):
+    return {
+        "tokens": {
+            "prompt_ids": prompt,
+            "completion_ids": completion,
+            "completion_logprobs": logprobs or [-0.5] * len(completion),
+            "completion_mask": mask or [1] * len(completion),
+        },
+        "is_truncated": False,
+    }
+
+
+def test_turns_merge_when_the_prefix_holds():
+    steps = [_step([1, 2, 3], [4, 5]), _step([1, 2, 3, 4, 5, 9, 9], [6])]
+    (sample,) = trajectory_samples(steps, max_seq_len=100)
+    assert sample.input_ids == [1, 2, 3, 4, 5, 9, 9, 6]
+    assert sample.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert sample.sampler_logprobs == [0, 0, 0, -0.5, -0.5, 0, 0, -0.5]
+
+
+def test_turns_split_when_retokenization_breaks_the_prefix():
+    steps = [_step([1, 2, 3], [4, 5]), _step([1, 2, 3, 7, 9], [6])]
+    first, second = trajectory_samples(steps, max_seq_len=100)
+    assert first.input_ids == [1, 2, 3, 4, 5] and first.loss_mask == [0, 0, 0, 1, 1]
+    assert second.input_ids == [1, 2, 3, 7, 9, 6] and second.loss_mask == [0, 0, 0, 0, 0, 1]
+
+
+def test_turns_split_at_max_seq_len_and_respect_env_masks():
+    steps = [_step([1, 2], [3], mask=[0]), _step([1, 2, 3, 8], [4, 5])]
+    first, second = trajectory_samples(steps, max_seq_len=5)
+    assert first.loss_mask == [0, 0, 0]
+    assert second.input_ids == [1, 2, 3, 8, 4, 5] and second.loss_mask == [0, 0, 0, 0, 1, 1]
+
+
+def test_missing_tokens_is_a_clear_error():
+    with pytest.raises(MissingTokensError, match="return_token_ids"):
+        trajectory_samples([{"tokens": None}], max_seq_len=10)
+
+
+def test_truncated_rollouts_are_counted_and_masked(tokenizer):
+    result, _ = run_tool_group(tokenizer, [TOOL_CALL, FINAL], max_seq_len=40)
+    assert all(r.truncated for r in result.rollouts)
+    assert all(r.samples == [] for r in result.rollouts)
+
+
+def test_sampling_args_force_token_fields_and_neutral_filters():
+    """Every request states the neutral filters: vLLM would otherwise fill unset fields from
+    the model's generation_config.json, which the trainer cannot see."""
+    cfg = load_config(
+        overrides=["sampling.extra_body={skip_special_tokens: false, return_token_ids: false}"]
+    ).sampling
+    env_defaults = {"n": 1, "stop": ["</answer>"], "extra_body": {"include_stop_str_in_output": 1}}
+    args = build_sampling_args(cfg, env_defaults, seed=3)
+    assert args["logprobs"] is True and args["seed"] == 3 and "n" not in args
+    assert args["stop"] == ["</answer>"] and args["max_tokens"] == FALLBACK_MAX_TOKENS
+    assert args["top_p"] == 1.0 and args["presence_penalty"] == args["frequency_penalty"] == 0.0
+    assert args["extra_body"] == {
+        "include_stop_str_in_output": 1,
+        "skip_special_tokens": False,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "return_token_ids": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "sampling.top_p=0.9",
+        "sampling.extra_body={top_k: 20}",
+        "sampling.extra_body={min_p: 0.05}",
+        "sampling.extra_body={repetition_penalty: 1.1}",
+        "sampling.extra_body={presence_penalty: 0.5}",
+        "sampling.extra_body={min_tokens: 4}",
+        "sampling.extra_body={logit_bias: {'7': 5}}",
+    ],
+)
+def test_sampling_parity_refuses_filters_the_trainer_cannot_reproduce(override):
+    with pytest.raises(ConfigError, match="bias every importance ratio"):
+        load_config(overrides=[override])
+
+
+def test_sampling_parity_accepts_neutral_values_and_refuses_env_defaults():
+    cfg = load_config(overrides=["sampling.extra_body={top_k: -1, repetition_penalty: 1.0}"])
+    with pytest.raises(SamplingFilterError, match="environment's sampling_args asks for top_k"):
+        build_sampling_args(cfg.sampling, {"extra_body": {"top_k": 50}})
+
+
+CONSTRAINED = [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}},
+    {"tool_choice": "required"},
+    {"tool_choice": {"type": "function", "function": {"name": "lookup"}}},
+    {"extra_body": {"structured_outputs": {"regex": "[0-9]+"}}},
+    {"extra_body": {"guided_json": {"type": "object"}}},
+    {"extra_body": {"guided_choice": ["yes", "no"]}},
+]
+
+
+@pytest.mark.parametrize("args", CONSTRAINED)
+def test_constrained_decoding_is_refused(args, tokenizer):
+    """Constrained decoding masks tokens before vLLM computes logprobs: refused from the
+    environment's defaults, from the run config, and on any request an environment sends."""
+    cfg = load_config().sampling
+    with pytest.raises(SamplingFilterError, match="environment's sampling_args asks for"):
+        build_sampling_args(cfg, args)
+    with pytest.raises(ConfigError, match="bias every importance ratio"):
+        load_config(
+            overrides=[f"sampling.extra_body={json.dumps({**args, **args.get('extra_body', {})})}"]
+        )
+    client = ScriptedClient(tokenizer, [FINAL])
+    request = {**build_sampling_args(cfg), **args}
+    with pytest.raises(SamplingFilterError, match="a rollout request asks for"):
+        asyncio.run(client.get_response([{"role": "user", "content": "q"}], "m", request))
+    assert client.returned == []  # refused before it reached the server
+
+
+def test_unconstrained_choices_are_accepted():
+    neutral = {"tool_choice": "auto", "response_format": {"type": "text"}}
+    assert build_sampling_args(load_config().sampling, neutral)["tool_choice"] == "auto"
+
+
+def test_a_forced_tool_call_stops_the_run_instead_of_erroring_rollouts(tokenizer):
+    """An environment that forces a tool call on its requests fails the group loudly: its
+    rollouts could never train, so counting them as errored would hide the cause."""
+    env = vf.SingleTurnEnv(
+        dataset=Dataset.from_list([{"question": "q", "answer": "42"}]),
+        rubric=vf.Rubric(funcs=[correct]),
+    )
+    args = {**build_sampling_args(load_config().sampling), "tool_choice": "required"}
+    client = ScriptedClient(tokenizer, [FINAL])
+    row = env.get_dataset()[0]
+    with pytest.raises(SamplingFilterError, match="tool_choice"):
+        asyncio.run(run_group(env, client, "m", row, [args], 512, False))
+
+
+def test_turn_seeds_are_distinct_and_keep_the_rollout_seed_on_the_first_turn():
+    rollout_seeds = [request_seed(0, 5, 2, r) for r in range(8)]
+    seeds = {turn_seed(s, t) for s in rollout_seeds for t in range(10)}
+    assert len(seeds) == 80
+    assert turn_seed(rollout_seeds[0], 0) == rollout_seeds[0]
+    assert turn_seed(rollout_seeds[0], 3) == turn_seed(rollout_seeds[0], 3)
+
+
+def test_request_seeds_differ_within_a_group_and_repeat_across_runs():
+    seeds = {request_seed(0, 5, 2, r) for r in range(8)}
+    assert len(seeds) == 8
+    assert request_seed(0, 5, 2, 1) == request_seed(0, 5, 2, 1) != request_seed(1, 5, 2, 1)
+
+
+def test_prompt_order_is_a_resumable_permutation():
+    order = PromptOrder(10, seed=1)
+    first_epoch = order.rows(0, 10)
+    assert sorted(first_epoch) == list(range(10))
+    assert PromptOrder(10, seed=1).rows(7, 6) == first_epoch[7:] + order.rows(10, 3)
+    assert order.rows(10, 10) != first_epoch  # a new shuffle each epoch
+
+
+def test_worker_runs_at_most_async_level_steps_ahead(tokenizer):
+    env = vf.SingleTurnEnv(
+        dataset=Dataset.from_list([{"question": f"q{i}", "answer": "42"} for i in range(4)]),
+        rubric=vf.Rubric(funcs=[correct]),
+    )
+    for async_level in (0, 1):
+        cfg = load_config(
+            overrides=[
+                "batch.batch_size=4",
+                "batch.rollouts_per_example=2",
+                f"batch.async_level={async_level}",
+                "max_steps=4",
+            ]
+        )
+        worker = RolloutWorker(
+            env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL])
+        ).start()
+        try:
+            batch = worker.get(0)
+            assert len(batch.groups) == 2 and all(len(g.rollouts) == 2 for g in batch.groups)
+            assert batch.rollouts[0].reward == 1.0
+            # without a new weight version, only async_level more batches may appear: wait for
+            # those (a loaded machine may take a while), then give a further one time to show
+            deadline = time.monotonic() + 60
+            while len(worker.ready_steps()) < async_level and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.5)
+            assert worker.ready_steps() == list(range(1, 1 + async_level))
+            worker.set_version(1)
+            assert worker.get(1).step == 1
+            if async_level == 1:
+                assert worker.get(2).min_policy_version == 1
+        finally:
+            worker.close()
+
+
+def test_a_checkpoint_hands_in_flight_batches_to_the_resumed_worker(tokenizer):
+    """With async_level 1, batch s+1 is generated by policy s while step s trains. A
+    checkpoint after s+1 steps keeps that batch; the resumed worker serves it instead of
+    regenerating it with the newer policy, then continues with the next rows."""
+    env = vf.SingleTurnEnv(
+        dataset=Dataset.from_list([{"question": f"q{i}", "answer": "42"} for i in range(10)]),
+        rubric=vf.Rubric(funcs=[correct]),
+    )
+    cfg = load_config(overrides=["batch.batch_size=4", "batch.rollouts_per_example=2",
+                                 "batch.async_level=1", "max_steps=4"])  # fmt: skip
+
+    def worker(**kwargs):
+        return RolloutWorker(
+            env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL]), **kwargs
+        ).start()
+
+    original = worker()
+    try:
+        first = original.get(0)
+        deadline = time.monotonic() + 60
+        while not (batches := original.in_flight(1, timeout_s=60)):  # until it has started
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (in_flight,) = batches  # started under version 0
+        assert in_flight.step == 1 and in_flight.min_policy_version == 0
+        original.set_version(1)
+        assert original.get(1) is in_flight
+        original.set_version(2)
+        fresh = original.get(2)
+    finally:
+        original.close()
+    resumed = worker(start_step=1, version=1, data_position=first.data_position,
+                     preloaded=[in_flight])  # fmt: skip
+    try:
+        assert resumed.get(1) is in_flight
+        resumed.set_version(2)
+        again = resumed.get(2)
+    finally:
+        resumed.close()
+    prompts = [[r.prompt_text for r in b.rollouts] for b in (fresh, again)]
+    assert prompts[0] == prompts[1] and again.data_position == fresh.data_position
+
+
+def _rollout(reward: float) -> RolloutResult:
+    sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0])
+    return RolloutResult(0, reward, {}, [sample], False, 1, 2, "p", "c")
+
+
+def test_groups_with_too_many_errored_rollouts_get_no_loss():
+    """Errors correlate with behaviour (long generations, broken tool calls): the baseline of a
+    group's survivors is biased, so past batch.max_errored_frac the group is dropped."""
+    cfg = load_config(overrides=["batch.max_errored_frac=0.25"])
+    kept = GroupResult([_rollout(r) for r in (1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0)], errored=1)
+    biased = GroupResult([_rollout(1.0), _rollout(0.0)], errored=2)
+    batch = StepBatch(0, [kept, biased], data_position=2, skipped_prompts=0, generate_s=1.0,
+                      min_policy_version=0)  # fmt: skip
+    samples, metrics, _ = build_samples(batch, cfg)
+    assert len(samples) == 7  # only the group with 1 error in 8 trains
+    assert metrics["rollouts/dropped_errored_groups"] == 1
+    assert metrics["rollouts/errored"] == 3
+    strict = load_config(overrides=["batch.max_errored_frac=0.0"])
+    samples, metrics, _ = build_samples(batch, strict)
+    assert samples == [] and metrics["rollouts/dropped_errored_groups"] == 2

@@ -1,0 +1,200 @@
+"""GRPO's math on hand-made inputs: advantages, the loss and its masks, and the invariance of
+the gradient to how a step's samples are cut into micro-batches and spread over ranks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from rlvr.config import LossConfig, load_config
+from rlvr.trainer.advantages import group_advantages
+from rlvr.trainer.grpo import micro_batch_loss
+from rlvr.trainer.loss import StatsAccumulator, normalised_loss, policy_loss
+from rlvr.trainer.micro_batches import (
+    Sample,
+    collate,
+    padding_micro_batch,
+    shard,
+    split_micro_batches,
+)
+
+# ---- advantages ------------------------------------------------------------------------
+
+
+def test_group_advantages_scaled_and_unscaled():
+    groups = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5], [2.0], [0.0, 3.0]]
+    scaled, flat = group_advantages(groups, scale_rewards=True)
+    assert scaled[0] == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)  # mean .5, std .5
+    assert scaled[1] == [0.0, 0.0, 0.0] and scaled[2] == [0.0]
+    assert scaled[3] == pytest.approx([-1.0, 1.0], abs=1e-5)
+    assert flat == [False, True, True, False]
+    unscaled, _ = group_advantages(groups, scale_rewards=False)
+    assert unscaled[0] == pytest.approx([0.5, -0.5, -0.5, 0.5])
+    assert unscaled[3] == pytest.approx([-1.5, 1.5])
+    assert sum(unscaled[0]) == pytest.approx(0.0)
+
+
+def test_group_advantages_ragged_groups_after_errors():
+    advantages, flat = group_advantages([[1.0, 0.0, 0.0], []], scale_rewards=False)
+    assert advantages[0] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    assert advantages[1] == [] and flat == [False, True]
+
+
+# ---- the loss --------------------------------------------------------------------------
+
+
+def loss_cfg(**kw) -> LossConfig:
+    return LossConfig(**kw)
+
+
+def test_on_policy_loss_is_minus_advantage_weighted_logprob_gradient():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    sampler = logprobs.detach().clone()
+    adv = torch.tensor([[2.0, 2.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    terms = policy_loss(logprobs, sampler, adv, mask, loss_cfg())
+    assert terms.loss_sum.item() == pytest.approx(-4.0)  # -(1*2 + 1*2), third token masked
+    terms.loss_sum.backward()
+    assert logprobs.grad.tolist() == [[-2.0, -2.0, 0.0]]
+    assert terms.stats["tokens"].item() == 2
+    assert terms.stats["mismatch_kl_sum"].item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_ratio_masking_drops_off_policy_tokens():
+    logprobs = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
+    sampler = torch.log(torch.tensor([[0.5, 0.01, 0.99]]))  # ratios 1, 50, ~0.505
+    terms = policy_loss(logprobs, sampler, torch.ones(1, 3), torch.ones(1, 3), loss_cfg())
+    assert terms.stats["ratio_masked_sum"].item() == 1
+    assert terms.loss_sum.item() == pytest.approx(-(1.0 + 0.5 / 0.99), rel=1e-5)
+    assert terms.stats["ratio_max"].item() == pytest.approx(50.0, rel=1e-4)
+    assert terms.stats["mismatch_kl_sum"].item() > 0
+
+
+def test_ppo_clipping_stops_the_gradient_beyond_the_bound():
+    logprobs = torch.log(torch.tensor([[0.6, 0.6]])).requires_grad_()
+    sampler = torch.log(torch.tensor([[0.5, 0.5]]))  # ratio 1.2 on both tokens
+    adv = torch.tensor([[1.0, -1.0]])
+    cfg = loss_cfg(clip_low=0.1, clip_high=0.1)
+    terms = policy_loss(logprobs, sampler, adv, torch.ones(1, 2), cfg)
+    terms.loss_sum.backward()
+    # A > 0 and r > 1 + eps: clipped, no gradient; A < 0: the unclipped term is the minimum
+    assert logprobs.grad[0, 0].item() == 0.0
+    assert logprobs.grad[0, 1].item() == pytest.approx(1.2, rel=1e-5)
+    assert terms.stats["clipped_sum"].item() == 1
+
+
+def test_kl_to_reference_adds_beta_weighted_penalty():
+    logprobs = torch.tensor([[-1.0, -1.0]])
+    ref = torch.tensor([[-1.0, -2.0]])
+    cfg = loss_cfg(beta=0.5)
+    terms = policy_loss(logprobs, logprobs, torch.zeros(1, 2), torch.ones(1, 2), cfg, ref)
+    kl = math.exp(-1.0) + 1.0 - 1.0  # exp(d) - d - 1 with d = -1
+    assert terms.loss_sum.item() == pytest.approx(0.5 * kl)
+    with pytest.raises(ValueError, match="reference"):
+        policy_loss(logprobs, logprobs, torch.zeros(1, 2), torch.ones(1, 2), cfg)
+
+
+def test_stats_accumulator_sums_and_extremes():
+    acc = StatsAccumulator()
+    acc.add({"tokens": 2.0, "x_sum": 4.0, "ratio_min": 0.9, "ratio_max": 1.1})
+    acc.add({"tokens": 2.0, "x_sum": 2.0, "ratio_min": 0.8, "ratio_max": 1.05})
+    acc.add({"tokens": 0.0, "x_sum": 0.0})  # a padding micro-batch
+    assert acc.summary() == {"tokens": 4.0, "x": 1.5, "ratio_min": 0.8, "ratio_max": 1.1}
+
+
+# ---- micro-batch / rank invariance -------------------------------------------------------
+
+
+def tiny_policy() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config).float()
+
+
+def make_samples(n: int = 7) -> list[Sample]:
+    g = torch.Generator().manual_seed(1)
+    samples = []
+    for i in range(n):
+        prompt, completion = 3 + i % 3, 2 + (3 * i) % 7  # lengths vary: padding matters
+        ids = torch.randint(1, 64, (prompt + completion,), generator=g).tolist()
+        mask = [0] * prompt + [1] * completion
+        logprobs = [0.0] * prompt + (-torch.rand(completion, generator=g) * 3).tolist()
+        samples.append(Sample(ids, mask, logprobs, advantage=float(i % 3) - 1.0))
+    return samples
+
+
+def step_gradient(model, samples, micro_batch_size: int, world_size: int = 1) -> torch.Tensor:
+    """Gradient of one step as the trainer computes it: each simulated rank accumulates over
+    its micro-batches (padded to the same count), then ranks are averaged like DDP/DeepSpeed."""
+    cfg = load_config()
+    global_tokens = sum(s.num_loss_tokens for s in samples)
+    shards = [
+        split_micro_batches(shard(samples, r, world_size), micro_batch_size)
+        for r in range(world_size)
+    ]
+    count = max(len(s) for s in shards)
+    per_rank = []
+    for mbs in shards:
+        model.zero_grad()
+        for chunk in mbs + [padding_micro_batch(0)] * (count - len(mbs)):
+            loss, _ = micro_batch_loss(model, collate(chunk, 0), cfg, global_tokens, world_size)
+            loss.backward()
+        per_rank.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    return torch.stack(per_rank).mean(0)
+
+
+def test_loss_normalisation_is_invariant_to_micro_batch_split_and_ranks():
+    model = tiny_policy()
+    samples = make_samples()
+    whole = step_gradient(model, samples, micro_batch_size=len(samples))
+    assert whole.abs().sum() > 0
+    for mbs, world in [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (2, 3)]:
+        split = step_gradient(model, samples, micro_batch_size=mbs, world_size=world)
+        assert torch.allclose(split, whole, rtol=1e-4, atol=1e-7), (mbs, world)
+
+
+def test_a_per_micro_batch_mean_would_not_be_invariant():
+    """The property above is not automatic: averaging per micro-batch weighs tokens of
+    short micro-batches more, and the gradient changes with the split."""
+    model = tiny_policy()
+    samples = make_samples()
+
+    def per_mb_mean_gradient(micro_batch_size):
+        model.zero_grad()
+        mbs = split_micro_batches(samples, micro_batch_size)
+        for chunk in mbs:
+            mb = collate(chunk, 0)
+            loss, _ = micro_batch_loss(model, mb, load_config(), mb.num_loss_tokens * len(mbs), 1)
+            loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    assert not torch.allclose(per_mb_mean_gradient(2), per_mb_mean_gradient(7), rtol=1e-3)
+
+
+def test_normalised_loss_scales_by_world_size_over_tokens():
+    assert normalised_loss(torch.tensor(6.0), 3.0, 2).item() == pytest.approx(4.0)
+    assert normalised_loss(torch.tensor(1.0), 0.0, 1).item() == 1.0  # no division by zero
+
+
+def test_collate_aligns_masks_with_next_token_predictions():
+    mb = collate(
+        [
+            [Sample([5, 6, 7], [0, 1, 1], [0.0, -0.1, -0.2], 1.5)],
+            [Sample([8, 9], [0, 1], [0, -0.3])],
+        ],
+        0,
+    )
+    assert mb.input_ids.tolist() == [[5, 6, 7], [8, 9, 0]]
+    assert mb.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert mb.model_inputs().keys() == {"input_ids"}  # causal attention hides right padding
+    assert mb.loss_mask.tolist() == [[1, 1], [1, 0]]
+    assert mb.sampler_logprobs.flatten().tolist() == pytest.approx([-0.1, -0.2, -0.3, 0.0])
+    assert mb.advantages[0].tolist() == [1.5, 1.5]
+    with pytest.raises(ValueError, match="differ in length"):
+        Sample([1, 2], [0], [0.0, 0.0])

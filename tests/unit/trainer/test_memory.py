@@ -1,0 +1,169 @@
+"""The start-up memory check (rlvr.trainer.memory): what the estimate counts against what autograd
+really keeps, gradient checkpointing chosen by what the largest micro-batch needs, settings
+that cannot fit refused before the trainer generates or steps, and the per-step peak."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlvr.config import ConfigError, load_config
+from rlvr.trainer import memory
+from rlvr.trainer.memory import GIB, Budget, ModelShape, estimate, plan_memory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def llama(layers: int = 2) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).float().train()
+
+
+def saved_activation_bytes(model: torch.nn.Module, tokens: int) -> int:
+    """Bytes autograd keeps for backward after the decoder's forward on `tokens` tokens
+    (distinct storages, parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.randint(0, 256, (1, tokens))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=ids)
+    return sum(storages.values())
+
+
+def test_layer_activations_match_what_autograd_saves():
+    """The per-token, per-layer formula against the tensors a Llama decoder saves: the
+    difference between 4 and 2 layers is two layers' worth."""
+    tokens = 128
+    shape = ModelShape.of(llama())
+    per_layer = saved_activation_bytes(llama(4), tokens) - saved_activation_bytes(llama(2), tokens)
+    per_layer /= 2 * tokens
+    assert shape.layer_activation_bytes() == pytest.approx(per_layer, rel=0.1)
+
+
+def test_model_shape_counts_trainable_parameters_and_dtype():
+    from peft import LoraConfig, get_peft_model
+
+    model = llama()
+    shape = ModelShape.of(model)
+    assert (shape.layers, shape.hidden, shape.kv_width, shape.dtype_bytes) == (2, 64, 32, 4)
+    assert shape.trainable == shape.params
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))
+    assert ModelShape.of(lora).trainable == 2 * 4 * (64 + 64)  # A and B per layer
+    assert ModelShape.of(SimpleNamespace(config=SimpleNamespace())) is None
+
+
+def test_estimate_grows_with_tokens_and_checkpointing_saves_activations():
+    shape = ModelShape.of(llama(layers=8))
+    small, large = (estimate(shape, n, False) for n in (1024, 4096))
+    assert large.activations > 3 * small.activations
+    assert estimate(shape, 4096, True).activations < large.activations / 2
+    assert large.weights == small.weights and large.optimizer == small.optimizer
+    on_gpu = estimate(shape, 4096, False, on_cpu=False)
+    assert on_gpu.allocator == on_gpu.runtime == on_gpu.resident == 0
+    sharded = estimate(shape, 4096, False, shards=4)
+    assert sharded.optimizer == pytest.approx(large.optimizer / 4, abs=1)
+
+
+def fake_accelerator(processes: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(
+        device=torch.device("cpu"), num_processes=processes, state=SimpleNamespace()
+    )
+
+
+def with_free_memory(monkeypatch, free: float) -> None:
+    monkeypatch.setattr(memory, "available_bytes", lambda device: int(free))
+
+
+BUDGET = Budget(8192, "batch.micro_batch_tokens", 1024, "batch.max_seq_len")
+
+
+def test_checkpointing_is_chosen_by_what_the_budget_needs(monkeypatch):
+    model = llama(layers=8)
+    shape = ModelShape.of(model)
+    off, on = (estimate(shape, BUDGET.tokens, c).step_needs for c in (False, True))
+    with_free_memory(monkeypatch, 2 * off)
+    assert plan_memory(model, None, BUDGET, fake_accelerator()).checkpointing is False
+    with_free_memory(monkeypatch, (on + off) / 2)
+    plan = plan_memory(model, None, BUDGET, fake_accelerator())
+    assert plan.checkpointing is True
+    assert "8192 tokens per micro-batch with gradient checkpointing" in plan.describe()
+    # the user's choice wins whenever it fits
+    assert plan_memory(model, True, BUDGET, fake_accelerator()).checkpointing is True
+    with_free_memory(monkeypatch, 1.01 * off)  # fits, but too tightly for the trainer's choice
+    assert plan_memory(model, None, BUDGET, fake_accelerator()).checkpointing is True
+    assert plan_memory(model, False, BUDGET, fake_accelerator()).checkpointing is False
+
+
+def test_settings_that_cannot_fit_name_the_knobs_and_what_would_fit(monkeypatch):
+    model = llama(layers=8)
+    shape = ModelShape.of(model)
+    off, on = (estimate(shape, BUDGET.tokens, c).step_needs for c in (False, True))
+    with_free_memory(monkeypatch, (on + off) / 2)
+    with pytest.raises(ConfigError) as refused:  # checkpointing forced off: it would fit
+        plan_memory(model, False, BUDGET, fake_accelerator())
+    message = str(refused.value)
+    assert "model.gradient_checkpointing=true" in message
+    assert "lower batch.micro_batch_tokens to at most" in message
+    assert "lora.enabled=true" in message  # a full fine-tune
+    fits = int(message.split("to at most ")[1].split()[0])
+    assert estimate(shape, fits, False).step_needs <= (on + off) / 2
+    assert estimate(shape, fits + 1, False).step_needs > (on + off) / 2
+    with_free_memory(monkeypatch, estimate(shape, 512, True).step_needs)
+    with pytest.raises(ConfigError, match="lower batch.max_seq_len and batch.micro_batch_tokens"):
+        plan_memory(model, None, BUDGET, fake_accelerator())  # not even one sample fits
+
+
+def test_unfit_settings_fail_before_the_first_step(tiny_model_dir, tmp_path, monkeypatch):
+    """A budget the machine cannot hold stops the trainer in setup, naming the knob, before it
+    connects to a server, generates or steps (no server runs here at all)."""
+    from toy_env import target_share_env
+
+    from rlvr.trainer.grpo import Trainer
+
+    with_free_memory(monkeypatch, 0.25 * GIB)
+    cfg = load_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            "server.base_url=http://127.0.0.1:9/v1",
+            "batch.micro_batch_tokens=1000000",
+            "wandb.mode=disabled",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
+    trainer = Trainer(cfg, env=target_share_env(0))
+    with pytest.raises(ConfigError) as refused:
+        trainer.run()
+    message = str(refused.value)
+    assert "will not fit in memory" in message
+    assert "lower batch.micro_batch_tokens to at most" in message
+    assert trainer.sync is None and trainer.worker is None and trainer.history == []
+
+
+def test_peak_is_reset_per_step():
+    device = torch.device("cpu")
+    memory.reset_peak(device)
+    start = memory.peak_bytes(device)
+    big = torch.ones(64 * 2**20)  # 256 MiB, touched
+    del big
+    raised = memory.peak_bytes(device)
+    assert raised > start + 200 * 2**20
+    memory.reset_peak(device)
+    if memory.peak_bytes(device) >= raised:
+        pytest.skip("this kernel does not reset the resident high-water mark (clear_refs)")
+    assert memory.peak_bytes(device) < raised - 200 * 2**20

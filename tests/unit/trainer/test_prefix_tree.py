@@ -1,0 +1,271 @@
+"""Shared-prefix training (rlvr.trainer.prefix_tree): folding a step's samples into prefix trees
+changes no log-probability, loss term or gradient, keeps every continuation blind to the others, and
+keeps groups whole across ranks."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from rlvr.config import load_config
+from rlvr.model.policy import load_policy, reference_mode
+from rlvr.reasoning_vocab.gate import ThinkGate
+from rlvr.trainer.grpo import micro_batch_loss
+from rlvr.trainer.logprobs import sequence_scores
+from rlvr.trainer.micro_batches import Sample, padding_micro_batch
+from rlvr.trainer.prefix_tree import (
+    FoldedMicroBatch,
+    collate_folded,
+    common_prefix,
+    fold_rows,
+    plan_micro_batches,
+    rank_folded_micro_batches,
+    row_tree,
+    tree_attention,
+    visibility,
+)
+
+ATOL = 1e-5
+
+
+def rollout(prompt: list[int], turns: list[tuple[list[int], bool]], g: torch.Generator) -> Sample:
+    """A sample of `prompt` then `turns` (ids, sampled by the policy?), with made-up sampler
+    log-probabilities on the sampled tokens (ratios away from 1) and a random advantage."""
+    ids, mask = list(prompt), [0] * len(prompt)
+    for tokens, sampled in turns:
+        ids += tokens
+        mask += [int(sampled)] * len(tokens)
+    logprobs = [-float(torch.rand(1, generator=g)) * 4 * m for m in mask]
+    return Sample(ids, mask, logprobs, float(torch.randn(1, generator=g)))
+
+
+def step_samples(encode) -> list[Sample]:
+    """Two single-turn groups of different prompt lengths (the long one opens a think span
+    that its completions continue), and a multi-turn group whose first rollout split into two
+    samples that share the prompt and the first turn."""
+    g = torch.Generator().manual_seed(0)
+    system = "You are a careful assistant: reason inside think tags, then answer briefly. "
+    long_prompt = encode(system + "Question: what is two and two? Think first. <think>")
+    short_prompt = encode(system + "Q: 3+4? <think>")
+    answers = [" two and two make four </think> 4", " so </think> The answer is 4", " four",
+               " hmm, five? no </think> four"]  # fmt: skip
+    samples = [rollout(long_prompt, [(encode(a), True)], g) for a in answers]
+    samples += [rollout(short_prompt, [(encode(a), True)], g) for a in answers[:3]]
+    game = encode("You play tic-tac-toe against an opponent on a 3x3 board. Your move:")
+    first, env, later = encode(" X at 5"), encode(" O at 1. Your move:"), encode(" X at 9")
+    samples += [
+        rollout(game, [(first, True), (env, False), (later, True)], g),
+        # the same rollout's next turn, re-rendered: shares the prompt and the first turn
+        rollout(game, [(first, True), (encode(" O at one. Move:"), False), (later, True)], g),
+        rollout(game, [(encode(" X at 1"), True), (env, False)], g),
+    ]
+    return samples
+
+
+@pytest.fixture(scope="module")
+def samples(tiny_model_dir) -> list[Sample]:
+    from rlvr.reasoning_vocab.mapping import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    return step_samples(lambda text: tokenizer.encode(text, add_special_tokens=False))
+
+
+def policy(model_dir, lora: bool, checkpointing: bool, attention: str = "sdpa", device="cpu"):
+    """The trainer's policy (expanded with a reasoning vocabulary, so the gate applies) in
+    float32 on `device` with `attention`, its reference scorer and its gate. The policy is
+    moved off its initial weights so that the KL to the reference is not zero."""
+    cfg = load_config(overrides=[
+        f"model.name={model_dir}", "model.dtype=float32", "model.reasoning_vocab_size=-1",
+        f"model.gradient_checkpointing={str(checkpointing).lower()}",
+        f"model.attn_implementation={attention}",
+        f"lora.enabled={str(lora).lower()}", "lora.target_modules=[q_proj,v_proj,up_proj]",
+        "loss.beta=0.1", "loss.clip_low=0.2", "loss.clip_high=0.3", "sampling.temperature=0.8",
+        "batch.micro_batch_size=4",
+    ])  # fmt: skip
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=device == "cpu")
+    loaded = load_policy(cfg.model, cfg.lora, accelerator, keep_reference=True)
+    model = loaded.model.to(device)
+    frozen = None
+    if not lora:
+        frozen = load_policy(cfg.model, cfg.lora, accelerator).model.eval().to(device)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.02)
+
+    def reference(mb, mask_logits):
+        context = reference_mode(model) if lora else contextlib.nullcontext()
+        with torch.no_grad(), context:
+            scorer = model if lora else frozen
+            return sequence_scores(scorer, mb, 0.8, mask_logits=mask_logits).logprobs
+
+    gate = ThinkGate.from_tokenizer(loaded.reasoning_vocab, loaded.tokenizer)
+    return model, cfg, reference, gate, loaded.pad_id
+
+
+def train_step(model, cfg, reference, gate, pad_id, samples, attention):
+    """One step's loss, summed stats, gradients and per-sample log-probabilities, as the
+    trainer's forward_backward computes them with the layout `attention` selects."""
+    plan = plan_micro_batches(samples, 0, 1, cfg.batch, pad_id, attention)
+    tokens = sum(s.num_loss_tokens for s in samples)
+    model.train()
+    model.zero_grad()
+    totals: dict[str, float] = {}
+    logprobs: dict[int, torch.Tensor] = {}
+    for chunk in plan.micro_batches:
+        mb = plan.collate(chunk).to(next(model.parameters()).device)
+        assert isinstance(mb, FoldedMicroBatch) == (attention is not None)
+        mask = gate.logit_mask(mb)
+        loss, stats = micro_batch_loss(
+            model, mb, cfg, tokens, 1, lambda m, mask=mask: reference(m, mask), mask
+        )
+        loss.backward()
+        for key, value in {**stats, "loss": loss}.items():
+            totals[key] = totals.get(key, 0.0) + float(value.detach())
+        with torch.no_grad():
+            scores = sequence_scores(model, mb, 0.8, mask_logits=mask).logprobs
+        for i, s in enumerate(s for row in chunk for s in row):
+            logprobs[id(s)] = scores[i, : len(s) - 1]
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return totals, grads, logprobs, plan
+
+
+@pytest.mark.parametrize(
+    "lora, checkpointing",
+    [(True, False), (False, False), (True, True)],
+    ids=["lora", "full", "lora-checkpointing"],
+)
+def test_prefix_tree_loss_and_gradients_match_unshared(
+    tiny_model_dir, samples, lora: bool, checkpointing: bool
+):
+    """float32: every token's log-probability, the loss, its KL-to-reference, entropy, ratio
+    and mismatch sums, and every gradient agree with the unshared layout to 1e-5, with the
+    reasoning gate on and groups of different prompt lengths sharing a micro-batch."""
+    assert_fold_matches_unshared(policy(tiny_model_dir, lora, checkpointing), samples, "sdpa")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (flex attention kernels)")
+def test_prefix_tree_flex_attention_matches_unshared_on_gpu(tiny_model_dir, samples):
+    """The GPU path: flex attention with the tree's block mask (no dense mask) gives the
+    unshared layout's log-probabilities, loss terms and gradients."""
+    setup = policy(tiny_model_dir, True, True, "flex_attention", "cuda")
+    assert tree_attention(setup[0]) == "flex_attention"
+    assert_fold_matches_unshared(setup, samples, "flex_attention")
+
+
+def assert_fold_matches_unshared(setup, samples: list[Sample], attention: str) -> None:
+    folded = train_step(*setup, samples, attention)
+    unshared = train_step(*setup, samples, None)
+    plan = folded[3]
+    forwarded = sum(plan.forwarded(mb) for mb in plan.micro_batches)
+    assert forwarded < 0.6 * sum(len(s) for s in samples)
+    long_prompt, short_prompt = samples[0], samples[4]  # both groups in one micro-batch
+    assert any({id(long_prompt), id(short_prompt)} <= {id(s) for row in mb for s in row}
+               for mb in plan.micro_batches)  # fmt: skip
+    for key in ("loss", "loss_sum", "kl_ref_sum", "entropy_sum", "ratio_sum", "mismatch_kl_sum"):
+        # sums over ~200 tokens: float32's rounding of the sum, relative
+        assert folded[0][key] == pytest.approx(unshared[0][key], rel=1e-6, abs=ATOL), key
+    assert unshared[0]["kl_ref_sum"] > 1e-3  # the reference pass counts
+    assert folded[1].keys() == unshared[1].keys()
+    for name, grad in unshared[1].items():
+        assert torch.allclose(folded[1][name], grad, atol=ATOL), name
+    for s in samples:
+        assert torch.allclose(folded[2][id(s)], unshared[2][id(s)], atol=ATOL)
+
+
+def test_prefix_tree_folds_every_shared_prefix_once(samples):
+    """Each distinct token prefix is placed once: the two single-turn groups share their
+    system prompt, and the multi-turn rollout's two samples share their first turn as well as
+    the prompt. Positions are the tokens' own in their samples."""
+    first_turn, next_turn, other = samples[-3:]
+    rows = fold_rows(samples, 10_000)
+    assert len(rows) == 2  # the game's prompt shares too little with the others
+    (game,) = (row for row in rows if first_turn in row)
+    assert sorted(map(id, game)) == sorted(map(id, (first_turn, next_turn, other)))
+    tree = row_tree(game)
+    prefixes = {tuple(s.input_ids[: k + 1]) for s in game for k in range(len(s))}
+    assert len(tree.ids) == len(prefixes)
+    a, b = (tree.locations[game.index(s)] for s in (first_turn, next_turn))
+    shared = common_prefix(first_turn.input_ids, next_turn.input_ids)
+    assert shared > len(other.input_ids) // 2  # deeper than the prompt
+    assert a[:shared] == b[:shared] and set(a[shared:]).isdisjoint(b[shared:])
+    for s, placed in zip(game, tree.locations, strict=True):
+        assert [tree.ids[k] for k in placed] == s.input_ids
+        assert [tree.positions[k] for k in placed] == list(range(len(s)))
+
+
+def test_prefix_tree_continuations_do_not_see_each_other(tiny_model_dir):
+    """Rewriting one continuation changes no other continuation's log-probabilities, which
+    equal their samples' forwards on their own; in the mask no continuation token sees
+    another continuation, every one sees the whole prompt, and the flex-attention rule gives
+    the same mask."""
+    from torch.nn.attention.flex_attention import create_mask
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 400, (12,), generator=g).tolist()
+    tails = [torch.randint(3, 400, (n,), generator=g).tolist() for n in (5, 8, 3)]
+
+    def folded(tails):
+        row = sorted((rollout(prompt, [(t, True)], g) for t in tails), key=lambda s: s.input_ids)
+        mb = collate_folded([row], 0, "sdpa")
+        with torch.no_grad():
+            got = sequence_scores(model, mb).logprobs
+        return {tuple(s.input_ids): got[i, : len(s) - 1] for i, s in enumerate(row)}, mb, row
+
+    before, mb, row = folded(tails)
+    after, _, _ = folded([tails[0], [7, 8, 9, 10, 11, 12], tails[2]])
+    for tail in (tails[0], tails[2]):
+        ids = tuple(prompt + tail)
+        assert torch.equal(before[ids], after[ids])
+        with torch.no_grad():
+            alone = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+        expected = alone.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        sampled = slice(len(prompt) - 1, None)
+        assert torch.allclose(before[ids][sampled], expected[sampled], atol=ATOL)
+    mask = mb.model_inputs()["attention_mask"]
+    tree = row_tree(row)
+    own = [set(placed[len(prompt) :]) for placed in tree.locations]
+    for i, queries in enumerate(own):
+        for j, keys in enumerate(own):
+            seen = mask[0, 0][sorted(queries)][:, sorted(keys)]
+            assert seen.any() == (i == j)
+        assert mask[0, 0][sorted(queries)][:, : len(prompt)].all()
+    rows, width = mb.scope_end.shape
+    flex = create_mask(visibility(mb.scope_end), rows, 1, width, width, device="cpu")
+    assert torch.equal(flex, mask)
+
+
+def test_prefix_tree_ranks_get_whole_trees_and_equal_micro_batch_counts(samples):
+    rows = fold_rows(samples, 10_000)
+    assert len(rows) == 2
+    shares = [rank_folded_micro_batches(rows, r, 3, 1000, 0) for r in range(3)]
+    placed = [[id(s) for s in row] for share in shares for mb in share for row in mb]
+    for row in rows:  # every tree lands whole on one rank, once
+        assert placed.count([id(s) for s in row]) == 1
+    assert shares[2] == [padding_micro_batch(0)]  # the third rank runs as many passes
+
+
+def test_prefix_sharing_keeps_the_unshared_layout_where_it_saves_little():
+    """Short prompts with long completions: the fold would save under MIN_SAVED_FRACTION of
+    the tokens, so the step is laid out unshared; with a long prompt it folds."""
+    g = torch.Generator().manual_seed(0)
+    cfg = load_config().batch
+
+    def group(prompt_len: int) -> list[Sample]:
+        prompt = torch.randint(3, 400, (prompt_len,), generator=g).tolist()
+        return [rollout(prompt, [(torch.randint(3, 400, (100,), generator=g).tolist(), True)], g)
+                for _ in range(8)]  # fmt: skip
+
+    def folds(samples: list[Sample], attention: str | None) -> bool:
+        plan = plan_micro_batches(samples, 0, 1, cfg, 0, attention)
+        return isinstance(plan.collate(plan.micro_batches[0]), FoldedMicroBatch)
+
+    assert folds(group(200), "sdpa") and not folds(group(200), None)
+    assert not folds(group(10), "sdpa")
