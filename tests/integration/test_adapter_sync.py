@@ -216,7 +216,7 @@ DYING_TRAINER = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {tests!r})
-    from test_adapter_sync import peft_model
+    from integration.test_adapter_sync import peft_model
     from rlvr.weight_sync.adapter import AdapterSync
     from rlvr.weight_sync.push import ServerControl
 
