@@ -232,7 +232,7 @@ class Trainer:
         b = self.cfg.batch
         tokens = largest_micro_batch(b.micro_batch_size, b.micro_batch_tokens, b.max_seq_len)
         knob = "batch.micro_batch_tokens" if b.micro_batch_tokens else "batch.micro_batch_size"
-        return Budget(tokens, knob, b.max_seq_len, "batch.max_seq_len")
+        return Budget(tokens, knob, b.max_seq_len, "batch.max_seq_len", b.prefix_sharing)
 
     def _connect_server(self) -> None:
         """How weights reach the server (see rlvr.weight_sync.connect); every rank joins."""
@@ -404,12 +404,13 @@ class Trainer:
     def forward_backward(self, samples: list[Sample], global_tokens: int) -> dict[str, float]:
         """Accumulate gradients of this rank's shard; return stats reduced over all ranks."""
         cfg = self.cfg
-        attention = tree_attention(self.model) if cfg.batch.prefix_sharing else None
+        acc = StatsAccumulator()
+        if global_tokens == 0:  # every group dropped (alike on every rank: the count is global)
+            return acc.summary()
+        prefix_sharing = cfg.batch.prefix_sharing
+        attention = tree_attention(self.model, cfg.batch.max_seq_len) if prefix_sharing else None
         plan = plan_micro_batches(samples, self.rank, self.world, cfg.batch, self.pad_id, attention)
         mine = plan.micro_batches
-        acc = StatsAccumulator()
-        if global_tokens == 0:
-            return acc.summary()
         self.model.train()
         for i, chunk in enumerate(mine):
             last = i == len(mine) - 1

@@ -26,6 +26,9 @@ What the estimate counts, per rank (`MemoryEstimate`):
   the output head's share in `rlvr.trainer.logprobs`, every slot taken as a loss token (the worst
   case): the float32 softmax kept for backward (up to `MAX_SAVED_ELEMENTS`) and one chunk's logits,
   log-softmax and softmax while it is computed;
+- a folded prefix tree's dense attention mask (`rlvr.trainer.prefix_tree`, with sdpa), which
+  SDPA copies into the attention dtype in every layer and keeps for backward: up to
+  `tokens`^2 elements a layer;
 - allocator (CPU only): freed activation memory glibc's heap keeps (`HEAP_RETENTION`);
 - runtime (CPU only): the interpreter and libraries (`CPU_RUNTIME_BYTES`).
 
@@ -50,6 +53,7 @@ import torch
 
 from rlvr.config import ConfigError
 from rlvr.trainer.logprobs import MAX_CHUNK_ELEMENTS, MAX_SAVED_ELEMENTS
+from rlvr.trainer.prefix_tree import tree_attention
 
 GIB = 2**30
 
@@ -178,10 +182,12 @@ def estimate(
     on_cpu: bool = True,
     shards: int = 1,
     reference_copy: bool = False,
+    tree_mask: bool = False,
 ) -> MemoryEstimate:
     """The peak of one training step for a micro-batch of `tokens` slots; `shards`: ranks
     ZeRO-3 divides parameters and optimizer states over; `reference_copy`: a frozen copy of
-    the weights for a full fine-tune's KL penalty (see the module docstring)."""
+    the weights for a full fine-tune's KL penalty; `tree_mask`: the micro-batch may be a
+    folded prefix tree with a dense mask (see the module docstring)."""
     b = shape.dtype_bytes
     weights = shape.params * b // shards
     master = 4 if b < 4 else 0
@@ -193,6 +199,8 @@ def estimate(
         per_token = shape.layers * layer
     per_token += 3 * shape.hidden * 4  # final norm, the head's selected hidden states
     live = per_token * tokens + _head_bytes(tokens, shape.vocab)
+    if tree_mask:
+        live += _tree_mask_bytes(tokens, b, saved_by=1 if checkpointing else shape.layers)
     heap = shape.layers * layer * tokens if on_cpu else 0
     return MemoryEstimate(
         tokens=tokens,
@@ -204,6 +212,16 @@ def estimate(
         allocator=int(HEAP_RETENTION[checkpointing] * heap),
         resident=(CPU_RUNTIME_BYTES + weights) if on_cpu else 0,
     )
+
+
+def _tree_mask_bytes(tokens: int, dtype_bytes: int, saved_by: int) -> int:
+    """A folded micro-batch's boolean [rows, width, width] mask, the model's copy of it in the
+    attention dtype, and the copy SDPA makes in every layer and keeps for backward (`saved_by`
+    layers at once; measured with saved-tensor hooks: tests/unit/trainer/test_memory.py).
+    Rows x width is at most `tokens`, so rows x width^2 is at most `tokens`^2: one row as wide
+    as the budget, the worst case (4096 slots of SmolLM2 in float32 without checkpointing: 31
+    copies of 64 MiB)."""
+    return tokens * tokens * (1 + dtype_bytes * (1 + saved_by))
 
 
 def _head_bytes(tokens: int, vocab: int) -> int:
@@ -228,6 +246,9 @@ class Budget:
     """Slots a micro-batch holds at least: one sample of the longest length allowed."""
     floor_knob: str
     """The config field that sets `floor`."""
+    prefix_sharing: bool = False
+    """Micro-batches may be folded prefix trees (`rlvr.trainer.prefix_tree`), whose dense mask
+    the estimate counts when the model's attention takes one."""
 
 
 @dataclass(frozen=True)
@@ -266,7 +287,12 @@ def plan_memory(
         return MemoryPlan(checkpointing is not False, None, available, str(device))
     options = [checkpointing] if checkpointing is not None else [False, True]
     shards = accelerator.num_processes if _zero3(accelerator) else 1
-    kwargs = {"on_cpu": device.type == "cpu", "shards": shards, "reference_copy": reference_copy}
+    kwargs = {
+        "on_cpu": device.type == "cpu",
+        "shards": shards,
+        "reference_copy": reference_copy,
+        "tree_mask": budget.prefix_sharing and tree_attention(model, budget.floor) == "sdpa",
+    }
     for option in options:
         est = estimate(shape, budget.tokens, option, **kwargs)
         room = available * (CHECKPOINT_OFF_FRACTION if len(options) > 1 and not option else 1)

@@ -200,7 +200,7 @@ def largest_micro_batch(max_rows: int | None, max_tokens: int | None, max_seq_le
     """The most slots a micro-batch of samples of up to `max_seq_len` tokens can hold under
     these bounds (at least one whole sample: see `group_rows`)."""
     bounds = [b for b in (max_tokens, max_rows and max_rows * max_seq_len) if b]
-    return max(min(bounds), max_seq_len)
+    return max(min(bounds, default=max_seq_len), max_seq_len)  # no samples: no bound binds
 
 
 def shard(samples: list[Sample], rank: int, world_size: int) -> list[Sample]:

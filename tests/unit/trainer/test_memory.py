@@ -28,9 +28,11 @@ def llama(layers: int = 2) -> torch.nn.Module:
     return LlamaForCausalLM(config).float().train()
 
 
-def saved_activation_bytes(model: torch.nn.Module, tokens: int) -> int:
+def saved_activation_bytes(
+    model: torch.nn.Module, tokens: int, mask: torch.Tensor | None = None
+) -> int:
     """Bytes autograd keeps for backward after the decoder's forward on `tokens` tokens
-    (distinct storages, parameters excluded)."""
+    (distinct storages, parameters excluded), with `mask` as its attention mask if given."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -42,7 +44,7 @@ def saved_activation_bytes(model: torch.nn.Module, tokens: int) -> int:
 
     ids = torch.randint(0, 256, (1, tokens))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.model(input_ids=ids)
+        model.model(input_ids=ids, **({} if mask is None else {"attention_mask": mask}))
     return sum(storages.values())
 
 
@@ -78,6 +80,23 @@ def test_estimate_grows_with_tokens_and_checkpointing_saves_activations():
     assert on_gpu.allocator == on_gpu.runtime == on_gpu.resident == 0
     sharded = estimate(shape, 4096, False, shards=4)
     assert sharded.optimizer == pytest.approx(large.optimizer / 4, abs=1)
+
+
+def test_estimate_counts_a_folded_trees_dense_mask():
+    """A prefix tree's dense mask (sdpa) is copied into the attention dtype and kept for
+    backward in every layer: the estimate's share for it covers what autograd really keeps."""
+    model, tokens = llama(layers=4), 256
+    model.config._attn_implementation = "sdpa"
+    mask = torch.ones(tokens, tokens, dtype=torch.bool).tril()[None, None]
+    kept = saved_activation_bytes(model, tokens, mask) - saved_activation_bytes(model, tokens)
+    shape = ModelShape.of(model)
+    counted = (
+        estimate(shape, tokens, False, tree_mask=True).activations
+        - estimate(shape, tokens, False).activations
+    )
+    assert kept <= counted <= 1.5 * kept
+    with_mask_checkpointed = estimate(shape, tokens, True, tree_mask=True).activations
+    assert with_mask_checkpointed - estimate(shape, tokens, True).activations < counted / 2
 
 
 def fake_accelerator(processes: int = 1) -> SimpleNamespace:

@@ -269,3 +269,35 @@ def test_prefix_sharing_keeps_the_unshared_layout_where_it_saves_little():
 
     assert folds(group(200), "sdpa") and not folds(group(200), None)
     assert not folds(group(10), "sdpa")
+
+
+def test_prefix_sharing_is_off_where_a_sliding_window_can_bind():
+    """The tree's mask replaces the model's own, and SDPA applies a sliding window only
+    through the mask: a model whose window is shorter than the samples can be trains unshared
+    (a window no sample reaches changes nothing, so it may fold)."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    def attention(config, max_seq_len: int | None) -> str | None:
+        config._attn_implementation = "sdpa"
+        model = torch.nn.Module()
+        model.config = config
+        return tree_attention(model, max_seq_len)
+
+    sliding = Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0,
+                          num_hidden_layers=2)  # fmt: skip
+    assert attention(sliding, 2048) is None
+    assert attention(sliding, 64) == "sdpa"
+    assert attention(Qwen2Config(num_hidden_layers=2), 2048) == "sdpa"  # window off
+    assert attention(MistralConfig(sliding_window=4096), 8192) is None
+    assert attention(MistralConfig(sliding_window=4096), 2048) == "sdpa"
+    assert attention(MistralConfig(sliding_window=4096), None) is None  # unknown length
+    assert attention(LlamaConfig(), 2048) == "sdpa"
+
+
+@pytest.mark.parametrize("attention", ["sdpa", None])
+def test_a_step_without_samples_plans_no_micro_batches(attention):
+    """Every group dropped (errored, zero variance, truncated) under a row cap alone: the
+    plan is empty instead of failing on the empty step's bounds."""
+    cfg = load_config(overrides=["batch.micro_batch_tokens=null", "batch.micro_batch_size=4"])
+    plan = plan_micro_batches([], 0, 1, cfg.batch, 0, attention)
+    assert all(not any(mb) for mb in plan.micro_batches)
