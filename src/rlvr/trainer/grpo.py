@@ -451,7 +451,7 @@ class Trainer:
         `RolloutWorker`): every batch's policy version is then fixed, also across resumes."""
         if self.worker is not None and not initial:
             self.worker.wait_for_batches_of(version - 1, timeout_s=self._rank0_deadline_s)
-        seconds = 0.0
+        seconds, self.probe_kl = 0.0, None  # logged only for a step that pushed
         if initial or self.cfg.server.push_weights:
             seconds = self.sync.push(version)
             self.pushes += 1
