@@ -119,12 +119,17 @@ def final_text(completion: Any) -> str:
     return ""
 
 
-def output_row(output: dict[str, Any], scored: bool) -> dict[str, Any]:
-    """One line of the predictions file from a verifiers rollout output (whose messages are
-    pydantic objects: they are saved the way vf-eval saves them)."""
+def saved_form(output: dict[str, Any]) -> dict[str, Any]:
+    """A verifiers rollout output (whose messages are pydantic objects) as vf-eval saves it in
+    results.jsonl: plain JSON values, tool calls as JSON strings."""
     from verifiers.utils.save_utils import make_serializable
 
-    output = json.loads(json.dumps(output, default=make_serializable))
+    return json.loads(json.dumps(output, default=make_serializable))
+
+
+def output_row(output: dict[str, Any], scored: bool) -> dict[str, Any]:
+    """One line of the predictions file from a verifiers rollout output."""
+    output = saved_form(output)
     row: dict[str, Any] = {
         "example_id": output["example_id"],
         "prompt": output.get("prompt"),
