@@ -91,13 +91,21 @@ def play(
     sampling_args: dict[str, Any] | None = None,
     rollouts_per_example: int = 1,
     max_concurrent: int = -1,
+    progress: bool = True,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """Every row played `rollouts_per_example` times through `env.generate`, as (where, saved
-    rollout) pairs in example order; `where` (`example 3, rollout 2`) names it in errors."""
+    """Every row played `rollouts_per_example` times through `env.generate` (with verifiers'
+    progress bar unless not `progress`), as (where, saved rollout) pairs in example order;
+    `where` (`example 3, rollout 2`) names a rollout in errors."""
     inputs = [row for row in rows for _ in range(rollouts_per_example)]
+    quiet = None if progress else (lambda *_: None)
     results = asyncio.run(
         env.generate(
-            inputs, client, model, sampling_args=sampling_args or {}, max_concurrent=max_concurrent
+            inputs,
+            client,
+            model,
+            sampling_args=sampling_args or {},
+            max_concurrent=max_concurrent,
+            on_progress=quiet,
         )
     )
     outputs = sorted(results["outputs"], key=lambda o: o["example_id"])
@@ -177,13 +185,14 @@ def run(args: argparse.Namespace) -> Written:
 
     from rlvr.testing import ScriptedClient
 
+    policy = scripted_policy(args.policy, args.seed) if args.policy else None  # fails fast
     env = vf.load_environment(args.env, **args.env_args)
     rows = environment_rows(env, args.num_rows, args.split)
     common = dict(
         rollouts_per_example=args.rollouts_per_example, max_concurrent=args.max_concurrent
     )
-    if args.policy:
-        client = ScriptedClient(scripted_policy(args.policy, args.seed))
+    if policy is not None:
+        client = ScriptedClient(policy)
         played = play(env, rows, client=client, model=SCRIPTED_MODEL, **common)
     else:
         played = _play_model(env, rows, args, common)
