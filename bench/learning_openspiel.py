@@ -1,4 +1,4 @@
-"""Does a warm start + GRPO make the embedded model play tic-tac-toe? Base -> SFT -> GRPO, in one run.
+"""Does a warm start + GRPO make the embedded model play tic-tac-toe? Base, SFT, GRPO in one run.
 
 The base SmolLM2-135M-Instruct never writes a well-formed `<move>` (reward 0 on every game), so
 GRPO alone has nothing to learn from; the recipe is the field's warm start:
