@@ -26,7 +26,6 @@ are context; SFT puts the loss on the assistant turns only.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import shlex
@@ -39,7 +38,7 @@ from typing import Any
 
 from rlvr.config.cli import json_object, positive_int
 from rlvr.data.export import Requirement, export_rollouts, parse_requirement
-from rlvr.eval.predict import environment_rows, saved_form
+from rlvr.eval.predict import environment_rows, generate_saved
 from rlvr.testing import Policy
 
 PolicyFactory = Callable[[int], Policy]
@@ -97,24 +96,16 @@ def play(
     progress bar unless not `progress`), as (where, saved rollout) pairs in example order;
     `where` (`example 3, rollout 2`) names a rollout in errors."""
     inputs = [row for row in rows for _ in range(rollouts_per_example)]
-    quiet = None if progress else (lambda *_: None)
-    results = asyncio.run(
-        env.generate(
-            inputs,
-            client,
-            model,
-            sampling_args=sampling_args or {},
-            max_concurrent=max_concurrent,
-            on_progress=quiet,
-        )
-    )
-    outputs = sorted(results["outputs"], key=lambda o: o["example_id"])
+    outputs = generate_saved(
+        env, inputs, client=client, model=model, sampling_args=sampling_args or {},
+        max_concurrent=max_concurrent, progress=progress,
+    )  # fmt: skip
     seen: dict[int, int] = {}
     played = []
     for output in outputs:
         example = output["example_id"]
         seen[example] = seen.get(example, 0) + 1
-        played.append((f"example {example}, rollout {seen[example]}", saved_form(output)))
+        played.append((f"example {example}, rollout {seen[example]}", output))
     return played
 
 

@@ -28,7 +28,7 @@ from rlvr.data.demonstrations import (
 from rlvr.data.export import Requirement, parse_requirement
 from rlvr.data.sft_rows import assistant_mask, read_conversations, tokenize
 from rlvr.eval.vf_eval import ResultsError
-from rlvr.testing import ScriptedClient
+from rlvr.testing import ScriptedClient, masked_runs
 
 TIC_TAC_TOE = {"cases": "tic_tac_toe", "num_tasks_per_case": 24}
 
@@ -56,13 +56,7 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
 
 def masked_texts(tokenizer: Any, ids: list[int], mask: list[int]) -> list[str]:
     """The decoded stretches of consecutive loss tokens."""
-    runs: list[list[int]] = []
-    for i, (token, m) in enumerate(zip(ids, mask, strict=True)):
-        if m and i and mask[i - 1]:
-            runs[-1].append(token)
-        elif m:
-            runs.append([token])
-    return [tokenizer.decode(r) for r in runs]
+    return [tokenizer.decode(run) for run in masked_runs(ids, mask)]
 
 
 # ---- the filter --------------------------------------------------------------------------------
