@@ -1,20 +1,26 @@
-"""Shared bits of the benchmarks: summary statistics (percentiles from rlvr.eval.stats) and saving
+"""Shared bits of the benchmarks: summary statistics (percentiles from rlvr.eval.stats), saving
 results as JSON beside the printout (every benchmark writes the same envelope: benchmark, date,
-machine)."""
+machine), and the stages of the "does it learn?" benchmarks (bench/learning*.py): a vf-eval run
+of a served policy and a training script run as a user runs it."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rlvr.atomic import atomic_write_text
-from rlvr.eval.stats import percentile
+from rlvr.eval.stats import Estimate, percentile
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -63,3 +69,57 @@ def save(name: str, payload: dict, path: str | Path | None = None) -> Path:
     atomic_write_text(path, json.dumps({**envelope, **payload}, indent=2) + "\n")
     print(f"saved {path}")
     return path
+
+
+# ---- stages of the learning benchmarks ------------------------------------------------------
+
+
+def evaluate_stage(
+    env_id: str,
+    env_args: dict[str, Any],
+    *,
+    model: str,
+    base_url: str,
+    out: Path,
+    examples: int,
+    rollouts: int,
+    max_tokens: int | None,
+    temperature: float,
+) -> list[dict[str, Any]]:
+    """vf-eval of the served `model` into a fresh `out` (run_vf_eval reads every results file
+    under it); prints and returns the rollouts."""
+    from rlvr.eval.vf_eval import run_vf_eval
+
+    shutil.rmtree(out, ignore_errors=True)
+    began = time.perf_counter()
+    rows = run_vf_eval(
+        env_id,
+        model=model,
+        base_url=base_url,
+        output_dir=out,
+        num_examples=examples,
+        rollouts_per_example=rollouts,
+        max_tokens=max_tokens,
+        env_args=env_args,
+        sampling_args={"temperature": temperature},
+        timeout=None,
+    )
+    reward = sum(r["reward"] for r in rows) / len(rows)
+    print(f"  {out.name}: {len(rows)} rollouts, mean reward {reward:.3f} "
+          f"({time.perf_counter() - began:.0f} s)", flush=True)  # fmt: skip
+    return rows
+
+
+def run_script(script: str, config: Path, out: Path, overrides: Sequence[str]) -> float:
+    """`python scripts/<script> --config <config> output_dir=<out> <overrides>` into a fresh
+    `out` (never a resumed run), as a user runs it; returns the wall time."""
+    shutil.rmtree(out, ignore_errors=True)
+    began = time.perf_counter()
+    cmd = [sys.executable, str(ROOT / "scripts" / script), "--config", str(config),
+           f"output_dir={out}", *overrides]  # fmt: skip
+    subprocess.run(cmd, check=True)
+    return time.perf_counter() - began
+
+
+def estimate_json(estimate: Estimate) -> dict[str, Any]:
+    return {"mean": estimate.mean, "low": estimate.low, "high": estimate.high, "n": estimate.n}

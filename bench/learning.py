@@ -26,17 +26,13 @@ import argparse
 import json
 import logging
 import random
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save  # noqa: E402
+from common import ROOT, estimate_json, evaluate_stage, run_script, save  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "examples" / "learn_deepscaler_smollm2_cpu.yaml"
 SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
 CURVES = ("reward/mean", "mismatch_kl", "time/step")
@@ -70,39 +66,12 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def evaluate(cfg: Any, base_url: str, out: Path, data: Path, args: argparse.Namespace) -> Path:
     """vf-eval on the held-out split with the recipe's environment and sampling."""
-    from rlvr.eval.vf_eval import run_vf_eval
-
-    shutil.rmtree(out, ignore_errors=True)  # run_vf_eval reads every results file under `out`
-    began = time.perf_counter()
-    rows = run_vf_eval(
-        cfg.env.id,
-        model=cfg.served_model,
-        base_url=base_url,
-        output_dir=out,
-        num_examples=args.eval_examples,
-        rollouts_per_example=args.eval_rollouts,
-        max_tokens=cfg.sampling.max_tokens,
-        env_args={**cfg.env.args, "data_files": str(data)},
-        sampling_args={"temperature": cfg.sampling.temperature},
-        timeout=None,
-    )
-    reward = sum(r["reward"] for r in rows) / len(rows)
-    print(f"  {out.name}: {len(rows)} rollouts, mean reward {reward:.3f} "
-          f"({time.perf_counter() - began:.0f} s)", flush=True)  # fmt: skip
+    evaluate_stage(
+        cfg.env.id, {**cfg.env.args, "data_files": str(data)}, model=cfg.served_model,
+        base_url=base_url, out=out, examples=args.eval_examples, rollouts=args.eval_rollouts,
+        max_tokens=cfg.sampling.max_tokens, temperature=cfg.sampling.temperature,
+    )  # fmt: skip
     return out
-
-
-def train(base_url: str, out: Path, train_data: Path, overrides: list[str]) -> float:
-    """The recipe through scripts/train.py, as a user runs it; returns the wall time."""
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run, never a resumed one
-    began = time.perf_counter()
-    cmd = [
-        sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(RECIPE),
-        f"server.base_url={base_url}", f"output_dir={out}",
-        f"env.args.data_files={train_data}", *overrides,
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True)
-    return time.perf_counter() - began
 
 
 def summarise(out: Path, train_s: float, args: argparse.Namespace) -> dict:
@@ -128,13 +97,10 @@ def summarise(out: Path, train_s: float, args: argparse.Namespace) -> dict:
                       names=("base", "trained"), title="held-out problems")  # fmt: skip
     print(render_markdown(report))
 
-    def estimate(e) -> dict:
-        return {"mean": e.mean, "low": e.low, "high": e.high, "n": e.n}
-
     return {
-        "base_reward": estimate(base),
-        "trained_reward": estimate(trained),
-        "paired_difference": estimate(difference),
+        "base_reward": estimate_json(base),
+        "trained_reward": estimate_json(trained),
+        "paired_difference": estimate_json(difference),
         "ci_excludes_zero_in_favour": difference.low is not None and difference.low > 0,
         "steps": len(steps),
         "train_wall_s": train_s,
@@ -157,7 +123,9 @@ def run(base_url: str, args: argparse.Namespace, overrides: list[str]) -> dict:
     print("evaluating the base model", flush=True)
     evaluate(cfg, base_url, out / "eval" / "base", eval_data, args)
     print("training", flush=True)
-    train_s = train(base_url, out / "train", train_data, overrides)
+    train_s = run_script("train.py", RECIPE, out / "train",
+                         [f"server.base_url={base_url}", f"env.args.data_files={train_data}",
+                          *overrides])  # fmt: skip
     print("evaluating the trained policy (served with the last pushed weights)", flush=True)
     evaluate(cfg, base_url, out / "eval" / "trained", eval_data, args)
     return summarise(out, train_s, args)

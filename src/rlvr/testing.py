@@ -1,4 +1,5 @@
-"""A scripted stand-in for a model server, for unit tests of environment logic.
+"""A scripted stand-in for a model server, for unit tests of environment logic (and
+`masked_runs`, what a loss mask covers).
 
 An environment's behaviour lives in its real loop (`env.rollout` / `env.generate`: turns, tools,
 stop conditions, the rubric), so tests and benchmarks should drive that loop rather than call its
@@ -100,3 +101,15 @@ class ScriptedClient(Client):
 
     async def close(self) -> None:
         return None
+
+
+def masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
+    """The maximal stretches of consecutive loss tokens (mask 1) of a training sample, e.g. to
+    decode and check what SFT or GRPO trains on."""
+    runs: list[list[int]] = []
+    for i, (token, m) in enumerate(zip(ids, mask, strict=True)):
+        if m and i and mask[i - 1]:
+            runs[-1].append(token)
+        elif m:
+            runs.append([token])
+    return runs

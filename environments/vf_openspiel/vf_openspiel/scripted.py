@@ -1,6 +1,9 @@
-"""Scripted players for no-server rollouts: `random_mover` plays a uniformly random legal move read
-from the prompt, the way a model would see it. Tests and the benchmark drive real rollouts with it
-as the policy of a scripted client (`rlvr.testing.ScriptedClient` in this repository).
+"""Scripted players for no-server rollouts: `random_mover` and `quiet_mover` play a uniformly random
+legal move read from the prompt, the way a model would see it, in any game. Tests and benchmarks
+drive real rollouts with them as the policy of a scripted client (`rlvr.testing.ScriptedClient` in
+this repository), and `rlvr-demos --policy vf_openspiel.scripted:quiet_mover` plays demonstrations
+with them. Each is a policy factory: `factory(seed)` returns a function of the prompt messages
+to the reply text.
 """
 
 from __future__ import annotations
@@ -30,5 +33,17 @@ def random_mover(seed: int) -> Policy:
     def policy(prompt: list[vf.Message]) -> str:
         move_id, text = rng.choice(legal_from_prompt(prompt))
         return f"Let me think about {text} and others. <move>{rng.choice([move_id, text])}</move>"
+
+    return policy
+
+
+def quiet_mover(seed: int) -> Policy:
+    """Answers a random listed move's id and nothing else (`<move>4</move>`): the shortest legal
+    reply, so a model fine-tuned on these games keeps its replies (and its generation) short."""
+    rng = random.Random(seed)
+
+    def policy(prompt: list[vf.Message]) -> str:
+        move_id, _ = rng.choice(legal_from_prompt(prompt))
+        return f"<move>{move_id}</move>"
 
     return policy

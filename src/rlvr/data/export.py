@@ -1,44 +1,136 @@
-"""Rejection-sampled chat data: the rollouts of vf-eval runs that reached a reward bar, written
-as chat JSONL that SFT (`rlvr.data.sft_rows`) reads back, e.g. `eval_report.py --export-sft`."""
+"""Rejection-sampled chat data: rollouts that reached a reward bar (and any metric conditions),
+written as chat rows that SFT (`rlvr.data.sft_rows`) reads back.
+
+Two callers share one path, `export_rollouts`: `eval_report.py --export-sft` exports the rollouts
+of saved vf-eval runs (`export_chat_jsonl`), and `rlvr-demos` (rlvr.data.demonstrations) the
+rollouts it has just played. Both hand over rollouts in vf-eval's saved form (a results.jsonl
+line), so a demonstration and an exported evaluation are the same kind of row.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import operator
+import os
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlvr.atomic import atomic_write_text
-from rlvr.eval.vf_eval import ResultsError, Rollout, Run, errored, succeeded
+from rlvr.eval.vf_eval import ResultsError, Run, errored, succeeded
+
+OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+REQUIREMENT = re.compile(
+    r"^\s*([A-Za-z_][\w./-]*)\s*(>=|<=|==|>|<)\s*([-+]?[\d.]+(?:e[-+]?\d+)?)\s*$"
+)
 
 
-def export_chat_jsonl(runs: Sequence[Run], path: str | Path, min_reward: float) -> tuple[int, int]:
-    """Write every rollout of `runs` with reward >= `min_reward` that did not error as one chat
-    example per line, atomically, and return (kept, total rollouts).
+@dataclass(frozen=True)
+class Requirement:
+    """A condition on one of a rollout's metrics, e.g. `legal_rate>=1` or `forfeit==0`."""
 
-    A line is `{"messages": prompt + completion}` with the messages exactly as vf-eval saved them
-    (tool calls, which it saves as JSON strings, and tool messages included), plus `"tools"`, the
-    environment's tool definitions as saved, when the rollout had tools: a chat template needs
-    them to render tool calls.
+    metric: str
+    op: str
+    value: float
+
+    def holds(self, row: dict[str, Any], where: str) -> bool:
+        metrics = row.get("metrics") or {}
+        if self.metric not in metrics:
+            known = ", ".join(sorted(metrics)) or "none"
+            raise ResultsError(f"{where}: no metric {self.metric!r} (its metrics: {known})")
+        return OPERATORS[self.op](float(metrics[self.metric]), self.value)
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+def parse_requirement(text: str) -> Requirement:
+    """`METRIC>=VALUE` (or <=, ==, >, <) -> Requirement; ValueError naming the text otherwise."""
+    match = REQUIREMENT.match(text)
+    if match is None:
+        raise ValueError(f"requirement {text!r} is not METRIC<op>NUMBER, e.g. legal_rate>=1")
+    metric, op, value = match.groups()
+    return Requirement(metric, op, float(value))
+
+
+def keeps(
+    row: dict[str, Any], where: str, min_reward: float, require: Sequence[Requirement] = ()
+) -> bool:
+    """A rollout that ran cleanly, reached `min_reward` and meets every requirement."""
+    if errored(row) or not succeeded(float(row.get("reward", 0.0)), min_reward):
+        return False
+    return all(r.holds(row, where) for r in require)
+
+
+def export_rollouts(
+    rollouts: Sequence[tuple[str, dict[str, Any]]],
+    path: str | Path,
+    min_reward: float,
+    require: Sequence[Requirement] = (),
+) -> tuple[int, int]:
+    """Write every (where, saved rollout) that `keeps` as one chat example per row, atomically,
+    to `path` (.jsonl, or .parquet), and return (kept, total rollouts). `where` names the
+    rollout in error messages (e.g. `results.jsonl:12`).
+
+    A row is `{"messages": prompt + completion}` with the messages exactly as vf-eval saves them
+    (the environment's system prompt, tool calls, which it saves as JSON strings, tool and user
+    turns included), plus `"tools"`, the environment's tool definitions as saved, when the
+    rollout had tools: a chat template needs them to render tool calls.
     """
-    lines = [
-        json.dumps(_chat_example(run, rollout))
-        for run in runs
-        for rollout in run.rollouts
-        if not errored(rollout.row) and succeeded(rollout.reward, min_reward)
+    examples = [
+        chat_example(row, where)
+        for where, row in rollouts
+        if keeps(row, where, min_reward, require)
     ]
-    atomic_write_text(path, "".join(line + "\n" for line in lines))
-    return len(lines), sum(len(run.rollouts) for run in runs)
+    write_examples(examples, path)
+    return len(examples), len(rollouts)
 
 
-def _chat_example(run: Run, rollout: Rollout) -> dict[str, Any]:
-    prompt, completion = rollout.row.get("prompt"), rollout.row.get("completion")
+def export_chat_jsonl(
+    runs: Sequence[Run], path: str | Path, min_reward: float, require: Sequence[Requirement] = ()
+) -> tuple[int, int]:
+    """`export_rollouts` over every rollout of saved vf-eval `runs`."""
+    rollouts = [(f"{run.results}:{r.line}", r.row) for run in runs for r in run.rollouts]
+    return export_rollouts(rollouts, path, min_reward, require)
+
+
+def chat_example(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """One saved rollout as an SFT chat row (see `export_rollouts`)."""
+    prompt, completion = row.get("prompt"), row.get("completion")
     if not isinstance(prompt, list) or not isinstance(completion, list):
         raise ResultsError(
-            f"{run.results}:{rollout.line}: prompt and completion are not chat messages "
-            "(a text-completion environment); chat export needs messages"
+            f"{where}: prompt and completion are not chat messages (a text-completion "
+            "environment); chat export needs messages"
         )
     example: dict[str, Any] = {"messages": prompt + completion}
-    if rollout.row.get("tool_defs"):
-        example["tools"] = rollout.row["tool_defs"]
+    if row.get("tool_defs"):
+        example["tools"] = row["tool_defs"]
     return example
+
+
+def write_examples(examples: list[dict[str, Any]], path: str | Path) -> None:
+    """Chat rows to `path`, atomically: JSON lines, or Parquet for a `.parquet` path."""
+    path = Path(path)
+    if path.suffix.lower() != ".parquet":
+        atomic_write_text(path, "".join(json.dumps(e) + "\n" for e in examples))
+        return
+    import datasets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        datasets.Dataset.from_list(examples).to_parquet(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

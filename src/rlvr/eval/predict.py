@@ -119,12 +119,16 @@ def final_text(completion: Any) -> str:
     return ""
 
 
-def output_row(output: dict[str, Any], scored: bool) -> dict[str, Any]:
-    """One line of the predictions file from a verifiers rollout output (whose messages are
-    pydantic objects: they are saved the way vf-eval saves them)."""
+def saved_form(output: dict[str, Any]) -> dict[str, Any]:
+    """A verifiers rollout output (whose messages are pydantic objects) as vf-eval saves it in
+    results.jsonl: plain JSON values, tool calls as JSON strings."""
     from verifiers.utils.save_utils import make_serializable
 
-    output = json.loads(json.dumps(output, default=make_serializable))
+    return json.loads(json.dumps(output, default=make_serializable))
+
+
+def output_row(output: dict[str, Any], scored: bool) -> dict[str, Any]:
+    """One line of the predictions file from a rollout in its saved form (`generate_saved`)."""
     row: dict[str, Any] = {
         "example_id": output["example_id"],
         "prompt": output.get("prompt"),
@@ -138,6 +142,32 @@ def output_row(output: dict[str, Any], scored: bool) -> dict[str, Any]:
             answer=output.get("answer"), reward=output["reward"], metrics=output.get("metrics")
         )
     return row
+
+
+def generate_saved(
+    env: Any,
+    rows: list[dict[str, Any]],
+    *,
+    client: Any,
+    model: str,
+    sampling_args: dict[str, Any],
+    max_concurrent: int = -1,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """The rollouts of `rows` through `env.generate` (at most `max_concurrent` in flight; with
+    verifiers' progress bar if `progress`), in example order and in vf-eval's saved form."""
+    results = asyncio.run(
+        env.generate(
+            rows,
+            client,
+            model,
+            sampling_args=sampling_args,
+            max_concurrent=max_concurrent,
+            on_progress=None if progress else (lambda *_: None),
+        )
+    )
+    outputs = sorted(results["outputs"], key=lambda o: o["example_id"])
+    return [saved_form(output) for output in outputs]
 
 
 def predict(
@@ -154,11 +184,12 @@ def predict(
     """Run every row through `env` (at most `batch_size` rollouts in flight; verifiers shows a
     progress bar) and return the output lines in row order. A row whose rollout errored keeps
     its line, with the error. `echo[i]` is written as `input` on the line of example id i."""
-    results = asyncio.run(
-        env.generate(rows, client, model, sampling_args=sampling_args, max_concurrent=batch_size)
-    )
+    outputs = generate_saved(
+        env, rows, client=client, model=model, sampling_args=sampling_args,
+        max_concurrent=batch_size,
+    )  # fmt: skip
     lines = []
-    for output in sorted(results["outputs"], key=lambda o: o["example_id"]):
+    for output in outputs:
         line = output_row(output, scored)
         if echo is not None:
             line["input"] = echo[output["example_id"]]

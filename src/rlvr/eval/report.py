@@ -87,6 +87,19 @@ def summarize(run: Run, threshold: float) -> RunSummary:
     )
 
 
+def metric_estimate(run: Run, key: str) -> Estimate:
+    """The mean of the rubric metric `key` over the run's rollouts, with its 95% CI clustered by
+    example (as the reward's); rollouts that did not log it are left out. ResultsError when
+    none did."""
+    clusters = [
+        [float(r.row["metrics"][key]) for r in rollouts if key in (r.row.get("metrics") or {})]
+        for rollouts in run.by_example().values()
+    ]
+    if not any(clusters):
+        raise ResultsError(f"{run.results}: no rollout logged the metric {key!r}")
+    return clustered_mean(clusters)
+
+
 def paired_correct(rows: list[dict[str, Any]]) -> float | None:
     """MuSiQue-Full's paired metric: the share of pairs (examples sharing `info.pair_id`, an
     answerable question and its unanswerable twin) in which every twin is right (its `correct`

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from rlvr.data.export import export_chat_jsonl
-from rlvr.eval.report import build_report, render_markdown, summarize
+from rlvr.eval.report import build_report, metric_estimate, render_markdown, summarize
 from rlvr.eval.stats import clustered_mean, k_values, mean_with_ci, pass_at_k
 from rlvr.eval.vf_eval import ResultsError, load_run
 
@@ -328,6 +328,16 @@ def tool_rollout(reward: float) -> dict[str, Any]:
     ]
     tools = [{"name": "search", "description": "d", "parameters": {"type": "object"}}]
     return rollout(3, reward, completion=completion, tool_defs=tools)
+
+
+def test_metric_estimate_is_clustered_by_example_like_the_reward(tmp_path: Path):
+    run = run_of(tmp_path, {0: [1, 0], 1: [1, 1], 2: [0, 0]})
+    correct = metric_estimate(run, "correct")
+    assert correct == summarize(run, 1.0).reward
+    assert correct.n == 3 and correct.mean == pytest.approx(0.5)
+    assert metric_estimate(run, "num_turns") == clustered_mean([[1.0, 1.0]] * 3)
+    with pytest.raises(ResultsError, match="no rollout logged the metric 'win'"):
+        metric_estimate(run, "win")
 
 
 def test_export_keeps_exactly_the_clean_rollouts_at_the_bar(tmp_path: Path):

@@ -30,6 +30,7 @@ from rlvr.data.sft_rows import (
     to_tools,
     tokenize,
 )
+from rlvr.testing import masked_runs
 from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.trainer.loss import normalised_loss
 from rlvr.trainer.micro_batches import collate, rank_micro_batches
@@ -65,17 +66,6 @@ def sft_config(model_dir, train_file, out, *extra) -> SFTConfig:
         ],
         cls=SFTConfig,
     )
-
-
-def masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
-    """The maximal stretches of consecutive loss tokens."""
-    runs: list[list[int]] = []
-    for i, (token, m) in enumerate(zip(ids, mask, strict=True)):
-        if m and i and mask[i - 1]:
-            runs[-1].append(token)
-        elif m:
-            runs.append([token])
-    return runs
 
 
 # ---- the loss mask ---------------------------------------------------------------------------
