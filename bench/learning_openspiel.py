@@ -22,7 +22,9 @@ GRPO alone has nothing to learn from; the recipe is the field's warm start:
 
 Everything lands in --out (default outputs/learn-openspiel); the summary also goes to
 bench/results/learning_openspiel.json. Trailing dotted overrides go to the GRPO trainer,
-`--sft KEY=VALUE` (repeatable) to SFT. Smoke run:
+`--sft KEY=VALUE` (repeatable) to SFT. `--reuse sft` keeps --out's stages 1-4 (demonstrations,
+SFT adapter, base and SFT evaluations) and reruns GRPO, its evaluation and the report, replacing
+--out's train/ and eval/grpo/ (copy them first to keep them). Smoke run:
 
     .venv/bin/python bench/learning_openspiel.py --demo-games 40 --eval-games 8 \\
         --sft train.max_steps=2 max_steps=2
@@ -170,21 +172,28 @@ def run(args: argparse.Namespace) -> dict:
     if args.eval_seed == cfg.env.args.get("seed", 0):
         raise SystemExit(f"--eval-seed {args.eval_seed} is the training games' seed")
     out = args.out.resolve()
+    adapter = out / "sft" / "final"
+    kept = [out / "eval" / "base", out / "eval" / "sft", adapter]
+    if args.reuse == "sft" and (missing := [str(p) for p in kept if not p.exists()]):
+        raise SystemExit(f"--reuse sft: {', '.join(missing)} missing; run without it first")
     times: dict[str, float] = {}
     began = time.perf_counter()
-    print(f"1. demonstrations: {args.demo_games} games by {DEMO_POLICY}, the won ones", flush=True)
-    demos = timed(times, "demonstrations", make_demonstrations, cfg, out, args.demo_games)
-    print("2. SFT", flush=True)
-    sft_overrides = [f"data.train_files=[{demos}]", *args.sft]
-    timed(times, "sft", run_script, "sft.py", SFT_RECIPE, out / "sft", sft_overrides)
-    adapter = out / "sft" / "final"
+    if args.reuse == "sft":
+        print(f"1-4. reusing the demonstrations, SFT adapter and evaluations in {out}", flush=True)
+    else:
+        print(f"1. demonstrations: {args.demo_games} games by {DEMO_POLICY}, won", flush=True)
+        demos = timed(times, "demonstrations", make_demonstrations, cfg, out, args.demo_games)
+        print("2. SFT", flush=True)
+        sft_overrides = [f"data.train_files=[{demos}]", *args.sft]
+        timed(times, "sft", run_script, "sft.py", SFT_RECIPE, out / "sft", sft_overrides)
     with VLLMServer("smollm2-135m", extra_args=SERVER_FLAGS) as server:
         url = server.base_url
-        print("3. evaluating the base model", flush=True)
-        timed(times, "eval_base", evaluate, cfg, url, out / "eval" / "base", args)
-        print("4. evaluating the SFT policy (base + adapter pushed into the server)", flush=True)
-        timed(times, "push_sft", push_policy, url, adapter)
-        timed(times, "eval_sft", evaluate, cfg, url, out / "eval" / "sft", args)
+        if args.reuse != "sft":
+            print("3. evaluating the base model", flush=True)
+            timed(times, "eval_base", evaluate, cfg, url, out / "eval" / "base", args)
+            print("4. evaluating the SFT policy (base + adapter pushed)", flush=True)
+            timed(times, "push_sft", push_policy, url, adapter)
+            timed(times, "eval_sft", evaluate, cfg, url, out / "eval" / "sft", args)
         print("5. GRPO from the SFT adapter", flush=True)
         grpo = [f"server.base_url={url}", f"lora.resume_from={adapter}", *args.overrides]
         timed(times, "grpo", run_script, "train.py", GRPO_RECIPE, out / "train", grpo)
@@ -201,6 +210,8 @@ def main() -> None:
     parser.add_argument("--eval-games", type=int, default=200, help="held-out games per stage")
     parser.add_argument("--eval-rollouts", type=int, default=1, help="rollouts per game")
     parser.add_argument("--eval-seed", type=int, default=1, help="task seed of held-out games")
+    parser.add_argument("--reuse", choices=["sft"],
+                        help="keep --out's stages 1-4; rerun GRPO and after")  # fmt: skip
     parser.add_argument("--sft", action="append", default=[], metavar="KEY=VALUE",
                         help="SFT override (repeatable), e.g. train.max_steps=2")  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="dotted GRPO overrides, e.g. max_steps=2")
@@ -209,7 +220,8 @@ def main() -> None:
     payload = run(args)
     save("learning_openspiel", {"recipes": [str(SFT_RECIPE.relative_to(ROOT)),
                                             str(GRPO_RECIPE.relative_to(ROOT))],
-                                "sft_overrides": args.sft, "overrides": args.overrides,
+                                "reuse": args.reuse, "sft_overrides": args.sft,
+                                "overrides": args.overrides,
                                 **payload})  # fmt: skip
 
 
