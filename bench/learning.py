@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,35 +32,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, estimate_json, evaluate_stage, run_script, save  # noqa: E402
 
+from rlvr.data.arithmetic import arithmetic_splits, write_jsonl  # noqa: E402
+
 RECIPE = ROOT / "configs" / "examples" / "learn_deepscaler_smollm2_cpu.yaml"
 SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
 CURVES = ("reward/mean", "mismatch_kl", "time/step")
-
-
-# SmolLM2-135M-Instruct rarely boxes an answer unless the question itself asks (measured on
-# 160 rollouts at temperature 1: 4% of replies boxed with the system prompt alone, 20-32% with
-# this suffix; 2-4% correct)
-QUESTION = "What is {a} {op} {b}? Give only the number, in \\boxed{{}}."
-
-
-def arithmetic_splits(held_out: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """Every `a + b` and `a - b` (a > b) with 1 <= a, b <= 12, shuffled with `seed`: the first
-    `held_out` problems for evaluation, the rest for training."""
-    problems = [(a, "+", b, a + b) for a in range(1, 13) for b in range(1, 13)]
-    problems += [(a, "-", b, a - b) for a in range(1, 13) for b in range(1, a)]
-    random.Random(seed).shuffle(problems)
-    if not 0 < held_out < len(problems):
-        raise ValueError(f"--eval-examples must be between 1 and {len(problems) - 1}")
-    rows = [{"problem": QUESTION.format(a=a, op=op, b=b), "answer": str(r)}
-            for a, op, b, r in problems]  # fmt: skip
-    return rows[held_out:], rows[:held_out]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    from rlvr.atomic import atomic_write_text
-
-    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def evaluate(cfg: Any, base_url: str, out: Path, data: Path, args: argparse.Namespace) -> Path:

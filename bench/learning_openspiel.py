@@ -66,25 +66,6 @@ def make_demonstrations(cfg: Any, out: Path, games: int) -> Path:
     return path
 
 
-def push_policy(base_url: str, adapter: Path) -> None:
-    """Base + `adapter`, merged, into the server's weights: what the GRPO trainer's first push
-    sends, so the SFT stage is evaluated exactly as GRPO starts from it."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from rlvr.config import LoraConfig
-    from rlvr.model.names import ensure_embedded_model
-    from rlvr.model.policy import apply_lora
-    from rlvr.weight_sync.merged_stream import MergedWeightSource
-    from rlvr.weight_sync.push import WeightSync
-
-    model = AutoModelForCausalLM.from_pretrained(ensure_embedded_model(), dtype=torch.float32)
-    policy = apply_lora(model, LoraConfig(rank=16, resume_from=str(adapter)))
-    with WeightSync(base_url, backend="shm") as sync:
-        sync.connect(MergedWeightSource(policy))
-        sync.push()
-
-
 def evaluate(cfg: Any, base_url: str, out: Path, args: argparse.Namespace) -> None:
     """Held-out games: the recipe's environment and sampling with task seed --eval-seed."""
     env_args = {**cfg.env.args, "seed": args.eval_seed, "num_tasks_per_case": args.eval_games}
@@ -167,6 +148,7 @@ def timed(times: dict[str, float], name: str, step: Any, *a: Any) -> Any:
 def run(args: argparse.Namespace) -> dict:
     from rlvr.config import load_config
     from rlvr.server.process import VLLMServer
+    from rlvr.weight_sync.push import push_adapter
 
     cfg = load_config(GRPO_RECIPE, args.overrides)
     if args.eval_seed == cfg.env.args.get("seed", 0):
@@ -192,7 +174,7 @@ def run(args: argparse.Namespace) -> dict:
             print("3. evaluating the base model", flush=True)
             timed(times, "eval_base", evaluate, cfg, url, out / "eval" / "base", args)
             print("4. evaluating the SFT policy (base + adapter pushed)", flush=True)
-            timed(times, "push_sft", push_policy, url, adapter)
+            timed(times, "push_sft", push_adapter, url, "smollm2-135m", adapter)
             timed(times, "eval_sft", evaluate, cfg, url, out / "eval" / "sft", args)
         print("5. GRPO from the SFT adapter", flush=True)
         grpo = [f"server.base_url={url}", f"lora.resume_from={adapter}", *args.overrides]
@@ -206,7 +188,7 @@ def run(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "learn-openspiel")
-    parser.add_argument("--demo-games", type=int, default=400, help="games played for demos")
+    parser.add_argument("--demo-games", type=int, default=800, help="games played for demos")
     parser.add_argument("--eval-games", type=int, default=200, help="held-out games per stage")
     parser.add_argument("--eval-rollouts", type=int, default=1, help="rollouts per game")
     parser.add_argument("--eval-seed", type=int, default=1, help="task seed of held-out games")

@@ -34,7 +34,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save  # noqa: E402
-from learning import SERVER_FLAGS, arithmetic_splits, write_jsonl  # noqa: E402
+from learning import SERVER_FLAGS  # noqa: E402
+
+from rlvr.data.arithmetic import arithmetic_splits, write_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "examples" / "reasoning_vocab_smollm2_cpu.yaml"

@@ -130,6 +130,8 @@ class LoggingConfig:
     mismatch_kl_warn: float = 1e-2
     """Warn when the sampler/trainer KL on sampled tokens exceeds this."""
     progress_bar: bool = True
+    """A progress bar on the console; false prints one line a step instead (reward, the
+    environment's metrics, mismatch-KL, step time), which reads better in a log file."""
 
 
 @dataclass

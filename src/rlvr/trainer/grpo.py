@@ -44,7 +44,7 @@ from rlvr.trainer.cores import pin_to_cores
 from rlvr.trainer.logprobs import MaskLogits, sequence_scores
 from rlvr.trainer.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.trainer.memory import GIB, Budget, peak_bytes, reset_peak
-from rlvr.trainer.metrics import RunLogger, distribution, mean, metric_means
+from rlvr.trainer.metrics import RunLogger, distribution, mean, metric_means, step_line
 from rlvr.trainer.micro_batches import MicroBatch, Sample, largest_micro_batch
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 from rlvr.trainer.prefix_tree import plan_micro_batches, tree_attention
@@ -495,6 +495,8 @@ class Trainer:
                 "the trainer computes (sampling settings, precision) or weights did not arrive"
             )
         logger.log(step, metrics)
+        if not self.cfg.logging.progress_bar:
+            logger.print(step_line(step, self.cfg.max_steps, metrics))
         if rows and (step % self.cfg.logging.table_every == 0 or step == 1):
             logger.log_samples(step, rows)
 

@@ -67,6 +67,25 @@ def metric_means(metric_dicts: Iterable[Any], prefix: str = "") -> dict[str, flo
     }
 
 
+def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    """The console line of a GRPO step when there is no progress bar (logs, `make demo`): the
+    reward, the environment's own metrics (what it is made of), mismatch-KL and the time."""
+    env = "  ".join(
+        f"{key.removeprefix('env/')} {value:.3g}"
+        for key, value in metrics.items()
+        if key.startswith("env/")
+    )
+    nan = float("nan")
+    parts = [
+        f"step {step}/{total}",
+        f"reward {metrics.get('reward/mean', nan):.3f}",
+        env,
+        f"mismatch-KL {metrics.get('mismatch_kl', nan):.2g}",
+        f"{metrics.get('time/step', nan):.1f} s",
+    ]
+    return " | ".join(part for part in parts if part)
+
+
 class RunLogger:
     """`bar=(description, total steps)` shows a progress bar that advances on every metrics
     record with `time/step`; None shows none."""

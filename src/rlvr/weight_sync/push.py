@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -403,3 +404,23 @@ class WeightSync:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def push_adapter(base_url: str, model: str, adapter: str | Path) -> float:
+    """Push `model` (a name `rlvr.model.names.resolve_model` knows) + the saved LoRA `adapter`,
+    merged, into the vf-vllm at `base_url`; returns the push's seconds.
+
+    This is what a LoRA GRPO run resuming from `adapter` sends on its first push, so a warm
+    start (an SFT adapter) is evaluated exactly as GRPO will start from it."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.config import LoraConfig
+    from rlvr.model.names import resolve_model
+    from rlvr.model.policy import apply_lora
+    from rlvr.weight_sync.merged_stream import MergedWeightSource
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32)
+    policy = apply_lora(base, LoraConfig(resume_from=str(adapter)))
+    with WeightSync(base_url) as sync:
+        sync.connect(MergedWeightSource(policy))
+        return sync.push()

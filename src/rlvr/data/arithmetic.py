@@ -1,0 +1,62 @@
+"""Small-number arithmetic through vf-deepscaler: the task where the embedded SmolLM2-135M scores
+low but not zero, so GRPO has a signal on a laptop CPU (`make demo`, bench/learning.py).
+
+- `arithmetic_splits`: every `a + b` and `a - b` with small operands, as vf-deepscaler rows
+  (`problem`, `answer`), split into training and held-out problems that share none.
+- `write_jsonl`: rows to a file, atomically.
+- `solver`: a scripted policy for `rlvr-demos --policy rlvr.data.arithmetic:solver`: it reads
+  the question and answers `7 + 5 = \\boxed{12}`, the demonstrations of an SFT warm start.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+from rlvr.atomic import atomic_write_text
+from rlvr.testing import Policy
+
+# SmolLM2-135M-Instruct rarely boxes an answer unless the question itself asks (measured on
+# 160 rollouts at temperature 1: 4% of replies boxed with the system prompt alone, 20-32% with
+# this suffix; 2-4% correct)
+QUESTION = "What is {a} {op} {b}? Give only the number, in \\boxed{{}}."
+QUESTION_RE = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
+
+
+def arithmetic_splits(held_out: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Every `a + b` and `a - b` (a > b) with 1 <= a, b <= 12, shuffled with `seed`: the first
+    `held_out` problems for evaluation, the rest for training. Returns (training, held-out)."""
+    problems = [(a, "+", b, a + b) for a in range(1, 13) for b in range(1, 13)]
+    problems += [(a, "-", b, a - b) for a in range(1, 13) for b in range(1, a)]
+    random.Random(seed).shuffle(problems)
+    if not 0 < held_out < len(problems):
+        raise ValueError(f"held-out problems must be between 1 and {len(problems) - 1}")
+    rows = [{"problem": QUESTION.format(a=a, op=op, b=b), "answer": str(r)}
+            for a, op, b, r in problems]  # fmt: skip
+    return rows[held_out:], rows[:held_out]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """`rows` as JSONL at `path` (parents created), written atomically."""
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def solver(seed: int) -> Policy:
+    """A policy factory (rlvr.data.demonstrations): the policy answers the last question with
+    its working and the boxed result, `7 + 5 = \\boxed{12}`, the form the recipe's system
+    prompt shows. A prompt without such a question is an error: that rollout is not kept."""
+    del seed  # deterministic: one right answer
+
+    def policy(messages: list[Any]) -> str:
+        content = messages[-1]["content"] if messages else ""
+        match = QUESTION_RE.search(content if isinstance(content, str) else "")
+        if match is None:
+            raise ValueError(f"no 'What is A + B?' question in {content!r}")
+        a, op, b = int(match[1]), match[2], int(match[3])
+        return f"{a} {op} {b} = \\boxed{{{a + b if op == '+' else a - b}}}"
+
+    return policy
