@@ -12,7 +12,9 @@ proof that it learns, in a few minutes on 2 cores:
    CIs, and a PNG of the training curves;
 7. shut everything down.
 
-Everything lands in --output-dir (default outputs/demo), replaced on each run.
+Everything lands in --output-dir (default outputs/demo): data/, warm_start/ (the SFT adapter),
+train/ (the GRPO run), eval/ (the three vf-eval runs), training_curves.png; a new run replaces
+them.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ RECIPE = ROOT / "configs" / "examples" / "learn_deepscaler_smollm2_cpu.yaml"
 WARM_START = ROOT / "configs" / "examples" / "warm_start_arithmetic_smollm2_cpu.yaml"
 EVAL_ROLLOUTS = 4
 STAGES = {"base": "base", "warm_start": "warm start", "trained": "GRPO"}  # eval dir: label
+OUTPUTS = ("data", "warm_start", "train", "eval")
 # The recipe from a warm start, at demo size: 8 problems x 8 rollouts a step; synchronous, so a
 # step's reward is the current policy's; lr 5e-4, since from a trained adapter both LoRA factors
 # move at once (at 1e-3 the reward rose to 0.36 by step 4, then fell to 0 by step 9); a line a
@@ -136,12 +139,13 @@ def run(cmd: list[str]) -> None:
     subprocess.run([str(BIN / "python"), *cmd], check=True)
 
 
-def warm_start(train_data: Path, out: Path, steps: int) -> Path:
-    """Scripted demonstrations of the training problems, then `steps` SFT steps (LoRA) on them;
-    returns the adapter."""
+def warm_start(recipe: Any, train_data: Path, out: Path, steps: int) -> Path:
+    """Scripted demonstrations of the training problems in the GRPO recipe's environment (its
+    system prompt), then `steps` SFT steps (LoRA) on them; returns the adapter."""
     demos = out / "data" / "demos.jsonl"
-    run([str(ROOT / "scripts" / "demonstrations.py"), "--env", "vf-deepscaler",
-         "--env-args", json.dumps({"data_files": str(train_data)}),
+    env_args = {**recipe.env.args, "data_files": str(train_data)}
+    run([str(ROOT / "scripts" / "demonstrations.py"), "--env", recipe.env.id,
+         "--env-args", json.dumps(env_args),
          "--policy", "rlvr.data.arithmetic:solver", "--min-reward", "1",
          "--out", str(demos)])  # fmt: skip
     run([str(ROOT / "scripts" / "sft.py"), "--config", str(WARM_START),
@@ -160,9 +164,8 @@ def train(server: VLLMServer, train_data: Path, adapter: Path, out: Path, steps:
 
 
 def before_after(out: Path) -> None:
-    """Held-out reward per stage (95% CIs clustered by problem), the paired differences that
-    say what each training stage added, and the PNG of the GRPO run."""
-    from rlvr.eval.plots import plot_run_curves
+    """Held-out reward per stage (95% CIs clustered by problem) and the paired differences
+    that say what each training stage added."""
     from rlvr.eval.report import build_report, compare, format_estimate
     from rlvr.eval.vf_eval import load_run
 
@@ -173,8 +176,13 @@ def before_after(out: Path) -> None:
     for comparison in (report.comparisons[-1], compare(runs[1], runs[2])):
         print(f"  paired difference, {comparison.name} - {comparison.baseline}: "
               f"{format_estimate(comparison.difference, '+')}")  # fmt: skip
+
+
+def plot_training(out: Path) -> None:
+    from rlvr.eval.plots import plot_run_curves
+
     png = plot_run_curves(out / "train" / "metrics.jsonl", out / "training_curves.png",
-                          ("reward/mean", "mismatch_kl", "time/step"),
+                          ("reward/mean", "env/has_boxed", "mismatch_kl", "time/step"),
                           title="make demo: GRPO on arithmetic from the warm start")  # fmt: skip
     print(f"  training curves: {png}")
 
@@ -194,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
 
     start = time.time()
     out = args.output_dir.resolve()
-    shutil.rmtree(out, ignore_errors=True)
+    for part in OUTPUTS:  # this demo's earlier outputs; nothing else in the directory
+        shutil.rmtree(out / part, ignore_errors=True)
     recipe = load_config(RECIPE)
     train_rows, heldout_rows = arithmetic_splits(held_out=max(args.eval_examples, 1))
     train_data = write_jsonl(out / "data" / "train.jsonl", train_rows)
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
             evaluate(server, recipe, heldout, out / "eval" / "base", args.eval_examples)
         if args.train_steps > 0:
             banner(f"warm start: demonstrations, {args.warm_start_steps} SFT steps (LoRA)", start)
-            adapter = warm_start(train_data, out, args.warm_start_steps)
+            adapter = warm_start(recipe, train_data, out, args.warm_start_steps)
             if args.eval_examples > 0:
                 banner("vf-eval, warm start (base + SFT adapter, pushed)", start)
                 push_adapter(server.base_url, MODEL, adapter)
@@ -223,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
                 banner("vf-eval, GRPO-trained policy (its last push)", start)
                 evaluate(server, recipe, heldout, out / "eval" / "trained", args.eval_examples)
                 before_after(out)
+            plot_training(out)
         banner("shutting down vf-vllm", start)
     print(f"  done in {time.time() - start:.0f}s; outputs in {out}")
 

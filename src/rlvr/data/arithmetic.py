@@ -6,10 +6,14 @@ low but not zero, so GRPO has a signal on a laptop CPU (`make demo`, bench/learn
 - `write_jsonl`: rows to a file, atomically.
 - `solver`: a scripted policy for `rlvr-demos --policy rlvr.data.arithmetic:solver`: it reads
   the question and answers `7 + 5 = \\boxed{12}`, the demonstrations of an SFT warm start.
+
+`python -m rlvr.data.arithmetic DIR [--held-out 40]` writes DIR/train.jsonl and
+DIR/heldout.jsonl, the splits `make demo` uses.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import re
@@ -60,3 +64,21 @@ def solver(seed: int) -> Policy:
         return f"{a} {op} {b} = \\boxed{{{a + b if op == '+' else a - b}}}"
 
     return policy
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write the arithmetic splits for vf-deepscaler.")
+    parser.add_argument("out", type=Path, help="directory for train.jsonl and heldout.jsonl")
+    parser.add_argument("--held-out", type=int, default=40, help="held-out problems")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    args = parser.parse_args(argv)
+    try:
+        train, held_out = arithmetic_splits(args.held_out, args.seed)
+    except ValueError as e:
+        parser.error(str(e))
+    for name, rows in (("train", train), ("heldout", held_out)):
+        print(f"{len(rows)} problems in {write_jsonl(args.out / f'{name}.jsonl', rows)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -69,12 +69,9 @@ def metric_means(metric_dicts: Iterable[Any], prefix: str = "") -> dict[str, flo
 
 def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
     """The console line of a GRPO step when there is no progress bar (logs, `make demo`): the
-    reward, the environment's own metrics (what it is made of), mismatch-KL and the time."""
-    env = "  ".join(
-        f"{key.removeprefix('env/')} {value:.3g}"
-        for key, value in metrics.items()
-        if key.startswith("env/")
-    )
+    reward, the environment's own metrics (what it is made of; named as logged, since `env/loss`
+    is a game's loss rate, not the training loss), mismatch-KL and the time."""
+    env = "  ".join(f"{k} {v:.3g}" for k, v in metrics.items() if k.startswith("env/"))
     nan = float("nan")
     parts = [
         f"step {step}/{total}",
