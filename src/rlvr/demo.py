@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
                    f"arithmetic problems x {EVAL_ROLLOUTS} rollouts", start)  # fmt: skip
             evaluate(server, recipe, heldout, out / "eval" / "base", args.eval_examples)
         if args.train_steps > 0:
-            banner(f"warm start: demonstrations, {args.warm_start_steps} SFT steps (LoRA)", start)
+            steps = f"{args.warm_start_steps} SFT step" + "s" * (args.warm_start_steps != 1)
+            banner(f"warm start: demonstrations, {steps} (LoRA)", start)
             adapter = warm_start(recipe, train_data, out, args.warm_start_steps)
             if args.eval_examples > 0:
                 banner("vf-eval, warm start (base + SFT adapter, pushed)", start)
