@@ -5,8 +5,8 @@ proof that it learns, in a few minutes on 2 cores:
 2. push changed weights from a trainer process and show the answers change, then push the
    original weights back and show they return;
 3. evaluate the base model with vf-eval on held-out arithmetic problems (vf-deepscaler);
-4. warm start: scripted demonstrations (`rlvr-demos`) and a few SFT steps (`rlvr-sft`), because
-   a model that almost never boxes an answer gives GRPO nothing to compare;
+4. warm start: scripted demonstrations (`rlvr-demos`) and a light SFT (`rlvr-sft`, one step by
+   default), because a model that almost never boxes an answer gives GRPO nothing to compare;
 5. GRPO from that adapter through the same server, one line a step with the reward;
 6. evaluate the trained policy on the same held-out problems: the before/after line, with 95%
    CIs, and a PNG of the training curves;
@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import torch
 
+from rlvr.config.cli import positive_int
 from rlvr.eval.vf_eval import run_vf_eval
 from rlvr.model.names import ensure_embedded_model
 from rlvr.server.process import VLLMServer
@@ -45,7 +46,7 @@ SERVER_FLAGS = [
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "examples" / "learn_deepscaler_smollm2_cpu.yaml"
-WARM_START = ROOT / "configs" / "examples" / "warm_start_arithmetic_smollm2_cpu.yaml"
+WARM_START = ROOT / "configs" / "examples" / "sft_arithmetic_warm_start_smollm2_cpu.yaml"
 EVAL_ROLLOUTS = 4
 STAGES = {"base": "base", "warm_start": "warm start", "trained": "GRPO"}  # eval dir: label
 OUTPUTS = ("data", "warm_start", "train", "eval")
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rlvr-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--eval-examples", type=int, default=40,
                         help="held-out problems, 4 rollouts each (0: no evaluation)")  # fmt: skip
-    parser.add_argument("--warm-start-steps", type=int, default=1, help="SFT steps")
+    parser.add_argument("--warm-start-steps", type=positive_int, default=1, help="SFT steps")
     parser.add_argument("--train-steps", type=int, default=10, help="GRPO steps (0: none)")
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/demo"))
     parser.add_argument("overrides", nargs="*", help="dotted GRPO overrides, e.g. optim.lr=1e-3")
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.output_dir.resolve()
     for part in OUTPUTS:  # this demo's earlier outputs; nothing else in the directory
         shutil.rmtree(out / part, ignore_errors=True)
-    recipe = load_config(RECIPE)
+    recipe = load_config(RECIPE, [*GRPO_OVERRIDES, *args.overrides])  # evaluations sample alike
     train_rows, heldout_rows = arithmetic_splits(held_out=max(args.eval_examples, 1))
     train_data = write_jsonl(out / "data" / "train.jsonl", train_rows)
     heldout = write_jsonl(out / "data" / "heldout.jsonl", heldout_rows)
