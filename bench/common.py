@@ -75,34 +75,15 @@ def save(name: str, payload: dict, path: str | Path | None = None) -> Path:
 
 
 def evaluate_stage(
-    env_id: str,
-    env_args: dict[str, Any],
-    *,
-    model: str,
-    base_url: str,
-    out: Path,
-    examples: int,
-    rollouts: int,
-    max_tokens: int | None,
-    temperature: float,
+    cfg: Any, base_url: str, out: Path, *, env_args: dict[str, Any], examples: int, rollouts: int
 ) -> list[dict[str, Any]]:
-    """vf-eval of the served `model` into a fresh `out` (run_vf_eval reads every results file
-    under it); prints and returns the rollouts."""
-    from rlvr.eval.vf_eval import run_vf_eval
+    """`rlvr.eval.vf_eval.evaluate_policy` (the run config's served policy, environment and
+    sampling, into a fresh `out`), timed; prints and returns the rollouts."""
+    from rlvr.eval.vf_eval import evaluate_policy
 
-    shutil.rmtree(out, ignore_errors=True)
     began = time.perf_counter()
-    rows = run_vf_eval(
-        env_id,
-        model=model,
-        base_url=base_url,
-        output_dir=out,
-        num_examples=examples,
-        rollouts_per_example=rollouts,
-        max_tokens=max_tokens,
-        env_args=env_args,
-        sampling_args={"temperature": temperature},
-        timeout=None,
+    rows = evaluate_policy(
+        cfg, base_url, out, env_args=env_args, examples=examples, rollouts=rollouts
     )
     reward = sum(r["reward"] for r in rows) / len(rows)
     print(f"  {out.name}: {len(rows)} rollouts, mean reward {reward:.3f} "

@@ -41,11 +41,8 @@ CURVES = ("reward/mean", "mismatch_kl", "time/step")
 
 def evaluate(cfg: Any, base_url: str, out: Path, data: Path, args: argparse.Namespace) -> Path:
     """vf-eval on the held-out split with the recipe's environment and sampling."""
-    evaluate_stage(
-        cfg.env.id, {**cfg.env.args, "data_files": str(data)}, model=cfg.served_model,
-        base_url=base_url, out=out, examples=args.eval_examples, rollouts=args.eval_rollouts,
-        max_tokens=cfg.sampling.max_tokens, temperature=cfg.sampling.temperature,
-    )  # fmt: skip
+    evaluate_stage(cfg, base_url, out, env_args={"data_files": str(data)},
+                   examples=args.eval_examples, rollouts=args.eval_rollouts)  # fmt: skip
     return out
 
 

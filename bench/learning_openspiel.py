@@ -68,12 +68,9 @@ def make_demonstrations(cfg: Any, out: Path, games: int) -> Path:
 
 def evaluate(cfg: Any, base_url: str, out: Path, args: argparse.Namespace) -> None:
     """Held-out games: the recipe's environment and sampling with task seed --eval-seed."""
-    env_args = {**cfg.env.args, "seed": args.eval_seed, "num_tasks_per_case": args.eval_games}
-    evaluate_stage(
-        cfg.env.id, env_args, model=cfg.served_model, base_url=base_url, out=out,
-        examples=args.eval_games, rollouts=args.eval_rollouts,
-        max_tokens=cfg.sampling.max_tokens, temperature=cfg.sampling.temperature,
-    )  # fmt: skip
+    env_args = {"seed": args.eval_seed, "num_tasks_per_case": args.eval_games}
+    evaluate_stage(cfg, base_url, out, env_args=env_args, examples=args.eval_games,
+                   rollouts=args.eval_rollouts)  # fmt: skip
 
 
 def summarise(out: Path, times: dict[str, float], args: argparse.Namespace) -> dict:

@@ -32,7 +32,7 @@ import httpx
 import torch
 
 from rlvr.config.cli import positive_int
-from rlvr.eval.vf_eval import run_vf_eval
+from rlvr.eval.vf_eval import evaluate_policy
 from rlvr.model.names import ensure_embedded_model
 from rlvr.server.process import VLLMServer
 from rlvr.weight_sync.push import WeightSync, push_adapter
@@ -115,20 +115,9 @@ def weight_push_demo(server: VLLMServer, start: float) -> None:
 def evaluate(server: VLLMServer, recipe: Any, data: Path, out: Path, examples: int) -> None:
     """vf-eval of whatever the server now serves on `examples` held-out problems x 4 rollouts,
     with the GRPO recipe's environment and sampling."""
-    shutil.rmtree(out, ignore_errors=True)
     try:
-        rows = run_vf_eval(
-            recipe.env.id,
-            model=server.model,
-            base_url=server.base_url,
-            output_dir=out,
-            num_examples=examples,
-            rollouts_per_example=EVAL_ROLLOUTS,
-            max_tokens=recipe.sampling.max_tokens,
-            env_args={**recipe.env.args, "data_files": str(data)},
-            sampling_args={"temperature": recipe.sampling.temperature},
-            timeout=None,
-        )
+        rows = evaluate_policy(recipe, server.base_url, out, env_args={"data_files": str(data)},
+                               examples=examples, rollouts=EVAL_ROLLOUTS)  # fmt: skip
     except RuntimeError as error:
         raise SystemExit(str(error)) from error
     rewards = [row["reward"] for row in rows]

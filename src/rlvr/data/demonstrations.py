@@ -199,7 +199,7 @@ def _play_model(env: Any, rows: list, args: argparse.Namespace, common: dict) ->
     log = args.out.with_name(args.out.name + ".vf-vllm.log")
     server_args = shlex.split(args.server_args)
     with serve(args.model, base_url=args.base_url, server_args=server_args, log_path=log) as end:
-        connections = max(args.max_concurrent, 1) if args.max_concurrent > 0 else 64
+        connections = args.max_concurrent if args.max_concurrent > 0 else 64
         client = make_client(end.base_url, None, args.timeout, connections, training=False)
         return play(env, rows, client=client, model=end.model, sampling_args=sampling, **common)
 

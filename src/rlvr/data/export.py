@@ -9,17 +9,16 @@ line), so a demonstration and an exported evaluation are the same kind of row.
 
 from __future__ import annotations
 
+import io
 import json
 import operator
-import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlvr.atomic import atomic_write_text
+from rlvr.atomic import atomic_write_bytes, atomic_write_text
 from rlvr.eval.vf_eval import ResultsError, Run, errored, succeeded
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
@@ -125,12 +124,6 @@ def write_examples(examples: list[dict[str, Any]], path: str | Path) -> None:
         return
     import datasets
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        datasets.Dataset.from_list(examples).to_parquet(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    datasets.Dataset.from_list(examples).to_parquet(buffer)
+    atomic_write_bytes(path, buffer.getvalue())

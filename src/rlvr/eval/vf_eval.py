@@ -108,6 +108,37 @@ def run_vf_eval(
     return [row for path in results for _, row in iter_results(path)]
 
 
+def evaluate_policy(
+    cfg: Any,
+    base_url: str,
+    out: Path,
+    *,
+    env_args: dict[str, Any],
+    examples: int,
+    rollouts: int,
+) -> list[dict[str, Any]]:
+    """vf-eval of the policy a GRPO run serves (`cfg.served_model` at `base_url`) with the run
+    config's environment (`cfg.env`, its args updated by `env_args`, e.g. held-out data) and
+    sampling (temperature, max_tokens), into a fresh `out`: a new evaluation must not read an
+    earlier one's results there. The before/after evaluations of `make demo` and of the
+    bench/learning*.py benchmarks; raises as `run_vf_eval`."""
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    return run_vf_eval(
+        cfg.env.id,
+        model=cfg.served_model,
+        base_url=base_url,
+        output_dir=out,
+        num_examples=examples,
+        rollouts_per_example=rollouts,
+        max_tokens=cfg.sampling.max_tokens,
+        env_args={**cfg.env.args, **env_args},
+        sampling_args={"temperature": cfg.sampling.temperature},
+        timeout=None,
+    )
+
+
 # ---- a saved run ----------------------------------------------------------------------------
 
 
