@@ -22,11 +22,13 @@ from math_verify import parse
 from vf_deepscaler import (
     DatasetFormatError,
     VerifierPool,
+    corpus,
     generate_problems,
     last_boxed,
     load_environment,
 )
 from vf_deepscaler import pool as pool_module
+from vf_deepscaler.forms import asks_percent, canonical
 from vf_deepscaler.parser import answer_region, follows_think_format
 from vf_deepscaler.verifier import is_equivalent
 
@@ -41,6 +43,10 @@ SLACK_S = 1.0
 
 def reply(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
+
+
+def user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
 
 
 @pytest.fixture(scope="module")
@@ -513,3 +519,173 @@ def test_generated_boxed_answers_score_one(env):
     assert (
         rewards(env, [(f"\\boxed{{{r['answer']}}}", r["answer"]) for r in problems]) == [1.0] * 60
     )
+
+
+# Honest corpus: the gold's value in other forms --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus_results(env, think_env, rows) -> tuple[list[corpus.Result], list[corpus.Result]]:
+    """The honest corpus on every real row and the hedges on the first 150, through the
+    environment's rubrics (think-style replies through the one with ``use_think``)."""
+
+    plain, think = find_rubric(env), find_rubric(think_env)
+    honest = asyncio.run(corpus.score_honest(rows, plain, think))
+    return honest, asyncio.run(corpus.score(plain, corpus.hedge_items(rows[:150])))
+
+
+def test_deepscaler_units_and_forms_match(corpus_results):
+    """Every equivalent form the corpus writes from a real row's gold scores 1: units dropped
+    and added, degree signs, mixed numbers, decimals (repeating ones too), percents, intervals
+    vs set-builder, \\dfrac/\\tfrac, thousands separators, lists; in every reply style."""
+    honest, _ = corpus_results
+    assert len(honest) >= 30
+    assert {r.item.rule for r in honest} == set(corpus.FORM_RULES)
+    assert {r.item.style for r in honest} == set(corpus.STYLES)
+    for rule in corpus.FORM_RULES:
+        assert sum(r.item.rule == rule for r in honest) >= 5, rule
+    forms = {(r.item.gold, r.item.form) for r in honest}
+    for example in [  # the cases issue 31 names
+        ("245 yd.", "245"),
+        ("33\\frac {1}{3}\\%", "\\frac{100}{3}\\%"),
+        ("\\{x \\mid 2 < x < 3\\}", "(2, 3)"),
+    ]:
+        assert example in forms, example
+    unpaid = [(r.item.rule, r.item.gold, r.item.form) for r in honest if r.reward != 1.0]
+    assert unpaid == []
+
+
+def test_deepscaler_rule_false_negative_rates(corpus_results):
+    """Each rule that zeroes or cuts a reward, measured on the honest corpus (README table):
+    the last box, the answer length, the hedge guard, the time limit, the equivalence check
+    and, with ``use_think``, the think format. Measured: 0 for each."""
+    honest, _ = corpus_results
+    rates = corpus.false_negative_rates(honest)
+    assert set(rates) == {*corpus.ZEROING_RULES, *corpus.CUTTING_RULES}
+    assert rates == dict.fromkeys(rates, 0.0), rates
+    assert corpus.mean_reward(honest) == 1.0
+
+
+def test_deepscaler_hedges_stay_zero(corpus_results):
+    """A reply that offers the gold among other answers is paid nothing, in every hedge form
+    (before the hedge guard, "26 \\text{ cm or } 27 \\text{ cm}" paid 1 for gold 26)."""
+    _, hedges = corpus_results
+    assert {r.item.rule for r in hedges} == set(corpus.HEDGES)
+    assert len(hedges) >= 100 * len(corpus.HEDGES)
+    paid = [(r.item.rule, r.item.gold, r.item.reply) for r in hedges if r.reward != 0.0]
+    assert paid == []
+
+
+def _percent_rewards(env, cases: list[tuple[str, str, str]]) -> list[float]:
+    """``math_reward`` for each (question, gold, boxed prediction), the question as the prompt."""
+    rubric = find_rubric(env)
+
+    async def run() -> list[float]:
+        return await asyncio.gather(
+            *(rubric.math_reward(reply(f"\\boxed{{{p}}}"), g, {}, [user(q)]) for q, g, p in cases)
+        )
+
+    return asyncio.run(run())
+
+
+ASKS_PERCENT = "What percent of the students passed?"
+ASKS_COUNT = "How many students passed?"
+
+
+@pytest.mark.parametrize(
+    ("question", "gold", "prediction", "expected"),
+    [
+        (ASKS_PERCENT, "25", "25", 1.0),
+        (ASKS_PERCENT, "25", "25\\%", 1.0),
+        (ASKS_PERCENT, "25", "0.25", 1.0),  # the fraction the percent stands for
+        (ASKS_PERCENT, "25\\%", "\\frac{1}{4}", 1.0),
+        (ASKS_PERCENT, "25", "2.5", 0.0),
+        (ASKS_COUNT, "25", "25", 1.0),
+        (ASKS_COUNT, "25", "25\\%", 0.0),  # 25% is 0.25, not 25 students
+        (ASKS_COUNT, "25", "0.25", 0.0),
+        (ASKS_COUNT, "0.25", "25\\%", 1.0),  # a probability written as a percent
+        (ASKS_COUNT, "0.25", "25", 0.0),
+        ("Find the probability.", "\\frac{1}{2}", "50 \\text{ percent}", 1.0),
+    ],
+)
+def test_percent_is_read_as_a_percent_only_where_one_is_asked(
+    env, question, gold, prediction, expected
+):
+    """A percent sign always divides by 100; a bare number stands for a percent only where the
+    gold is one or the problem asks for one, so no single answer is paid for two values."""
+    assert _percent_rewards(env, [(question, gold, prediction)]) == [expected]
+
+
+def test_asks_percent_on_real_questions(rows):
+    """The problems read as asking for a percent (their golds are percents, with or without the
+    sign); a percent that is only data ("a 20% discount", "x% during April") is not asked."""
+    asked = [i for i, row in enumerate(rows) if asks_percent(row["problem"])]
+    assert asked == [8, 90, 115, 126, 206, 223, 374, 376, 398, 466, 550, 565, 567, 669, 747, 796]
+    for i in (18, 62, 154, 229, 253, 277, 769):  # a percent in the data, another quantity asked
+        assert not asks_percent(rows[i]["problem"]), i
+
+
+def test_percent_sign_on_a_count_scores_zero_on_real_rows(env, rows):
+    """Gold integers of problems that ask no percent: ``G\\%`` (the value G/100) scores 0."""
+    cases = [
+        (r["problem"], r["answer"], f"{r['answer']}\\%")
+        for r in rows
+        if re.fullmatch(r"[1-9]\d*", r["answer"]) and not asks_percent(r["problem"])
+    ][:150]
+    assert len(cases) == 150
+    assert _percent_rewards(env, cases) == [0.0] * len(cases)
+
+
+@pytest.mark.parametrize(
+    ("answer", "form"),
+    [
+        ("245 yd.", "245"),
+        ("5\\text{ cm}", "5"),
+        ("12 \\text{ft}^2", "12"),
+        ("\\text{5 cm}", "5"),
+        ("30^\\circ", "30"),
+        ("30°", "30"),
+        ("11^{\\text{th}}", "11"),
+        ("1\\,000", "1000"),
+        ("1 000 000", "1000000"),
+        ("\\$12.50", "12.50"),
+        ("0.1\\overline{6}", "\\frac{1}{6}"),
+        ("\\{x \\mid 2 < x < 3\\}", "(2, 3)"),
+        ("\\left\\{x : x \\ge 2\\right\\}", "[2, \\infty)"),
+        ("3 > x > 2", "(2, 3)"),
+        ("x \\le \\frac{1}{2}", "(-\\infty, \\frac{1}{2}]"),
+        ("x \\in [1, 2)", "[1, 2)"),
+        ("3.4r", "3.4r"),  # a variable, not a unit
+        ("2m + 1", "2m + 1"),
+        ("b \\le a/3", "b \\le a/3"),  # bounds with letters stay relations
+        ("7 minutes and 5 seconds", "7 minutes and 5 seconds"),
+    ],
+)
+def test_canonical_forms(answer, form):
+    assert canonical(answer) == form
+
+
+def test_canonical_forms_of_long_answers_are_fast():
+    """The forms are regular expressions without nested repetition: answers of the longest
+    length that is verified take milliseconds, never the verifier's time limit."""
+    for answer in ("1" * 1990 + " cm", " " * 1990 + "1", "<" * 1990, "\\{x \\mid " + "1<" * 900):
+        started = time.perf_counter()
+        canonical(answer)
+        assert time.perf_counter() - started < 0.1, answer[:20]
+
+
+def test_generate_reads_the_problem_for_the_percent_rule(tmp_path):
+    """Through env.generate the rubric sees the problem: 0.25 answers "what percent" (gold 25)
+    and scores 1; the same 0.25 for a count gold 25 scores 0, as does 25% for it."""
+    problems = [
+        ("What percent of 40 is 10?", "25", "0.25"),
+        ("How many of the 100 marbles are red, if a quarter are?", "25", "0.25"),
+        ("How many of the 100 beads are red, if a quarter are?", "25", "25\\%"),
+        ("The price rose from 40 to 50. Find the percent increase.", "25", "25\\%"),
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"problem": q, "answer": g}) + "\n" for q, g, _ in problems))
+    environment = load_environment(data_files=str(path))
+    answers = {q: f"So the answer is $\\boxed{{{p}}}$." for q, _, p in problems}
+    outputs = generate_answers(environment, answers)
+    assert [o["reward"] for o in outputs] == [1.0, 0.0, 0.0, 1.0]

@@ -4,7 +4,7 @@ that implements verifiers' Client interface, then scored by the environment's ru
 
 Turn limit: the play-through tests use max_turns=400 (model moves). Random chess is the longest
 default game (about 320 plies on average, up to ~460 seen, i.e. ~230 moves per side); every other
-default game has a hard length bound below 400 moves per side. The whole file takes about 15 s
+default game has a hard length bound below 400 moves per side. The whole file takes about 25 s
 wall-clock (7 s CPU) on the shared 2-core machine.
 """
 
@@ -21,8 +21,17 @@ import verifiers as vf
 import vf_openspiel
 from verifiers.utils.save_utils import state_to_output
 from vf_openspiel.cases import DEFAULT_CASES, load_case, resolve_cases
+from vf_openspiel.corpus import (
+    EXPLOITS,
+    HONEST_STYLES,
+    ILLEGALITY_RULES,
+    false_negative_rates,
+    honest_policies,
+    means,
+)
+from vf_openspiel.corpus import play as play_all
 from vf_openspiel.opponents import MCTSOpponent, sample_world
-from vf_openspiel.parser import extract_move, match_move
+from vf_openspiel.parser import HEDGE, NO_ANSWER, extract_move, extract_moves, match_move, read_move
 from vf_openspiel.scripted import Policy, legal_from_prompt, random_mover
 from vf_openspiel.session import GameSession
 
@@ -253,29 +262,11 @@ def test_reasoning_before_a_lone_closing_think_tag_is_not_searched():
 
 
 # --------------------------------------------------------------------------- exploits
-ILLEGAL_POLICIES: dict[str, Policy] = {
-    "empty reply": constant(""),
-    "every legal move, one tag each": lambda p: " ".join(
-        f"<move>{move_id}</move>" for move_id, _ in legal_from_prompt(p)
-    ),
-    "every legal move in one tag": lambda p: (
-        "<move>" + " ".join(text for _, text in legal_from_prompt(p)) + "</move>"
-    ),
-    "every legal move, no tag": lambda p: "\n".join(text for _, text in legal_from_prompt(p)),
-    "move only in the reasoning": lambda p: f"I will play {legal_from_prompt(p)[0][1]}.",
-    "move tag inside think": lambda p: f"<think><move>{legal_from_prompt(p)[0][0]}</move></think>",
-    "move tag after an unclosed think": lambda p: (
-        f"<think>hmm <move>{legal_from_prompt(p)[0][0]}</move>"
-    ),
-    "not a move": constant("<move>resign</move>"),
-}
-
-
-@pytest.mark.parametrize("name", sorted(ILLEGAL_POLICIES))
+@pytest.mark.parametrize("name", sorted(EXPLOITS))
 @pytest.mark.parametrize("reward_mode", ["outcome", "legal"])
 def test_illegal_replies_forfeit_and_score_the_minimum(name, reward_mode):
     env, row = first_row(cases=["tic_tac_toe"], reward_mode=reward_mode, max_illegal_moves=2)
-    state = play(env, row, ILLEGAL_POLICIES[name])
+    state = play(env, row, EXPLOITS[name])
     record = state["openspiel"]
     assert record["ended_by"] == "forfeit"
     assert record["illegal_attempts"] == 3 and record["legal_replies"] == 0
@@ -299,8 +290,17 @@ def test_exact_match_never_confuses_a1_with_a10():
     lookup = session.lookup()
     assert match_move(extract_move("<move>a1</move>"), lookup) == 0
     assert match_move(extract_move("<move>a10</move>"), lookup) == 99
-    for reply in ("<move>a</move>", "<move>a1a10</move>", "<move>A1</move>", "a1", "<move></move>"):
+    for reply in (
+        "<move>a</move>",
+        "<move>a1a10</move>",
+        "<move>a1 a10</move>",
+        "a1",
+        "<move></move>",
+    ):
         assert match_move(extract_move(reply), lookup) is None, reply
+    assert match_move("A1", lookup) == 0  # letter case ignored where it names one move
+    clash = {"0": 0, "1": 1, "Bb5": 0, "bb5": 1}
+    assert match_move("BB5", clash) is None and match_move("bb5", clash) == 1
     go = GameSession(pyspiel.load_game("go(board_size=13)"), 0, 0, None).lookup()
     assert go["B a1"] != go["B a10"] and match_move("B a1", go) == go["B a1"]
 
@@ -436,3 +436,67 @@ def test_seat_labels_match_open_spiel():
         state = pyspiel.load_game(game).new_initial_state()
         state.apply_action(state.legal_actions()[0])
         assert str(state).count(symbol) == 1
+
+
+# --------------------------------------------------------------------------- honest corpus
+def test_openspiel_honest_move_styles_are_legal_in_every_default_case():
+    """Every honest style of `vf_openspiel.corpus` (reasoning first, think block, id or text,
+    spaces, letter case, the listed `id: move` line, markdown, quotes, the format mentioned with
+    an empty tag, the move repeated as the final answer) plays legal moves in every default
+    case: each illegality rule's false-negative rate on these replies is 0 (README table; with
+    the rules before issue 31 -- exactly one tag, exact text -- 54% of these replies were
+    illegal)."""
+    env = vf_openspiel.load_environment(reward_mode="legal", num_tasks_per_case=1, max_turns=4)
+    games = asyncio.run(play_all(env, honest_policies(seed=3), ScriptedClient))
+    assert {g.case for g in games} == set(DEFAULT_CASES)
+    assert set(means(games)) == set(HONEST_STYLES)
+    assert sum(g.replies for g in games) >= 3 * len(games)
+    rates = false_negative_rates(games)
+    assert set(rates) == {*ILLEGALITY_RULES, "forfeit (outcome zeroed)"}
+    assert rates == dict.fromkeys(rates, 0.0), rates
+    assert means(games) == dict.fromkeys(HONEST_STYLES, 1.0)
+
+
+def test_openspiel_honest_styles_out_earn_every_exploit_on_outcome():
+    """Whole tic-tac-toe games against the random opponent: every honest style is paid its
+    games' results, every exploit forfeits (0)."""
+    env = vf_openspiel.load_environment(cases=["tic_tac_toe"], num_tasks_per_case=4)
+    honest = means(asyncio.run(play_all(env, honest_policies(seed=5), ScriptedClient)))
+    exploits = means(asyncio.run(play_all(env, EXPLOITS, ScriptedClient)))
+    assert exploits == dict.fromkeys(EXPLOITS, 0.0)
+    assert min(honest.values()) > 0.0
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("<move>4</move>", 4),
+        ("<move>x(1,1)</move>", 4),
+        ("<move>4: x(1,1)</move>", 4),  # the listed line
+        ("<move>4: x(0,0)</move>", None),  # id and text name different moves
+        ("<move>X(1, 1)</move>", 4),
+        ("<move>**x(1,1)**</move>", 4),
+        ("<move>`4`</move>", 4),
+        ('<move>"x(1,1)"</move>', 4),
+        ("Format: <move></move>. <move>4</move>", 4),  # an empty tag is no answer
+        ("<move>id</move> is the format. <move>4</move>", 4),  # a placeholder names no move
+        ("<move>x(1,1)</move> Final: <move>4</move>", 4),  # the same move twice
+        ("<move>0</move> <move>4</move>", None),  # two different moves: a hedge
+        ("<move>4</move> <move>0</move>", None),
+        ("<move>4 0</move>", None),
+        ("<move>x(1,1)x(0,0)</move>", None),
+        ("<move>14</move>", None),  # substring of nothing legal, never 1 or 4
+    ],
+)
+def test_read_move_takes_the_final_tag_and_names_one_legal_move(reply, expected):
+    session = GameSession(pyspiel.load_game("tic_tac_toe"), 0, 0, None)
+    action, reason = read_move(extract_moves(reply), session.lookup())
+    assert action == expected
+    assert (reason == "") == (expected is not None)
+
+
+def test_read_move_says_why_a_reply_is_illegal():
+    lookup = GameSession(pyspiel.load_game("tic_tac_toe"), 0, 0, None).lookup()
+    assert read_move(extract_moves("I play x(1,1)."), lookup) == (None, NO_ANSWER)
+    assert read_move(extract_moves("<move>0</move><move>4</move>"), lookup) == (None, HEDGE)
+    assert read_move(["resign"], lookup) == (None, "'resign' is not one of your legal moves")

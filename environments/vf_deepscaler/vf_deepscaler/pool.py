@@ -148,8 +148,9 @@ class VerifierPool:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._finalizer = weakref.finalize(self, _kill_all, self._live)
 
-    async def check(self, gold: str, prediction: str) -> Verdict:
-        """Is ``prediction`` equal to ``gold``? False when the limit runs out or anything fails."""
+    async def check(self, gold: str, prediction: str, percent: bool = False) -> Verdict:
+        """Is ``prediction`` equal to ``gold``? False when the limit runs out or anything fails.
+        ``percent``: the problem asks for a percent, so a bare number may be one (forms.py)."""
         worker = await self._acquire()
         try:
             await worker.start()
@@ -158,6 +159,7 @@ class VerifierPool:
                 "gold": gold,
                 "prediction": prediction,
                 "soft_s": self.timeout_s * SOFT_DEADLINE_FRACTION,
+                "percent": percent,
             }
             reply = await worker.ask(request, self.timeout_s)
         except BaseException:

@@ -11,13 +11,22 @@ from typing import Any
 
 import verifiers as vf
 
+from vf_deepscaler.forms import asks_percent
 from vf_deepscaler.parser import BoxedAnswerParser, follows_think_format
 from vf_deepscaler.pool import VerifierPool
-from vf_deepscaler.replies import last_reply_text
+from vf_deepscaler.replies import get_field, last_reply_text, message_text
 from vf_deepscaler.verifier import MAX_ANSWER_CHARS
 
 _CORRECT_KEY = "vf_deepscaler_correct"
 """State key caching the verdict, so that the reward and the ``correct`` metric verify once."""
+
+
+def _problem_text(prompt: Any) -> str:
+    """The problem: the last user message of the prompt (a chat list or a plain string)."""
+    if isinstance(prompt, str):
+        return prompt
+    users = [message for message in prompt or [] if get_field(message, "role") == "user"]
+    return message_text(users[-1]) if users else ""
 
 
 class DeepScaleRRubric(vf.Rubric):
@@ -47,25 +56,37 @@ class DeepScaleRRubric(vf.Rubric):
         self.add_metric(self.completion_chars)
 
     async def math_reward(
-        self, completion: Any, answer: Any, state: dict | None = None, **kwargs: Any
+        self,
+        completion: Any,
+        answer: Any,
+        state: dict | None = None,
+        prompt: Any = None,
+        **kwargs: Any,
     ) -> float:
-        correct = await self.correct(completion, answer, state)
+        correct = await self.correct(completion, answer, state, prompt)
         if not self.use_think:
             return correct
         w = self.think_format_weight
         return correct * (1.0 - w + w * await self.format(completion))
 
     async def correct(
-        self, completion: Any, answer: Any, state: dict | None = None, **kwargs: Any
+        self,
+        completion: Any,
+        answer: Any,
+        state: dict | None = None,
+        prompt: Any = None,
+        **kwargs: Any,
     ) -> float:
-        """1.0 when the last boxed answer is equivalent to ``answer`` within the time limit."""
+        """1.0 when the last boxed answer is equivalent to ``answer`` within the time limit;
+        the problem in ``prompt`` says whether a bare number may be a percent (forms.py)."""
         if state is not None and state.get(_CORRECT_KEY) is not None:
             return state[_CORRECT_KEY]
         prediction = self.parser.parse_answer(completion)
         gold = str(answer or "").strip()
         score = 0.0
         if prediction and gold and len(prediction) <= MAX_ANSWER_CHARS:
-            score = float((await self.pool.check(gold, prediction)).correct)
+            percent = asks_percent(_problem_text(prompt))
+            score = float((await self.pool.check(gold, prediction, percent)).correct)
         if state is not None:
             state[_CORRECT_KEY] = score
         return score

@@ -1,9 +1,9 @@
-"""The answer check (math-verify) and the worker process that runs it.
+"""The answer check (math-verify on the forms of ``forms.py``) and the worker process that runs it.
 
-This file is self-contained (standard library and math-verify only) because the pool runs it
-as a script, ``python -P verifier.py``: importing it as ``vf_deepscaler.verifier`` would first
-run the package ``__init__`` (verifiers, datasets), which costs each worker seconds of start-up
-and ~150 MB.
+This file and ``forms.py`` use the standard library and math-verify only, because the pool runs
+this one as a script, ``python -P verifier.py``, which loads ``forms.py`` by its path: importing
+``vf_deepscaler.verifier`` would first run the package ``__init__`` (verifiers, datasets), which
+costs each worker seconds of start-up and ~150 MB.
 
 A worker answers one request at a time, one JSON line on stdin and one on stdout. It stops
 itself first when it can: each check runs under a wall-clock alarm (``ITIMER_REAL``; free to
@@ -12,11 +12,13 @@ use because the worker turns math-verify's own ``SIGALRM`` timeouts off) and rep
 interrupt, such as a long multiplication of huge integers inside C code.
 
 Protocol: the worker first writes ``{"ready": true}`` (or ``{"fatal": traceback}``); then for
-each request ``{"gold", "prediction", "soft_s"}`` it writes ``{"correct": bool, "status": ...}``.
+each request ``{"gold", "prediction", "soft_s", "percent"}`` (``percent``: the problem asks for
+a percent, optional) it writes ``{"correct": bool, "status": ...}``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -24,9 +26,28 @@ import signal
 import sys
 import traceback
 from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
 from typing import Any, TextIO
 
 from math_verify import parse, verify
+
+
+def _sibling(name: str) -> ModuleType:
+    """The module ``name.py`` beside this file, loaded by path (the worker has no package)."""
+    spec = importlib.util.spec_from_file_location(
+        f"_vf_deepscaler_{name}", Path(__file__).with_name(f"{name}.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __package__:
+    from .forms import readings
+else:  # the worker script
+    readings = _sibling("forms").readings
 
 MAX_ANSWER_CHARS = 2_000
 """Longer boxed answers score 0 without being parsed (the longest gold in DeepScaleR is ~40)."""
@@ -40,9 +61,12 @@ def _parse_gold(gold: str, timeout: int | None) -> tuple:
     return tuple(parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout))
 
 
-def is_equivalent(gold: str, prediction: str, timeout: int | None = None) -> bool:
+def is_equivalent(
+    gold: str, prediction: str, timeout: int | None = None, percent: bool = False
+) -> bool:
     """True when the boxed ``prediction`` equals ``gold`` (numbers, fractions, sets, intervals,
-    LaTeX, equivalent forms); False for empty or over-long predictions.
+    LaTeX, units, percents: the readings of ``forms.py``; ``percent`` when the problem asks for
+    a percent); False for empty or over-long predictions.
 
     ``timeout=None`` turns off math-verify's own signal timeouts: the worker bounds the whole
     check instead. The benchmark's inline baseline passes math-verify's default of 5 seconds.
@@ -50,9 +74,14 @@ def is_equivalent(gold: str, prediction: str, timeout: int | None = None) -> boo
     prediction = prediction.strip()
     if not prediction or not gold.strip() or len(prediction) > MAX_ANSWER_CHARS:
         return False
-    parsed_gold = list(_parse_gold(gold, timeout))
-    parsed_prediction = parse(f"\\boxed{{{prediction}}}", parsing_timeout=timeout)
-    return bool(verify(parsed_gold, parsed_prediction, timeout_seconds=timeout))
+    return any(
+        verify(
+            list(_parse_gold(gold_form, timeout)),
+            parse(f"\\boxed{{{form}}}", parsing_timeout=timeout),
+            timeout_seconds=timeout,
+        )
+        for gold_form, form in readings(gold, prediction, percent)
+    )
 
 
 class SoftTimeout(BaseException):
@@ -68,7 +97,11 @@ def check(request: dict[str, Any]) -> dict[str, Any]:
     try:
         signal.setitimer(signal.ITIMER_REAL, float(request["soft_s"]))
         try:
-            correct = is_equivalent(str(request["gold"]), str(request["prediction"]))
+            correct = is_equivalent(
+                str(request["gold"]),
+                str(request["prediction"]),
+                percent=bool(request.get("percent", False)),
+            )
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except SoftTimeout:

@@ -10,7 +10,7 @@ from .cases import DEFAULT_CASES, load_case, resolve_cases, short_name
 from .dataset import build_dataset, seat_for
 from .env import RECORD_KEY, SESSION_KEY, OpenSpielEnv
 from .opponents import make_opponent
-from .parser import MoveParser, extract_move, match_move
+from .parser import MoveParser, extract_move, extract_moves, match_move, read_move
 from .prompts import SYSTEM_PROMPT
 from .rubric import OpenSpielRubric
 
@@ -129,8 +129,10 @@ __all__ = [
     "OpenSpielEnv",
     "OpenSpielRubric",
     "extract_move",
+    "extract_moves",
     "load_environment",
     "match_move",
+    "read_move",
     "resolve_cases",
     "seat_for",
     "short_name",

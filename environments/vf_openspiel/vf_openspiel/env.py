@@ -3,8 +3,8 @@
 Rollout state keys:
 - `openspiel_session`: the live `GameSession` (pyspiel objects). It never leaves the process and is
   dropped at cleanup, so saved state columns stay JSON-serializable.
-- `openspiel`: a small JSON record (counters, how the game ended, returns, action history) that
-  the rubric scores and `vf-eval -C openspiel` can save.
+- `openspiel`: a small JSON record (counters, illegal replies by the rule they broke, how the game
+  ended, returns, action history) that the rubric scores and `vf-eval -C openspiel` can save.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ import pyspiel
 import verifiers as vf
 
 from .opponents import Opponent
-from .parser import MoveParser, match_move
+from .parser import HEDGE, NO_ANSWER, MoveParser, read_move
 from .prompts import illegal_text, turn_text
 from .sampling import DefaultSampling
 from .session import GameSession, verdict
 
 SESSION_KEY = "openspiel_session"
 RECORD_KEY = "openspiel"
-MAX_ECHO = 80
+ILLEGAL_RULES = {NO_ANSWER: "no final answer", HEDGE: "several moves"}
+"""The rule that made a reply illegal, as counted in the record: no delimited final answer,
+tags naming different moves, or (any other reason) a final move that is not legal."""
 
 
 def new_record(info: Mapping[str, Any], game: pyspiel.Game) -> dict[str, Any]:
@@ -39,6 +41,7 @@ def new_record(info: Mapping[str, Any], game: pyspiel.Game) -> dict[str, Any]:
         "replies": 0,
         "legal_replies": 0,
         "illegal_attempts": 0,
+        "illegal_by_rule": {},
         "model_moves": 0,
         "ended_by": None,
         "returns": None,
@@ -108,18 +111,15 @@ class OpenSpielEnv(DefaultSampling, vf.MultiTurnEnv):
         record = state[RECORD_KEY]
         parser: MoveParser = self.parser
         record["replies"] += 1
-        move = parser.parse_answer(messages[-1:])  # the reply just made
-        action = match_move(move, session.lookup())
+        moves = parser.parse_moves(messages[-1:])  # the reply just made
+        action, reason = read_move(moves, session.lookup())
         if action is None:
             record["illegal_attempts"] += 1
+            rule = ILLEGAL_RULES.get(reason, "not legal")
+            record["illegal_by_rule"][rule] = record["illegal_by_rule"].get(rule, 0) + 1
             left = self.max_illegal_moves + 1 - record["illegal_attempts"]
             if left <= 0:
                 return self._finish(state, "forfeit", "Too many illegal moves: you lose the game.")
-            reason = (
-                "no single <move>...</move> tag outside your reasoning"
-                if move is None
-                else f"{move[:MAX_ECHO]!r} is not one of your legal moves"
-            )
             return [vf.UserMessage(content=illegal_text(reason, left, session))]
         record["legal_replies"] += 1
         record["model_moves"] += 1

@@ -7,10 +7,11 @@ from .session import GameSession
 
 SYSTEM_PROMPT = (
     "You are playing a board or card game against an opponent. Each turn you are shown the game "
-    "from your point of view and the list of your legal moves as `id: move`. Answer with exactly "
-    "one legal move inside <move></move> tags, written as its id or its exact text, for example "
-    "<move>12</move>. Only the <move> tag is read; reasoning outside it is ignored. A reply "
-    "without exactly one <move> tag, or with a move that is not in the list, is an illegal move."
+    "from your point of view and the list of your legal moves as `id: move`. Answer with one "
+    "legal move inside <move></move> tags, written as its id or its exact text, for example "
+    "<move>12</move>. Only your last <move> tag is read; reasoning outside it is ignored. A reply "
+    "without a <move> tag, with tags naming different moves, or with a move that is not in the "
+    "list, is an illegal move."
 )
 
 # Names of the seats, checked against open_spiel 2.0.2 (e.g. chess player 1 moves first: White).

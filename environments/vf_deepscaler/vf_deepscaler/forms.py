@@ -1,0 +1,188 @@
+"""An answer's mathematical form: units, degree signs, percents and set notation made comparable.
+
+math-verify compares values, but some ways of *writing* a value defeat it: a bare unit word
+(``245 yd.``), a unicode degree sign, an ordinal suffix (``11^{\\text{th}}``), a thin-space
+thousands separator (``1\\,000``), a percent around a mixed number (``33\\frac{1}{3}\\%``),
+set-builder notation (``\\{x \\mid 2<x<3\\}``), or an inequality on one side where the other
+side is an interval (math-verify accepts ``(2, 3)`` for gold ``2<x<3`` but not the reverse).
+``canonical`` rewrites gold and prediction by the same rules, so a form either side may take is
+compared as its value; ``readings`` adds the percent rule below.
+
+Percent rule: a percent sign always means "divided by 100" (``50\\%`` is 0.5). A bare number
+is read as a percent only where the answer *is* a percent: the gold carries ``%`` or the
+problem asks for a percent (``asks_percent``). There, gold ``25`` (or ``25\\%``) accepts
+``25``, ``25\\%`` and ``0.25``; elsewhere ``25\\%`` is 0.25 and never equals gold ``25``.
+So no single answer is paid for two values (``50\\%`` no longer matches both gold 50 and gold
+0.5 in one problem), and an honest percent in any of its forms is paid.
+
+Angles keep their unit: a degree gold accepts the number with or without a degree sign, not
+its value in radians. Every rule is a linear-time regular expression on a short string (the
+prediction is at most 2,000 characters), and the module uses the standard library only: the
+verification worker loads it beside ``verifier.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+# Units written after a number, as words (plural or abbreviated, optional final period). One
+# letter units are only recognised inside \text{}: bare, "2m" may be a product with a variable.
+_UNIT_WORDS = (
+    r"(?:square |sq\.? |cubic |cu\.? )?"
+    r"(?:yards?|yds?|feet|foot|ft|inch(?:es)?|in|miles?|mi|meters?|metres?|centimeters?"
+    r"|centimetres?|millimeters?|kilometers?|km|cm|mm|seconds?|secs?|minutes?|mins?|hours?"
+    r"|hrs?|days?|weeks?|months?|years?|yrs?|dollars?|cents?|degrees?|units?|mph"
+    r"|miles per hour|km/h|pounds?|lbs?|ounces?|oz|grams?|kilograms?|kg|liters?|litres?"
+    r"|gallons?)"
+)
+_TEXT_COMMAND = r"\\(?:text|textrm|mathrm|mbox|rm)\s*"
+_SPACING = r"\s*(?:(?:\\[,;: ]|~)\s*)*"
+"""Space between a number and its unit: blanks, ``\\,``, ``\\;``, ``\\:``, ``\\ ``, ``~``."""
+_TEXT_UNIT = re.compile(
+    rf"(?<=[\d}}).]){_SPACING}{_TEXT_COMMAND}\{{\s*(?:{_UNIT_WORDS}|[a-zA-Z])\.?\s*\}}"
+    r"(?:\^\{?[23]\}?|[²³])?\s*$"
+)
+_BARE_UNIT = re.compile(rf"(?<=[\d}}.]){_SPACING}{_UNIT_WORDS}\.?(?:\^\{{?[23]\}}?|[²³])?\s*$")
+_DEGREE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\degree|°|\^\s*\{\s*°\s*\}")
+_ORDINAL = re.compile(
+    r"(\d)\s*(?:\^\s*\{\s*(?:\\text\s*\{)?\s*(?:st|nd|rd|th)\s*\}?\s*\}|(?:st|nd|rd|th)\b)"
+)
+_THIN_SEPARATOR = re.compile(r"(?<=\d)(?:\\[,;! ]|\{,\}|~)(?=\d{3}(?!\d))")
+_SPACED_GROUPS = re.compile(r"-?\d{1,3}(?: \d{3})+")
+_WHOLE_TEXT = re.compile(r"\\(?:text|textrm|mbox)\s*\{([^{}]*)\}")
+_REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
+_FINAL_PERIOD = re.compile(r"(?<=[\d}])\s*\.$")
+"""A sentence's period boxed with the answer (``26.``)."""
+_DOLLAR_WORD = re.compile(r"\\textdollar\s*|\\\$\s*")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right|middle)(?![A-Za-z])\s*")
+_PERCENT = re.compile(
+    r"\s*(?:\\%|%|\\text\s*\{\s*(?:\\?%|percent)\s*\}|\\mathrm\s*\{\s*percent\s*\}|percent)\s*$"
+)
+_SPACE = r"(?:\s|\\[,;:! ])*"
+"""Blanks and LaTeX spacing commands."""
+_SET_BUILDER = re.compile(
+    rf"^\\\{{{_SPACE}([A-Za-z]){_SPACE}(?:\\in\s*\\mathbb\s*\{{?\s*R\s*\}}?{_SPACE})?"
+    rf"(?:\\mid|\\vert|\\colon|\||:){_SPACE}(.+?){_SPACE}\\\}}$"
+)
+_MEMBERSHIP = re.compile(r"^[A-Za-z]\s*\\in\s*(.+)$")
+_LESS = r"\\(?:leqslant|leq|le|lt)(?![A-Za-z])|<=?|≤"
+_GREATER = r"\\(?:geqslant|geq|ge|gt)(?![A-Za-z])|>=?|≥"
+_RELATION = re.compile(rf"({_LESS}|{_GREATER})")
+_BOUND_COMMANDS = re.compile(r"\\(?:[dt]?frac|sqrt|pi|infty|cdot)(?![A-Za-z])")
+_PERCENT_QUESTION = re.compile(
+    r"\b(?:what|which|find|compute|determine|calculate|by how many)\s+(?:\w+\s+){0,3}?"
+    r"percent(?:age)?s?\b|\bthe\s+percent(?:age)?\b|\bnearest\s+(?:whole\s+)?percent\b"
+    r"|\bas\s+a\s+percent(?:age)?\b",
+    re.IGNORECASE,
+)
+_ALTERNATIVE = re.compile(r"(?<![A-Za-z])(?:or|either)(?![A-Za-z])", re.IGNORECASE)
+"""Words that offer alternatives ("26 or 27"); ``\\lor`` and "for" do not match."""
+
+
+def asks_percent(question: str) -> bool:
+    """Does the problem ask for a percent ("What percent of…", "the percent decrease…")?
+
+    A percent mentioned in the data ("a 20% discount… what is the price?") is not asked.
+    """
+    return bool(_PERCENT_QUESTION.search(question))
+
+
+def canonical(answer: str) -> str:
+    """``answer`` without the forms math-verify does not read as their value: a whole answer in
+    ``\\text{}``, units, degree signs, ordinal suffixes, thin-space separators, dollar words,
+    repeating decimals, a final period, set-builder braces, and one-variable inequalities
+    (written as the interval they denote). Percent signs stay."""
+    text = answer.strip().strip("$").strip()
+    if whole := _WHOLE_TEXT.fullmatch(text):  # \text{5 cm}
+        text = whole[1].strip()
+    if _SPACED_GROUPS.fullmatch(text):  # 1 000 000
+        text = text.replace(" ", "")
+    text = _REPEATING.sub(_repeating_fraction, text)
+    text = _LEFT_RIGHT.sub("", text)
+    text = _DOLLAR_WORD.sub("", text)
+    text = _DEGREE.sub("", text)
+    text = _ORDINAL.sub(r"\1", text)
+    text = _THIN_SEPARATOR.sub("", text)
+    text = _FINAL_PERIOD.sub("", _strip_units(text))
+    return _as_interval(_set_condition(text))
+
+
+def _repeating_fraction(match: re.Match[str]) -> str:
+    """``0.1\\overline{6}`` -> ``\\frac{1}{6}``: a repeating decimal as the fraction it is."""
+    sign, whole, fixed, period = match.groups()
+    value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed))
+    value += Fraction(int(period), 10 ** len(fixed) * (10 ** len(period) - 1))
+    return f"{sign}\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
+def _strip_units(text: str) -> str:
+    """Drop a trailing unit (``245 yd.``, ``5\\text{ cm}``, ``12 \\text{ft}^2``) after a number."""
+    for pattern in (_TEXT_UNIT, _BARE_UNIT):
+        stripped = pattern.sub("", text).strip()
+        if stripped != text and _is_bound(stripped):
+            return stripped
+    return text
+
+
+def split_percent(answer: str) -> tuple[str, bool]:
+    """``(answer without a trailing percent sign or word, whether it had one)``."""
+    stripped = _PERCENT.sub("", answer).strip()
+    if stripped and stripped != answer.strip():
+        return stripped, True
+    return answer.strip(), False
+
+
+def _set_condition(text: str) -> str:
+    """``\\{x \\mid c\\}`` and ``x \\in S`` -> ``c`` and ``S``; anything else unchanged."""
+    match = _SET_BUILDER.match(text) or _MEMBERSHIP.match(text)
+    return match.group(match.lastindex or 1).strip() if match else text
+
+
+def _as_interval(text: str) -> str:
+    """``a < x \\le b`` -> ``(a, b]``, ``x > a`` -> ``(a, \\infty)``, when the bounds are
+    numbers (no letters but \\frac, \\sqrt, \\pi, \\infty); anything else unchanged."""
+    parts = [part.strip() for part in _RELATION.split(text)]
+    if len(parts) not in (3, 5):
+        return text
+    values, relations = parts[0::2], parts[1::2]
+    less = {bool(re.fullmatch(_LESS, relation)) for relation in relations}
+    if len(less) != 1:
+        return text  # a < x > b is not an interval
+    if less == {False}:  # read b > x > a as a < x < b
+        values, relations = values[::-1], relations[::-1]
+    variables = [i for i, value in enumerate(values) if re.fullmatch(r"[A-Za-z]", value)]
+    bounds = [value for i, value in enumerate(values) if i not in variables]
+    if len(variables) != 1 or not all(map(_is_bound, bounds)):
+        return text
+    brackets = [relation in ("<", ">", r"\lt", r"\gt") for relation in relations]
+    opening, closing = "([", ")]"  # strict, inclusive
+    if len(values) == 3 and variables == [1]:
+        return f"{opening[not brackets[0]]}{values[0]}, {values[2]}{closing[not brackets[1]]}"
+    if len(values) == 2 and variables == [0]:  # x < b
+        return f"(-\\infty, {values[1]}{closing[not brackets[0]]}"
+    if len(values) == 2:  # a < x
+        return f"{opening[not brackets[0]]}{values[0]}, \\infty)"
+    return text
+
+
+def _is_bound(value: str) -> bool:
+    return bool(value) and not re.search(r"[A-Za-z]", _BOUND_COMMANDS.sub("", value))
+
+
+def readings(gold: str, prediction: str, percent_question: bool = False) -> list[tuple[str, str]]:
+    """The (gold, prediction) pairs to compare, in canonical form; the answer is right when any
+    pair is equal. More than one pair only where a bare number may be a percent (module doc).
+    No pair for a hedge: the prediction offers alternatives ("a or b") that the gold does not."""
+    if _ALTERNATIVE.search(prediction) and not _ALTERNATIVE.search(gold):
+        return []
+    gold_value, gold_percent = split_percent(canonical(gold))
+    value, percent = split_percent(canonical(prediction))
+    if not (gold_percent or percent or percent_question):
+        return list(dict.fromkeys([(gold, prediction), (gold_value, value)]))
+    if gold_percent or percent_question:
+        pairs = [(gold_value, value)]
+        if not percent:  # 25 is 25% or the fraction 0.25
+            pairs.append((f"\\frac{{{gold_value}}}{{100}}", value))
+        return pairs
+    return [(gold_value, f"\\frac{{{value}}}{{100}}")]  # 25% where none is asked: 0.25
