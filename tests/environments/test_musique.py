@@ -11,7 +11,9 @@ import asyncio
 import json
 import math
 import re
+import time
 from collections.abc import Callable
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ import pytest
 from verifiers.types import ToolCall
 from vf_musique import DEFAULT_WEIGHTS, MusiqueDataError, answerability, load_environment
 from vf_musique import dataset as musique_dataset
-from vf_musique.hops import content_terms, searched_missing_hop
+from vf_musique.answers import MAX_FORM_CHARS, AnswerContext, is_refusal, matching_gold
+from vf_musique.hops import content_terms, few_searches, searched_missing_hop
 from vf_musique.messages import parse_tool_call, tool_calls
 from vf_musique.replies import get_field, message_text
 from vf_musique.retrieval import (
@@ -29,10 +32,13 @@ from vf_musique.retrieval import (
     QuestionIndex,
     reciprocal_rank_fusion,
 )
-from vf_musique.rubric import score_components
+from vf_musique.rubric import read_rollout, score_components
 from vf_musique.scoring import exact_match, normalize_answer, token_f1
 
 from rlvr.testing import Policy, ScriptedClient, render
+
+from . import musique_corpus
+from .musique_corpus import sub_questions
 
 DOC_ID = re.compile(r"^Document ID: (\d+)$", re.MULTILINE)
 
@@ -60,18 +66,6 @@ def seen_doc_ids(prompt: list[Any]) -> set[int]:
     """Document IDs the tools have shown so far (what a model could cite)."""
     tool_texts = (message_text(m) for m in prompt if get_field(m, "role") == "tool")
     return {int(i) for text in tool_texts for i in DOC_ID.findall(text)}
-
-
-def sub_questions(row: dict[str, Any]) -> list[str]:
-    """The decomposition steps with each `#k` replaced by step k's answer."""
-    steps = row["question_decomposition"]
-    queries = []
-    for step in steps:
-        query = step["question"]
-        for k in range(len(steps), 0, -1):  # #12 before #1
-            query = query.replace(f"#{k}", steps[k - 1]["answer"])
-        queries.append(query)
-    return queries
 
 
 def gold_answer(row: dict[str, Any]) -> str:
@@ -870,3 +864,262 @@ def test_squad_normalisation_and_f1():
     assert exact_match("green bay", "Green Bay.") == 1.0
     assert token_f1("Green Bay Packers", "Green Bay") == pytest.approx(0.8)
     assert token_f1("", "Green Bay") == 0.0
+
+
+# --- honest work is paid: the honest corpus (tests/environments/musique_corpus.py) -------------
+
+
+def rows_file(tmp_path: Path, name: str, rows: list[dict[str, Any]]) -> str:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def rate(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else 0.0
+
+
+def answerable_rows(dev_rows, fixture_rows) -> dict[str, dict[str, Any]]:
+    rows = {**dev_rows, **fixture_rows}
+    return {q: row for q, row in rows.items() if row.get("answerable", True)}
+
+
+def test_musique_natural_answers_are_paid(dev_rows, fixture_rows, tmp_path):
+    """Correct answers as people write them (`answer_variants`: a preposition, a qualifier
+    after a comma or in brackets, a fuller name, thousands separators and units, the other date
+    order, casing), submitted by the gold decomposition agent on every answerable row that has
+    a form besides casing (>= 30 rows), are paid like the gold string on the same row; hedges
+    (the gold among other candidates, lists of guesses) never get exact match and earn less.
+    The answer-form rule's false-negative rate (forms paid below the gold) is reported."""
+    rows = answerable_rows(dev_rows, fixture_rows)
+    forms = {q: musique_corpus.answer_variants(row) for q, row in rows.items()}
+    natural = {q: rows[q] for q, v in forms.items() if {s for s, _ in v} - TRIVIAL_STYLES}
+    assert len(natural) >= 30
+    env = load_environment(data_files=rows_file(tmp_path, "natural", list(natural.values())))
+    gold = {o["info"]["id"]: o["reward"] for o in run(env, decomposition_agent(natural))}
+    paid: dict[str, list[float]] = {}
+    below_gold: list[bool] = []
+    for k in range(max(len(forms[q]) for q in natural)):
+        answer = lambda row, k=k: dict(enumerate(forms[row["question"]])).get(k, ("", ""))[1]  # noqa: E731
+        for out in run(env, decomposition_agent(natural, answer=answer)):
+            variants = forms[out["info"]["question"]]
+            if k < len(variants):
+                paid.setdefault(variants[k][0], []).append(out["reward"])
+                below_gold.append(out["reward"] < gold[out["info"]["id"]])
+    hedged = []
+    for k in range(len(musique_corpus.hedges(next(iter(natural.values()))))):
+        answer = lambda row, k=k: musique_corpus.hedges(row)[k][1]  # noqa: E731
+        for out in run(env, decomposition_agent(natural, answer=answer)):
+            assert out["metrics"]["exact_match"] == 0.0, out["completion"][-2]
+            assert out["reward"] < gold[out["info"]["id"]]
+            hedged.append(out["reward"])
+    rewards = [r for values in paid.values() for r in values]
+    non_trivial = [r for s, values in paid.items() if s not in TRIVIAL_STYLES for r in values]
+    print(
+        f"\nnatural answers on {len(natural)} rows: gold {sum(gold.values()) / len(gold):.3f},",
+        f"every form {sum(rewards) / len(rewards):.3f} ({len(rewards)}),",
+        f"forms beyond casing {sum(non_trivial) / len(non_trivial):.3f} ({len(non_trivial)});",
+        {s: round(sum(v) / len(v), 3) for s, v in paid.items()},
+        f"answer-form false negatives {rate(below_gold):.3f};",
+        f"hedges {sum(hedged) / len(hedged):.3f}",
+    )
+    assert sum(non_trivial) / len(non_trivial) >= 0.85
+    assert rate(below_gold) <= 0.05
+    # the issue's examples: regions from general knowledge, a fuller name the documents write
+    nowhere = AnswerContext({"paragraphs": []})
+    for answer, gold_answer_ in [
+        ("Pittsburgh, Pennsylvania", "Pittsburgh"),
+        ("Moscow, Russia", "Moscow"),
+        ("Austin, Texas, USA", "Austin"),
+        ("in 2003", "2003"),
+        ("1,400 meters", "1400"),
+        ("3 March 1847", "March 3, 1847"),
+    ]:
+        assert matching_gold(answer, [gold_answer_], nowhere) == gold_answer_, answer
+    carroll = AnswerContext(
+        {"paragraphs": [{"title": "", "text": "Charles Carroll of Carrollton"}]}
+    )
+    assert matching_gold("Charles Carroll of Carrollton", ["Charles Carroll"], carroll)
+    assert matching_gold("Charles Carroll of Annapolis", ["Charles Carroll"], carroll) is None
+    for hedge in ("Pittsburgh, Moscow, Boston", "Pittsburgh or Moscow", "Moscow, Pittsburgh"):
+        assert matching_gold(hedge, ["Pittsburgh"], nowhere) is None, hedge
+
+
+TRIVIAL_STYLES = frozenset({"lower case", "full stop"})
+
+
+def test_musique_refusal_phrasings_are_paid(full_env, fixture_rows, dev_rows):
+    """Every common refusal phrasing (`REFUSALS`) is paid exactly like "unanswerable": backed
+    on the fixture's unanswerable rows, 0 on its answerable ones; no gold answer or alias of the
+    data reads as a refusal, and a refusal that hedges with an answer is not one. The refusal
+    rule's false-negative rate (phrasings not recognised) is reported."""
+    plain = run(full_env, decomposition_agent(fixture_rows))
+    missed = []
+    for phrasing in musique_corpus.REFUSALS:
+        refuse = lambda row, p=phrasing: p if not row.get("answerable", True) else row["answer"]  # noqa: E731
+        for out, ref in zip(
+            run(full_env, decomposition_agent(fixture_rows, answer=refuse)), plain, strict=True
+        ):
+            assert out["reward"] == ref["reward"], (phrasing, out["info"]["id"])
+        declined = run(
+            full_env, decomposition_agent(fixture_rows, answer=lambda row, p=phrasing: p)
+        )
+        missed.append(any(out["metrics"]["said_unanswerable"] == 0.0 for out in declined))
+        assert all(out["reward"] == 0.0 for out in declined if out["info"]["answerable"])
+    golds = {
+        g
+        for row in [*dev_rows.values(), *fixture_rows.values()]
+        for g in [row["answer"], *row["answer_aliases"]]
+    }
+    assert not [g for g in golds if is_refusal(g)]
+    for hedge in ("unknown, probably Stanley", "Stanley or unanswerable", "not Stanley"):
+        assert not is_refusal(hedge), hedge
+    print(f"\nrefusal phrasings: {len(missed)}, false negatives {rate(missed):.3f}")
+    assert rate(missed) == 0.0
+
+
+def issued_queries(prompt: list[Any]) -> list[str]:
+    """The queries the agent has sent so far."""
+    calls = (c for m in prompt for c in tool_calls(m) if c.name == "retrieve_documents")
+    return [str(json.loads(c.arguments).get("query", "")) for c in calls]
+
+
+Tries = Callable[[str, str], list[dict[str, Any]]]
+RETRIES: dict[str, Tries] = {
+    "own words, then the sub-question": lambda own, sub: [
+        {"query": own},
+        {"query": sub},
+        {"query": sub, "top_n": 6},
+    ],
+    "own words only": lambda own, sub: [{"query": own}, {"query": own, "top_n": 6}],
+}
+
+
+def own_words_agent(
+    rows: dict[str, dict[str, Any]],
+    style: str,
+    refusal: Callable[[dict[str, Any]], str],
+    tries: Tries = RETRIES["own words, then the sub-question"],
+) -> Policy:
+    """An honest searcher: hop by hop, a query in its own words (`own_words_queries` in
+    `style`); when the hop's evidence did not show up, the next of `tries(own, sub)` (by
+    default the hop's sub-question, then the same with top_n=6). A hop it cannot find ends the
+    search with `refusal(row)`, else it submits the gold. It cites the supporting paragraphs it
+    saw."""
+
+    def policy(prompt: list[Any]) -> list[ToolCall]:
+        row = rows[question_of(prompt)]
+        issued, seen = issued_queries(prompt), seen_doc_ids(prompt)
+        wordings = zip(
+            musique_corpus.own_words_queries(row, style), sub_questions(row), strict=True
+        )
+        answer = gold_answer(row)
+        for step, (own, sub) in zip(row["question_decomposition"], wordings, strict=True):
+            if step.get("paragraph_support_idx") in seen:
+                continue
+            queries = tries(own, sub)
+            attempts = sum(1 for query in issued if query in (own, sub))
+            if attempts < len(queries):
+                return [call("retrieve_documents", queries[attempts], f"r{len(issued)}")]
+            answer = refusal(row)
+            break
+        cited = [str(i) for i in supporting(row) if i in seen]
+        return [call("submit_answer", {"answer": answer, "cited_doc_ids": cited}, "final")]
+
+    return policy
+
+
+def slice_shotgun(rows: dict[str, dict[str, Any]], per_turn: int = 5) -> Policy:
+    """Every 2-5 word slice of the question searched (5 a turn, as many turns as allowed),
+    then "unanswerable" citing nothing: no decomposition at all."""
+
+    def policy(prompt: list[Any]) -> list[ToolCall]:
+        slices = musique_corpus.question_slices(question_of(prompt))
+        turn = turns_taken(prompt)
+        batch = slices[turn * per_turn : (turn + 1) * per_turn]
+        if batch and turn < 8:
+            return [
+                call("retrieve_documents", {"query": q}, f"s{turn}_{i}")
+                for i, q in enumerate(batch)
+            ]
+        return [call("submit_answer", {"answer": "unanswerable", "cited_doc_ids": []}, "final")]
+
+    return policy
+
+
+def backing_rules(out: dict[str, Any]) -> dict[str, bool]:
+    """Which of the backing rules an "unanswerable" rollout passes."""
+    facts = read_rollout(out["completion"])
+    info = out["info"]
+    evidence = set(info["supporting_ids"])
+    cited = set(facts.submission.cited_doc_ids) if facts.submission else set()
+    return {
+        "evidence shown and cited": evidence <= facts.retrieved and evidence <= cited,
+        "focused search for the missing hop": searched_missing_hop(facts.queries, info),
+        "few searches": few_searches(facts.queries, info["n_hops"]),
+    }
+
+
+def test_musique_slice_shotgun_does_not_pay(dev_rows, dev_env, tmp_path):
+    """The 200 dev rows as answerable/unanswerable pairs (the twin loses its first hop, or its
+    last): a policy that searches every 2-5 word slice of the question and declines everywhere
+    earns at most 0.25 per pair; honest searchers in their own words (a bridge by surname, an
+    entity without its relation, key words reordered; refusals in several phrasings) are paid
+    on at least 90% of the unanswerable rows when they reword a hop they did not find as its
+    sub-question, on at least 85% when they keep to their own words (BM25 then misses more
+    kept evidence). Each backing rule's false-negative rate on the honest rollouts that found
+    the kept evidence is reported, and is at most 5%."""
+    answerable = run(dev_env, slice_shotgun(dev_rows))
+    assert all(out["reward"] == 0.0 for out in answerable)
+    refusals = musique_corpus.REFUSALS
+    report: dict[str, Any] = {}
+    for missing in ("first", "last"):
+        twins = {
+            q: without_hops_from(
+                row, 0 if missing == "first" else len(row["question_decomposition"]) - 1
+            )
+            for q, row in dev_rows.items()
+        }
+        env = load_environment(
+            data_files=rows_file(tmp_path, missing, list(twins.values())), dataset_config="full"
+        )
+        shotgun = run(env, slice_shotgun(twins))
+        pair_mean = sum(
+            a["reward"] + u["reward"] for a, u in zip(answerable, shotgun, strict=True)
+        ) / (2 * len(shotgun))
+        report[f"{missing} hop missing: shotgun per pair"] = round(pair_mean, 3)
+        assert pair_mean <= 0.25, missing
+        for (retry, tries), style in product(RETRIES.items(), musique_corpus.SEARCH_STYLES):
+            refuse = lambda row: refusals[sum(map(ord, row["id"])) % len(refusals)]  # noqa: E731
+            honest = run(env, own_words_agent(twins, style, refuse, tries))
+            rules = [backing_rules(out) for out in honest]
+            reached = [r for r in rules if r["evidence shown and cited"]]  # found the kept hops
+            report[f"{missing} hop missing, {style}, {retry}"] = {
+                "paid": round(rate([out["reward"] > 0 for out in honest]), 3),
+                "mean": round(mean_reward(honest), 3),
+                "evidence not found (retrieval)": round(1 - len(reached) / len(rules), 3),
+                "false negatives where it was found": {
+                    name: round(1 - rate([r[name] for r in reached]), 3)
+                    for name in ("focused search for the missing hop", "few searches")
+                },
+            }
+    print("\n", json.dumps(report, indent=1))
+    for name, measured in report.items():
+        if isinstance(measured, dict):
+            assert measured["paid"] >= (0.9 if "sub-question" in name else 0.85), name
+            assert max(measured["false negatives where it was found"].values()) <= 0.05, name
+
+
+def test_long_answers_are_no_form_and_no_refusal_and_score_fast():
+    """Answers past MAX_FORM_CHARS (a long run of spaces between two words passes the 20-word
+    limit) get SQuAD's scores alone, in linear time: the qualifier pattern would backtrack
+    quadratically over such a run."""
+    context = AnswerContext({"paragraphs": []})
+    started = time.monotonic()
+    for answer in ("Stanley" + " " * 2_000_000 + "x", "Stanley," + " " * 2_000_000 + "x"):
+        assert matching_gold(answer, ["Stanley"], context) is None
+        assert not is_refusal(answer)
+    assert matching_gold("Stanley, North Dakota", ["Stanley"], context) == "Stanley"
+    padded = "Stanley," + " " * MAX_FORM_CHARS + "North Dakota"
+    assert matching_gold(padded, ["Stanley"], context) is None
+    assert time.monotonic() - started < 2.0

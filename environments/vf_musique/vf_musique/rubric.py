@@ -5,8 +5,8 @@ Everything is read from the completion and the row's `info`, never from live rol
 saved results (dict messages, tool calls as JSON strings) score the same as fresh rollouts.
 
     answerable row, answer given:         0.35 EM + 0.35 F1 + 0.20 citation F1 + 0.10 retrieval
-    answerable row, "unanswerable":       0
-    unanswerable row, "unanswerable":     if backed ("earned"): 0.80 + 0.20 citation F1, else 0
+    answerable row, a refusal:            0
+    unanswerable row, a refusal:          if backed ("earned"): 0.80 + 0.20 citation F1, else 0
     unanswerable row, answer given:       0
     no accepted submit_answer call:       0
 
@@ -16,10 +16,14 @@ saved results (dict messages, tool calls as JSON strings) score the same as fres
   have searched for the first missing hop with a focused query (`hops`): one that asks for that
   hop (names the earlier answers it builds on, or holds at least half of a first hop's terms)
   and for nothing else (no term of another hop's sub-question beyond the hop's own, and not the
-  whole question). No search, junk searches, or the question searched again and again, with
-  small changes or extra words, back nothing.
+  whole question), within a few distinct searches per hop (`hops.few_searches`). No search,
+  junk searches, the question searched again and again, with small changes or extra words,
+  or a shotgun of question slices back nothing. A refusal is "unanswerable" in any common
+  phrasing (`answers.is_refusal`).
 
-* EM and F1 use SQuAD normalisation, best over the answer and its aliases.
+* EM and F1 use SQuAD normalisation, best over the answer and its aliases; an answer in a form
+  a correct answer takes ("in 2003", "Pittsburgh, Pennsylvania") is the gold
+  (`answers.matching_gold`).
 * citation precision and recall count a cited paragraph as right only when it supports the answer
   and a search showed it in this episode: citing a paragraph never shown costs precision, not the
   answer. Citation F1 is their harmonic mean, so citing everything scores lower than citing the
@@ -45,15 +49,15 @@ from typing import Any
 
 import verifiers as vf
 
+from .answers import AnswerContext, is_refusal, matching_gold
 from .dataset import UNANSWERABLE
-from .hops import content_terms, searched_missing_hop
+from .hops import content_terms, distinct_searches, few_searches, searched_missing_hop
 from .messages import ParsedToolCall, tool_calls
 from .replies import get_field, message_text
 from .scoring import (
     best_over_golds,
     exact_match,
     f_score,
-    normalize_answer,
     precision_recall,
     token_f1,
 )
@@ -105,7 +109,8 @@ def backed(facts: RolloutFacts, cited: set[int], info: Mapping[str, Any]) -> boo
     missing hop (`hops.searched_missing_hop`)."""
     evidence = set(info.get("supporting_ids") or [])
     found = evidence <= set(facts.retrieved) and evidence <= cited
-    return found and searched_missing_hop(facts.queries, info)
+    aimed = few_searches(facts.queries, int(info.get("n_hops") or len(info.get("hops") or [])))
+    return found and aimed and searched_missing_hop(facts.queries, info)
 
 
 def read_rollout(completion: Any) -> RolloutFacts:
@@ -134,6 +139,21 @@ def read_rollout(completion: Any) -> RolloutFacts:
     return RolloutFacts(submission, shown, _search_terms(searches), errors)
 
 
+def answer_scores(
+    answer: str | None, claimed: bool, answerable: bool, info: Mapping[str, Any]
+) -> tuple[float, float]:
+    """Exact match and token F1 of the answer. On an unanswerable row only a refusal (in any
+    phrasing) is right; on an answerable row a form of the gold or an alias (`answers`) counts
+    as the gold, anything else gets SQuAD EM and F1, best over the golds."""
+    if not answerable:
+        return float(claimed), float(claimed)
+    golds = [str(gold) for gold in info.get("answers") or []]
+    em = best_over_golds(exact_match, answer, golds)
+    if em or matching_gold(answer, golds, AnswerContext(info)) is not None:
+        return 1.0, 1.0
+    return em, best_over_golds(token_f1, answer, golds)
+
+
 def score_components(
     completion: Any, info: Mapping[str, Any], top_n: int = DEFAULT_TOP_N
 ) -> dict[str, float]:
@@ -148,15 +168,16 @@ def score_components(
     citation_p, citation_r = precision_recall(cited, gold_docs, credited=set(facts.retrieved))
     budget = int(info.get("n_hops", 2)) * top_n
     economy = min(1.0, budget / len(facts.retrieved)) if facts.retrieved else 1.0
-    claimed = submitted and normalize_answer(answer or "") == UNANSWERABLE
+    claimed = submitted and is_refusal(answer, UNANSWERABLE)
     answerable = bool(info.get("answerable", True))
     golds = info.get("answers") or []
-    em = best_over_golds(exact_match, answer, golds)
+    em, f1 = answer_scores(answer, claimed, answerable, info)
     earned = claimed and backed(facts, cited, info)
     return {
         "correct": em if answerable else float(earned),
         "exact_match": em,
-        "f1": best_over_golds(token_f1, answer, golds),
+        "f1": f1,
+        "squad_exact_match": best_over_golds(exact_match, answer, golds),
         "retrieval_recall": retrieval_r,
         "retrieval_precision": retrieval_p,
         "retrieval_score": retrieval_r * economy,
@@ -165,7 +186,7 @@ def score_components(
         "citation_precision": citation_p if submitted else 0.0,
         "citation_f1": f_score(citation_p, citation_r) if submitted else 0.0,
         "format": float(submitted),
-        "searches": float(len({frozenset(query) for query in facts.queries})),
+        "searches": float(distinct_searches(facts.queries)),
         "said_unanswerable": float(claimed),
         "unanswerable_hit": float(claimed and not answerable),
         "unanswerable_miss": float(not claimed and not answerable),
@@ -224,6 +245,7 @@ class MuSiQueRubric(vf.Rubric):
         "correct",
         "exact_match",
         "f1",
+        "squad_exact_match",
         "retrieval_recall",
         "retrieval_precision",
         "retrieval_score",
