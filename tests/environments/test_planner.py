@@ -1,49 +1,55 @@
 """vf_planner: a scripted planner and worker (a real OpenAI-compatible HTTP server on 127.0.0.1)
 on real GSM8K test rows, driven through env.generate, plus the parsing pieces on their own.
 
-The scripted worker answers only from what its prompt contains: its facts are the numbers written
-in the prompt, its skill is the problem's reference calculation (GSM8K's `<<a*b=c>>` steps), and a
-step is done only when every number it needs is a fact or an earlier result. So whether a plan's
-subproblems and combination can reach the answer depends on what the plan passed on.
+The scripted worker (planner_script.py) answers only from what its prompt contains: its facts are
+the numbers the prompt gives, its skill is the problem's reference calculation (GSM8K's
+`<<a*b=c>>` steps), and a step is done only when every number it needs is a fact or an earlier
+result. So whether a plan's subproblems and combination can reach the answer depends on what the
+plan passed on. The honest corpus (planner_corpus.py) measures what honest plans are paid.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import operator
 import os
 import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import verifiers as vf
+import vf_planner.worker as worker_module
 from openai import AsyncOpenAI
 from vf_planner import independence, load_environment, parse_plan
 from vf_planner.answers import (
-    among,
     calculator_steps,
     final_number,
     format_number,
     gold_number,
     numbers_match,
     parse_number,
-    stated_numbers,
 )
+from vf_planner.notation import stated_numbers
 from vf_planner.plan import PlanError
 from vf_planner.prompts import WORKER_COMBINE_SYSTEM, WORKER_DIRECT_SYSTEM
 from vf_planner.rubric import efficiency
-from vf_planner.scripted_server import ScriptedOpenAIServer, ScriptedReply
-from vf_planner.worker import estimate_tokens
+from vf_planner.scripted_server import ScriptedOpenAIServer
+from vf_planner.steps import plan_leak
+from vf_planner.worker import WorkerPool, WorkerSettings
 
-POLICY = "planner-lora"  # served as a LoRA adapter of BASE, as vLLM lists it
-BASE = "base-model"
+from tests.environments.planner_corpus import (
+    STYLES,
+    Decomposition,
+    corpus_rows,
+    honest_reply,
+    number_words,
+)
+from tests.environments.planner_script import BASE, CANNOT_TELL, POLICY, Problem, Script
+
 TOKEN_WEIGHT, INDEPENDENCE_WEIGHT = 0.2, 0.3
-CANNOT_TELL = "I cannot tell from what I was given."
 # The GSM8K test split has no row whose gold answer is 0, so the zero case uses this written one.
 ZERO_QUESTION = (
     "A bus starts empty. 5 people get on at the first stop and the same 5 get off at the second "
@@ -146,120 +152,6 @@ def degenerate_plans(index: int, question: str) -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True)
-class Problem:
-    question: str
-    solution: str
-
-    @property
-    def gold(self) -> float:
-        return gold_number(self.solution)
-
-
-UNIT_CONSTANTS = (0.01, 1.0, 100.0)  # percent conversions anyone knows
-IMPLIED = {"every second": 2.0, "every other": 2.0}  # numbers said in words stated_numbers skips
-
-
-def facts_in(prompt: str) -> set[float]:
-    """The numbers a prompt gives the worker."""
-    implied = {value for words, value in IMPLIED.items() if words in prompt.lower()}
-    return stated_numbers(prompt) | implied
-
-
-def needed(operand: float, problem: Problem) -> float | None:
-    """The fact a calculation operand must come from: the number itself (stated, an earlier
-    result, or implied by words such as "every second"), a percentage as written (150 for the
-    1.5 of "150%"), or None for a unit constant."""
-    if among(operand * 100, stated_numbers(problem.question)):
-        return operand * 100
-    if among(operand, UNIT_CONSTANTS) and not among(operand, stated_numbers(problem.question)):
-        return None
-    return operand
-
-
-def derive(facts: set[float], problem: Problem) -> list[float]:
-    """The reference steps that can be done from `facts`, repeated until nothing new follows."""
-    steps = calculator_steps(problem.solution)
-    known, done = set(facts), set()
-    progress = True
-    while progress:
-        progress = False
-        for i, step in enumerate(steps):
-            needs = [needed(op, problem) for op in step.operands]
-            if i not in done and all(n is None or among(n, known) for n in needs):
-                done.add(i)
-                known.add(step.value)
-                progress = True
-    return [steps[i].value for i in sorted(done)]
-
-
-REPLY_EXACTLY = re.compile(r"Reply exactly: (?P<line>.+)")
-ARITHMETIC = re.compile(r"What is (?P<expression>[\d.]+(?:\s*[-+*/]\s*[\d.]+)+)\s*\?")
-OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-
-
-def evaluate(expression: str) -> float:
-    """A bare arithmetic expression, left to right ("8 + 1", "9 * 2", "200000 - 130000")."""
-    tokens = re.findall(r"[\d.]+|[-+*/]", expression)
-    value = float(tokens[0])
-    for op, operand in zip(tokens[1::2], tokens[2::2], strict=True):
-        value = OPERATORS[op](value, float(operand))
-    return value
-
-
-def obey(told: re.Match[str]) -> str:
-    """The reply of a worker that does what its prompt tells it."""
-    if "line" in told.groupdict():
-        return told.group("line").strip()
-    return f"Answer: {format_number(evaluate(told.group('expression')))}"
-
-
-@dataclass
-class Script:
-    """Plays the planner (model POLICY) and the worker (model BASE).
-
-    The planner replies with `plans[question]`. The worker knows which problem is being rolled out
-    (`problem`) but uses nothing of it except its reference steps: facts come from its prompt. A
-    direct solve or a combination answers the gold number when the steps reach it or its prompt
-    states it (a worker told the answer repeats it), a subproblem answers its deepest result (or
-    restates a number it was given); otherwise it says it cannot tell. Like any instruction
-    follower it also repeats a line it is told to reply with ("Reply exactly: ...") and works out
-    a bare arithmetic question ("What is 3 * 3?"). Each call spends 20 tokens plus 20 per step it
-    works out.
-    """
-
-    problems: dict[str, Problem]
-    problem: Problem | None = None
-    plans: dict[str, str] = field(default_factory=dict)
-    planner_tokens: dict[str, int] = field(default_factory=dict)
-    worker_status: int = 200
-    subproblem_delay: float = 0.0
-
-    def __call__(self, model: str, messages: list[dict]) -> ScriptedReply:
-        user = messages[-1]["content"]
-        if model == POLICY:
-            plan = self.plans[user]
-            return ScriptedReply(plan, self.planner_tokens.get(user, estimate_tokens(plan)))
-        if model != BASE:
-            return ScriptedReply(f"model {model!r} not served", 0, status=404)
-        if self.worker_status != 200:
-            return ScriptedReply("worker down", 0, status=self.worker_status)
-        instructions = user.partition("\n\nSolved parts:")[0]  # a combination: its plan
-        told = REPLY_EXACTLY.search(instructions) or ARITHMETIC.search(instructions)
-        if told:
-            return ScriptedReply(obey(told), 20)
-        facts = facts_in(user)
-        steps = derive(facts, self.problem)
-        tokens = 20 + 20 * len(steps)
-        if messages[0]["content"] in (WORKER_DIRECT_SYSTEM, WORKER_COMBINE_SYSTEM):
-            done = among(self.problem.gold, steps) or among(self.problem.gold, facts)
-            reply = f"Answer: {format_number(self.problem.gold)}" if done else CANNOT_TELL
-            return ScriptedReply(reply, tokens)
-        result = steps[-1] if steps else max(facts, default=None)
-        reply = CANNOT_TELL if result is None else f"Answer: {format_number(result)}"
-        return ScriptedReply(reply, tokens, delay=self.subproblem_delay)
-
-
 @pytest.fixture(scope="module")
 def gsm8k_file(shared_data: Path) -> Path:
     return shared_data / "gsm8k" / "test.jsonl"
@@ -289,16 +181,15 @@ WORKER_TIMEOUT_S = 5.0
 """Far above a scripted reply's time, even on a loaded machine, and short enough to wait out."""
 
 
+def planner_env(gsm8k_file: Path, **kwargs) -> vf.Environment:
+    """The environment on the local test rows with the tests' reward weights."""
+    weights = {"token_weight": TOKEN_WEIGHT, "independence_weight": INDEPENDENCE_WEIGHT}
+    return load_environment(data_files=str(gsm8k_file), split="test", **weights, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def env(gsm8k_file: Path) -> vf.Environment:
-    return load_environment(
-        data_files=str(gsm8k_file),
-        split="test",
-        max_examples=12,
-        token_weight=TOKEN_WEIGHT,
-        independence_weight=INDEPENDENCE_WEIGHT,
-        worker_timeout=WORKER_TIMEOUT_S,
-    )
+    return planner_env(gsm8k_file, max_examples=12, worker_timeout=WORKER_TIMEOUT_S)
 
 
 @pytest.fixture(autouse=True)
@@ -306,6 +197,7 @@ def fresh_script(script: Script):
     """Each test starts from a worker that answers at once with default token spend."""
     yield
     script.plans.clear()
+    script.texts.clear()
     script.planner_tokens.clear()
     script.problem = None
     script.worker_status = 200
@@ -340,10 +232,12 @@ def run_plan(env, server, script, question: str, reply: str, tokens: int | None 
 def test_honest_decompositions_outscore_degenerate_plans(env, server, script, rows):
     """On five GSM8K problems every honest decomposition scores above each degenerate plan the
     issue measured (copied sentences, [problem, "What is the answer?"], paraphrased sentences)
-    and above the atomic plan. Copies and restatements earn no independence; a paraphrased
-    sentence earns it only where it holds a whole step of the solution and the worker does that
-    step (row 3: "Three times a week James runs 3 sprints." -> 9), i.e. where it is a real
-    subproblem, so such plans get a fraction of it. Run with -s for the table of numbers."""
+    and above the atomic plan. Copies and restatements earn no independence (and a combination
+    that only gets restated facts back cannot finish); a paraphrased sentence earns it only
+    where it holds a whole step of the solution and the worker does that step (row 3: "Three
+    times a week James runs 3 sprints." -> 9), i.e. where it is a real subproblem, so such plans
+    get a fraction of it. The problem as a subproblem is a direct solve in disguise: it is paid
+    w_c, below the atomic plan. Run with -s for the table of numbers."""
     table = []
     for index, (subproblems, plan) in HONEST.items():
         question = rows[index]["question"]
@@ -351,19 +245,22 @@ def test_honest_decompositions_outscore_degenerate_plans(env, server, script, ro
         assert honest["metrics"]["correct"] == 1.0, (index, honest["planner"])
         assert honest["metrics"]["independence"] == 1.0, (index, honest["planner"])
         table.append((index, "honest", honest))
-        for name, reply in degenerate_plans(index, question).items():
+        plans = degenerate_plans(index, question)
+        atomic = run_plan(env, server, script, question, plans.pop("atomic"))
+        assert atomic["metrics"]["correct"] == 1.0 and honest["reward"] > atomic["reward"]
+        table.append((index, "atomic", atomic))
+        for name, reply in plans.items():
             out = run_plan(env, server, script, question, reply)
+            table.append((index, name, out))
+            assert out["reward"] < honest["reward"], (index, name)
             if name == "[problem, 'What is the answer?']":  # one subproblem is the whole problem
-                assert out["metrics"]["plan_leak"] == 1.0 and out["reward"] == 0.0, index
-                table.append((index, name, out))
-                continue
-            assert out["metrics"]["correct"] == 1.0, (index, name, out["planner"])
-            if name == "paraphrased sentences":  # counts only a sentence that is a whole step
+                assert out["metrics"]["not_decomposed"] == 1.0, (index, out["planner"])
+                assert out["reward"] == 1.0 < atomic["reward"], (index, out["planner"])
+            elif name == "paraphrased sentences":  # counts only a sentence that is a whole step
                 assert out["metrics"]["independence"] < 0.5, (index, out["planner"])
             else:
                 assert out["metrics"]["independence"] == 0.0, (index, name, out["planner"])
-            assert out["reward"] < honest["reward"], (index, name)
-            table.append((index, name, out))
+                assert out["reward"] <= atomic["reward"], (index, name)
     print(f"\n{'row':>3} {'plan':<34} {'reward':>6} {'C':>3} {'E':>5} {'I':>5}")
     for index, name, out in table:
         m = out["metrics"]
@@ -392,8 +289,8 @@ def test_atomic_plans_are_not_penalised_structurally(env, server, script, rows):
 
 def test_worker_sees_only_what_the_plan_gives_it(env, server, script, rows):
     """Subproblem calls carry the subproblem's text alone; the combination carries the plan and
-    the results, and is also asked with the plan alone (the check that the plan does not carry
-    the answer); the problem reaches the worker only in the direct solve (the baseline)."""
+    the results, and is also asked with decoy results (the check that the answer comes from the
+    results); the problem reaches the worker only in the direct solve (the baseline)."""
     question = rows[2]["question"]
     subproblems, plan = HONEST[2]
     before = len(server.requests)
@@ -404,8 +301,10 @@ def test_worker_sees_only_what_the_plan_gives_it(env, server, script, rows):
         users[messages[0]["content"]].append(messages[-1]["content"])
     subproblem_calls = [u for system, us in users.items() for u in us if "self-contained" in system]
     assert sorted(subproblem_calls) == sorted(subproblems)
-    alone, combination = sorted(users[WORKER_COMBINE_SYSTEM], key=len)
-    assert alone == f"Plan: {plan}\n\nSolved parts:\n"
+    combination, decoyed = sorted(users[WORKER_COMBINE_SYSTEM], key=lambda u: "130000" not in u)
+    shown = [parse_number(r) for r in re.findall(r"Result: (.+)", decoyed)]
+    assert decoyed.startswith(f"Plan: {plan}\n\nSolved parts:\n1. {subproblems[0]}")
+    assert len(shown) == 2 and not set(shown) & {130000.0, 200000.0, 120000.0, 70000.0}
     assert plan in combination and "Result: 130000" in combination and question not in combination
     assert out["metrics"]["plan_leak"] == 0.0
     carrying_problem = {system for system, us in users.items() for u in us if question in u}
@@ -452,23 +351,6 @@ def test_filler_and_repeated_subproblems_earn_no_independence(env, server, scrip
 
 
 # --- plans that do none of the work -------------------------------------------------------------
-
-ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-ONES += "fifteen sixteen seventeen eighteen nineteen"
-TENS = "x x twenty thirty forty fifty sixty seventy eighty ninety"
-
-
-def number_words(n: int) -> str:
-    """An integer below a million in words ("seventy thousand", "two hundred sixty")."""
-    if n >= 1000:
-        rest = f" {number_words(n % 1000)}" if n % 1000 else ""
-        return f"{number_words(n // 1000)} thousand{rest}"
-    if n >= 100:
-        rest = f" {number_words(n % 100)}" if n % 100 else ""
-        return f"{ONES.split()[n // 100]} hundred{rest}"
-    if n >= 20:
-        return TENS.split()[n // 10] + (f"-{ONES.split()[n % 10]}" if n % 10 else "")
-    return ONES.split()[n]
 
 
 def spelled_out(text: str) -> str:
@@ -546,15 +428,18 @@ def test_planner_dictated_answer_does_not_pay(env, server, script, rows):
     """A planner that solved the problem itself and dictates the answer to the combination step
     (in digits, words, other phrasing or as arithmetic), or splits the answer's computation into
     bare arithmetic of its own numbers, earns no more than solving directly: a plan that states
-    a result of the solution, or whose text alone gives the answer, scores 0, and a subproblem
-    counts only when it carries the problem's own operands of the step it computes."""
+    a result of the solution, or whose combination gives the answer with decoy results, scores
+    0, and a subproblem counts only when it carries the problem's own operands of the step it
+    computes."""
     assert_none_pays(env, server, script, rows, dictated_plans)
 
 
 def test_planner_problem_in_plan_does_not_pay(env, server, script, rows):
     """The problem handed to the combination step through `plan` (verbatim, paraphrased, with
     its numbers spelled out, beside honest subproblems or a trivial one) earns no more than
-    solving directly: a plan whose numbers alone reach the answer scores 0."""
+    solving directly: a plan that holds the problem's numbers and wording is no decomposition
+    (`not_decomposed`, reward w_c), a combination that reaches the answer with decoy results
+    scores 0, and a trivial step earns no independence."""
     assert_none_pays(
         env,
         server,
@@ -562,6 +447,245 @@ def test_planner_problem_in_plan_does_not_pay(env, server, script, rows):
         rows,
         lambda index, row: pasted_plans(index, row["question"], row["answer"]),
     )
+
+
+# --- the honest corpus: what honest plans are paid ----------------------------------------------
+
+# GSM8K test rows after the 12 the other tests use that read as steps; other rows for a held-out
+# check: PLANNER_CORPUS_FIRST_ROW=400 PLANNER_CORPUS_ROWS=120 pytest ... -k honest_styles
+CORPUS_FIRST_ROW = int(os.environ.get("PLANNER_CORPUS_FIRST_ROW", "12"))
+CORPUS_ROWS = int(os.environ.get("PLANNER_CORPUS_ROWS", "60"))
+# The rules that zero or cut an honest plan's reward, as the pipeline names them.
+RULES = {
+    "states_result": lambda o: o["planner"]["leak_rule"] == "states_result",
+    "answer_without_results": lambda o: o["planner"]["leak_rule"] == "answer_without_results",
+    "not_decomposed": lambda o: o["planner"]["not_decomposed"] is not None,
+}
+MAX_FALSE_NEGATIVE_RATE = 0.05
+
+
+@pytest.fixture(scope="module")
+def corpus(gsm8k_file: Path) -> list[tuple[int, dict, Decomposition]]:
+    with gsm8k_file.open() as f:
+        rows = [json.loads(line) for line in f]
+    first = CORPUS_FIRST_ROW
+    return [(first + i, row, plan) for i, row, plan in corpus_rows(rows[first:], CORPUS_ROWS)]
+
+
+@pytest.fixture(scope="module")
+def corpus_env(gsm8k_file: Path) -> vf.Environment:
+    """The environment for the corpus's hundreds of concurrent rollouts: the worker named (no
+    model lookup per rollout) and a timeout that a loaded machine cannot reach."""
+    return planner_env(gsm8k_file, max_examples=1, worker_model=BASE, worker_timeout=120.0)
+
+
+def play(env, server, script, plays: list[tuple[dict, str, str]]) -> list[dict]:
+    """Every (row, name, reply) as one rollout, all in one env.generate call. Each rollout's
+    prompt is tagged with its name, so the scripted planner tells them apart; the rubric reads
+    the problem from `info`, as in any rollout."""
+    inputs = []
+    for k, (row, name, reply) in enumerate(plays):
+        prompt = f"{row['question']}\n\n[{name}]"
+        script.expect(Problem(row["question"], row["answer"]), prompt, reply)
+        inputs.append(
+            {
+                "prompt": [{"role": "user", "content": prompt}],
+                "question": row["question"],
+                "answer": format_number(gold_number(row["answer"])),
+                "info": {"question": row["question"], "solution": row["answer"]},
+                "example_id": k,
+            }
+        )
+    outputs = generate(env, server, inputs)
+    return [next(o for o in outputs if o["example_id"] == k) for k in range(len(plays))]
+
+
+def corpus_table(outcomes: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Per style: mean reward, the rate at which each rule fired, wrong answers, uncounted
+    subproblems; printed, and returned for the asserts."""
+    table = {}
+    for style, outs in outcomes.items():
+        n = len(outs)
+        row = {"mean": sum(o["reward"] for o in outs) / n}
+        row |= {rule: sum(map(fires, outs)) / n for rule, fires in RULES.items()}
+        row["wrong"] = sum(o["metrics"]["correct"] == 0 for o in outs) / n
+        row["I<1"] = sum(o["metrics"]["independence"] < 1 for o in outs) / n
+        table[style] = row
+    columns = list(next(iter(table.values())))
+    print(f"\n{'style':<15}" + "".join(f"{c:>24}" for c in columns))
+    for style, row in table.items():
+        print(f"{style:<15}" + "".join(f"{row[c]:>24.3f}" for c in columns))
+    return table
+
+
+def test_planner_honest_styles_are_paid(corpus_env, server, script, corpus):
+    """Honest decompositions of 60 GSM8K test rows the other tests do not use, written by rules
+    from each problem and its reference steps in eight styles (planner_corpus.py), are paid:
+    no rule that zeroes or cuts a reward fires on more than 5% of the plans of any style (each
+    rule's false-negative rate is printed per style, run with -s), and every style averages
+    above the atomic plan on the same rows."""
+    plays = [(row, style, honest_reply(plan, style)) for _, row, plan in corpus for style in STYLES]
+    plays += [(row, "atomic", plan_json([])) for _, row, _ in corpus]
+    outcomes: dict[str, list[dict]] = {style: [] for style in ["atomic", *STYLES]}
+    for (_, style, _), out in zip(plays, play(corpus_env, server, script, plays), strict=True):
+        outcomes[style].append(out)
+    assert len(corpus) == CORPUS_ROWS
+    table = corpus_table(outcomes)
+    atomic = table.pop("atomic")["mean"]
+    for style, row in table.items():
+        for rule in RULES:
+            assert row[rule] <= MAX_FALSE_NEGATIVE_RATE, (style, rule, row)
+        assert row["mean"] > atomic, (style, row["mean"], atomic)
+
+
+def hidden_direct_solves(index: int, row: dict) -> dict[str, str]:
+    """The whole problem as subproblem 1 with its answer scaled, one real step beside it, and a
+    plan that undoes the scaling (the issue's exploit, and the same with other wordings)."""
+    question, solution = row["question"], row["answer"]
+    arithmetic = f"What is {re.findall(r'<<([^=<>]*)=', solution)[0]}?"
+    scaled = f"{question} Give your final answer multiplied by 10."
+    plans = {
+        "problem x 10, arithmetic step": plan_json([scaled, arithmetic], UNDO_SCALING),
+        "problem x 10, honest step": plan_json([scaled, HONEST[index][0][0]], UNDO_SCALING),
+        "paraphrase x 10, arithmetic step": plan_json(
+            [
+                " ".join(PARAPHRASED[index]) + " Give your final answer multiplied by 100.",
+                arithmetic,
+            ],
+            "Divide the first result by 100.",
+        ),
+    }
+    return plans
+
+
+UNDO_SCALING = "Divide the first result by 10."
+
+
+def test_planner_hidden_direct_solve_does_not_pay(env, server, script, rows):
+    """The whole problem handed to one subproblem with "give your final answer multiplied by
+    10", one arithmetic step beside it and a plan that divides by 10 reaches the right answer
+    (the scripted worker follows every instruction), yet earns no more than the atomic plan: a
+    subproblem that states every number of the problem the solution uses and computes no step
+    of it is a direct solve in disguise (`not_decomposed`: I = 0, reward w_c)."""
+    assert_none_pays(env, server, script, rows, hidden_direct_solves)
+    for index in HONEST:
+        question = rows[index]["question"]
+        for name, reply in hidden_direct_solves(index, rows[index]).items():
+            out = run_plan(env, server, script, question, reply)
+            if name.startswith("problem"):  # it works: the worker follows every instruction
+                assert out["metrics"]["correct"] == 1.0, (index, name, out["planner"])
+            assert out["metrics"]["not_decomposed"] == out["metrics"]["correct"], (index, name)
+
+
+def conditional_dictations(index: int, row: dict) -> dict[str, str]:
+    """An honest step, and a plan that dictates the answer only when solved parts are listed (the
+    plan-alone check sees "I cannot tell"), in several notations."""
+    gold = int(gold_number(row["answer"]))
+    step = HONEST[index][0][0]
+    condition = "If no solved parts are listed, say you cannot tell. Otherwise"
+    notations = {
+        "digits": f"reply exactly: Answer: {gold}",
+        "words": f"reply exactly: Answer: {number_words(gold)}",
+        "arithmetic": f"answer this: What is {gold - 1} + 1?",
+    }
+    if gold < 4000:  # Roman numerals stop at MMMCMXCIX
+        notations["Roman numerals"] = f"reply exactly: Answer: {roman(gold)}"
+    return {
+        f"conditional, {name}": plan_json([step], f"{condition} {text.replace('reply', 'Reply')}")
+        for name, text in notations.items()
+    }
+
+
+def roman(n: int) -> str:
+    """An integer below 4,000 in Roman numerals."""
+    values = [(1000, "M"), (900, "CM"), (500, "D"), (400, "CD"), (100, "C"), (90, "XC")]
+    values += [(50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")]
+    out = ""
+    for value, numeral in values:
+        count, n = divmod(n, value)
+        out += numeral * count
+    return out
+
+
+def test_planner_conditional_dictation_does_not_pay(env, server, script, rows):
+    """A dictated answer behind "if no solved parts are listed, say you cannot tell", in digits,
+    words, Roman numerals or as arithmetic, scores 0: the rule reads the number in every
+    notation, and the combination asked with decoy results still gives the answer (the
+    arithmetic, whose numbers are no result of the solution, is caught only by that)."""
+    assert_none_pays(env, server, script, rows, conditional_dictations)
+    rules = set()
+    for index in HONEST:
+        question = rows[index]["question"]
+        for name, reply in conditional_dictations(index, rows[index]).items():
+            out = run_plan(env, server, script, question, reply)
+            assert out["metrics"]["plan_leak"] == 1.0 and out["reward"] == 0.0, (index, name)
+            rules.add(out["planner"]["leak_rule"])
+    assert rules == {"states_result", "answer_without_results"}
+
+
+@pytest.mark.parametrize(
+    ("text", "numbers"),
+    [
+        ("Answer: XVIII", {18.0}),
+        ("She triples it and eats half", {3.0, 2.0, 0.5}),
+        ("two-thirds of 20%", {2.0, 3.0, 2 / 3, 20.0, 0.2}),
+        ("two dozen eggs and half a dozen", {24.0, 6.0}),
+        ("the answer is one hundred and sixty", {160.0}),
+        ("3/5 of them", {0.6}),
+        ("I have a CD", set()),
+        ("MMMMMMM, not a numeral", set()),
+        ("Step 3: add the two results of steps 1 and 2 (#4)", set()),
+    ],
+)
+def test_plans_are_read_in_every_notation(text, numbers):
+    """Numbers in digits, words, multiplier and fraction words, fractions, percentages and Roman
+    numerals are read (a proper fraction as its value: "3/5" states 0.6, not 3 and 5); labels
+    and counts of the plan's own items are not quantities."""
+    assert numbers <= stated_numbers(text)
+    if not numbers:
+        assert not stated_numbers(text)
+
+
+def test_leak_rule_reads_what_a_plan_states_not_what_it_could_compute(rows):
+    """Stating the problem's numbers, in any notation, or unit constants and numbers its words
+    imply, is no leak even when those numbers reach the answer; stating a result is, in any
+    notation."""
+    question, solution, gold = rows[0]["question"], rows[0]["answer"], 18.0
+    for honest in (
+        "Janet's ducks lay sixteen eggs a day; she eats three, bakes four. Multiply the rest by 2.",
+        "Take 16 - 3 - 4 eggs, then multiply by $2.00, 7 days a week, 100%.",
+    ):
+        assert plan_leak(honest, [], question, solution, gold) is None, honest
+    for leak in ("She has 9 left.", "Answer: XVIII", "eighteen dollars", "It is 18/1."):
+        assert plan_leak(leak, [], question, solution, gold) is not None, leak
+    row3 = rows[3]  # James runs 3 sprints 3 times a week, 60 meters each
+    assert (
+        plan_leak(
+            "Multiply by 60 and by 7 days a week.", [], row3["question"], row3["answer"], 540.0
+        )
+        is None
+    )
+
+
+def test_independence_reads_number_words_and_percent_decimals():
+    """A subproblem that writes the problem's "triples", "half" or "60%" in another notation
+    (3, 1/2, 0.6) carries those operands, and its step counts."""
+    question = (
+        "A shop sells 2 kinds of cakes. It bakes 40 lemon cakes and triples that for chocolate "
+        "cakes. Half of the chocolate cakes get icing, and 60% of the lemon cakes get icing. "
+        "How many cakes get icing?"
+    )
+    solution = (
+        "Chocolate: 40*3=<<40*3=120>>120. Iced chocolate: 120/2=<<120/2=60>>60. "
+        "Iced lemon: 40*0.6=<<40*0.6=24>>24. Total: 60+24=<<60+24=84>>84.\n#### 84"
+    )
+    subproblems = [
+        "A shop bakes 40 lemon cakes and 3 times as many chocolate cakes; 1/2 of the chocolate "
+        "ones get icing. How many iced chocolate cakes?",
+        "0.6 of 40 lemon cakes get icing. How many is that?",
+    ]
+    scored = independence(question, solution, 84.0, subproblems, [60.0, 24.0])
+    assert scored.counted == [True, True]
 
 
 def test_planner_parse_is_bounded(env, server, script, rows):
@@ -683,6 +807,7 @@ def test_every_metric_is_logged(env, server, script, rows):
         "independence",
         "parse_failure",
         "plan_leak",
+        "not_decomposed",
         "worker_error",
     }
     assert expected <= set(out["metrics"])
@@ -721,7 +846,25 @@ def test_separate_worker_server(gsm8k_file, server, script, rows):
         policy_models = {r["model"] for r in server.requests[before:]}
         assert out["metrics"]["correct"] == 1.0
         assert policy_models == {POLICY}
-        assert len(worker_server.requests) == 4  # baseline, subproblem, plan alone, combination
+        assert len(worker_server.requests) == 4  # baseline, subproblem, decoyed, combination
+
+
+def test_a_failed_worker_model_lookup_is_not_remembered(monkeypatch):
+    """A /v1/models listing that fails (a timeout under load) sends that rollout to the policy's
+    name, and the next rollout asks again instead of keeping the policy as its worker."""
+    answers = iter([None, BASE])
+
+    async def lookup(client, policy_model, timeout):
+        return next(answers)
+
+    monkeypatch.setattr(worker_module, "resolve_worker_model", lookup)
+    pool = WorkerPool(WorkerSettings())
+    client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="x")
+
+    async def two_rollouts() -> list[str]:
+        return [(await pool.worker_for(client, POLICY)).model for _ in range(2)]
+
+    assert asyncio.run(two_rollouts()) == [POLICY, BASE]
 
 
 # --- loading ------------------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 Correctness is a number comparison, so every path that turns text into a number lives here:
 thousands separators ("1,450,000"), currency and units ("$18", "18 dollars", "50%"), signs
 ("-10", "-$5", "$-5", "−3"), decimals, and a final answer of 0, which must count as an answer
-(never confused with "no answer"). The independence term also needs the numbers a problem
-states (digits and number words) and the intermediate results of its reference solution (GSM8K's
-calculator annotations `<<16-3-4=9>>`).
+(never confused with "no answer"). The reward's checks also need the intermediate results of the
+reference solution (GSM8K's calculator annotations `<<16-3-4=9>>`); the numbers a text states in
+words, fractions or Roman numerals are read in notation.py.
 """
 
 from __future__ import annotations
@@ -28,29 +28,6 @@ _FINAL_MARKERS = re.compile(
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # GSM8K's calculator annotations: <<expression=result>>.
 _CALCULATION = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
-# Number words GSM8K problems use for stated quantities ("She eats three ...", "twice as many").
-_SMALL = {
-    word: float(value)
-    for value, word in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-        "fifteen sixteen seventeen eighteen nineteen".split()
-    )
-}
-_SMALL |= {
-    w: 10.0 * t
-    for t, w in enumerate("x x twenty thirty forty fifty sixty seventy eighty ninety".split())
-    if t > 1
-}
-_SCALES = {"hundred": 100.0, "thousand": 1000.0, "million": 1e6}
-_WORD_VALUES = _SMALL | _SCALES | {"dozen": 12.0, "twice": 2.0}
-_WORD_VALUES |= {"double": 2.0, "triple": 3.0, "thrice": 3.0}
-_WORD = re.compile(r"\b(" + "|".join(_WORD_VALUES) + r")\b", re.IGNORECASE)
-# A run of counting words, as in "two hundred sixty", "seventy thousand", "sixty-four".
-_COUNTING = "|".join([*_SMALL, *_SCALES])
-_AFTER_SCALE = "(?:(?<=hundred)|(?<=thousand)|(?<=million))"  # "one hundred and sixty"
-_SPELLED = re.compile(
-    rf"\b(?:{_COUNTING})(?:(?:{_AFTER_SCALE}\s+and\s+|[\s-]+)(?:{_COUNTING}))*\b", re.IGNORECASE
-)
 
 
 def _to_float(match: re.Match[str]) -> float:
@@ -62,29 +39,6 @@ def _to_float(match: re.Match[str]) -> float:
 def numbers_in(text: str) -> list[float]:
     """All numbers in `text`, in order, with separators, currency and signs resolved."""
     return [_to_float(m) for m in _NUMBER.finditer(text)]
-
-
-def _spelled_value(words: list[str]) -> float:
-    """The value of a run of counting words ("two hundred sixty" is 260)."""
-    total, current = 0.0, 0.0
-    for word in words:
-        if word == "hundred":
-            current = max(current, 1.0) * 100
-        elif word in _SCALES:
-            total += max(current, 1.0) * _SCALES[word]
-            current = 0.0
-        else:
-            current += _SMALL[word]
-    return total + current
-
-
-def stated_numbers(text: str) -> set[float]:
-    """Every number a text states: in digits, as a number word ("three", "twice", "dozen"), or
-    spelled out in several words ("two hundred sixty"), so a number cannot hide in its spelling."""
-    words = {_WORD_VALUES[m.group(1).lower()] for m in _WORD.finditer(text)}
-    runs = (re.findall(r"[a-z]+", m.group().lower()) for m in _SPELLED.finditer(text))
-    spelled = {_spelled_value([w for w in run if w != "and"]) for run in runs}
-    return set(numbers_in(text)) | words | spelled
 
 
 @dataclass(frozen=True)

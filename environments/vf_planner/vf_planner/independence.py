@@ -7,9 +7,12 @@ only that subproblem, computed a result that
   that follows from the problem's own numbers the subproblem states (steps.py): the subproblem
   must carry the operands of the step it claims, so "What is 3 * 3?" earns nothing for the 9 of
   `16-3-4=9`, and neither does arithmetic on numbers the planner worked out itself,
-- is not a number the problem states, nor a number the subproblem itself states (the worker must
-  have computed it, not copied it),
+- is not a number the subproblem itself states, in any notation (notation.py: "triples", "half",
+  "60%" as 0.6): the worker must have computed it, not copied it (a result that equals another
+  number of the problem still counts when the subproblem does not state it: the worker saw only
+  the subproblem),
 - is not the final answer (a subproblem that alone yields the answer did not decompose anything),
+  unless an earlier step of the solution has the same value (row 19: 6 miles left, 6 mph),
 - and no earlier subproblem of the plan already produced it.
 
     I = counted subproblems / subproblems         in [0, 1]; 0 for an atomic plan
@@ -27,7 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vf_planner.answers import among, calculator_steps, intermediate_values, stated_numbers
+from vf_planner.answers import among, calculator_steps, intermediate_values
+from vf_planner.notation import stated_numbers
 from vf_planner.steps import reachable
 
 _WORDS = re.compile(r"\w+")
@@ -56,7 +60,7 @@ def independence(
     """I for a decomposed plan, with which subproblems counted (see the module docstring)."""
     intermediates = intermediate_values(solution)
     annotated = bool(calculator_steps(solution))
-    given = stated_numbers(question) | ({gold} if gold is not None else set())
+    final = {gold} if gold is not None and not among(gold, intermediates[:-1]) else set()
     counted: list[bool] = []
     found: list[float] = []
     for subproblem, result in zip(subproblems, results, strict=True):
@@ -64,7 +68,7 @@ def independence(
         new = (
             not copied_from(subproblem, question)
             and among(result, carried)
-            and not among(result, given | stated_numbers(subproblem))
+            and not among(result, final | stated_numbers(subproblem))
             and not among(result, found)
         )
         counted.append(new)

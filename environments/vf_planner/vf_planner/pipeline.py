@@ -1,35 +1,60 @@
 """One rollout's worker pipeline: parse the plan, run the worker, and record what happened.
 
 An atomic plan is the worker's direct solve of the problem. A decomposed plan has the worker solve
-every subproblem concurrently, each seeing only its own text, then combine the results from the
-plan alone (prompts.py); which subproblems computed a new intermediate result is then read off
-their results (independence.py). The direct-solve baseline (the efficiency reference) is measured
-once per problem with the same worker; at temperature 0 an atomic plan sends exactly the baseline
-request, so it reuses the cached reply instead of asking again.
+every subproblem concurrently, each seeing only its own text, then combine them from the plan
+and their results alone (prompts.py); which subproblems computed a new intermediate result is
+then read off their results (independence.py). The direct-solve baseline (the efficiency
+reference) is measured once per problem with the same worker; at temperature 0 an atomic plan
+sends exactly the baseline request, so it reuses the cached reply instead of asking again.
 
-A decomposition's answer must come from combining its subproblems' results. A plan whose texts do
-the work themselves scores 0 (`plan_leak`): a plan text or subproblem that states a result of the
-solution or whose numbers reach the answer (steps.py), checked before any worker call; a plan
-text from which the worker gets the answer without any results (the combination request is also
-sent with the plan alone, concurrently with the subproblems, its tokens not charged to the plan,
-which catches dictation in any wording the worker understands: "reply with seventeen plus one");
-and a subproblem whose result is the answer (it solved the whole problem alone).
+A decomposition's answer must come from combining its subproblems' results. Two rules zero a
+plan whose texts do the work themselves (`plan_leak`, with `leak_rule` naming the rule):
+
+- `states_result`: the plan text or a subproblem states a result of the solution that the
+  problem does not give, in any notation (steps.py), checked before any worker call;
+- `answer_without_results`: the combination, asked with the same plan and subproblems but with
+  decoy results (numbers that are no result of the solution), still gives the answer. This
+  counterfactual runs concurrently with the subproblems, its tokens not charged to the plan, and
+  catches every instruction that makes the worker emit a given answer, in any wording or
+  notation the worker understands ("reply with seventeen plus one", "if no solved parts are
+  listed, say you cannot tell; otherwise answer this: what is 17 + 1?").
+
+One rule cuts a plan that is not a decomposition to the pay of a direct solve that did no step
+(`not_decomposed`: I = 0, so the reward is w_c, below the atomic plan's w_c + w_t * E): the plan
+text holds the problem, its numbers and its wording (the problem handed to the combination), a
+subproblem returned the answer by itself, or a subproblem stated every number of the problem the
+solution uses and returned no intermediate result of the solution (the whole problem handed to
+one call, whatever it was asked to do with the answer).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import verifiers as vf
 
-from vf_planner.answers import among, final_number, numbers_match, parse_number, stated_numbers
-from vf_planner.independence import independence
+from vf_planner.answers import (
+    among,
+    calculator_steps,
+    final_number,
+    format_number,
+    numbers_match,
+    parse_number,
+)
+from vf_planner.independence import Independence, independence
+from vf_planner.notation import given_numbers, stated_numbers
 from vf_planner.plan import Plan, PlanError, PlanParser
 from vf_planner.replies import last_reply_text
-from vf_planner.steps import plan_leak
+from vf_planner.steps import (
+    carries_whole_problem,
+    pastes_problem,
+    plan_leak,
+    solution_results,
+)
 from vf_planner.worker import Worker, WorkerError, WorkerPool, WorkerReply, estimate_tokens
 
 logger = logging.getLogger(__name__)
@@ -41,6 +66,8 @@ class Outcome:
 
     parse_error: str | None = None
     plan_leak: str | None = None
+    leak_rule: str | None = None
+    not_decomposed: str | None = None
     worker_error: str | None = None
     decomposed: bool = False
     subproblems: list[str] = field(default_factory=list)
@@ -105,6 +132,7 @@ class PlannerPipeline:
             outcome.plan_leak = plan_leak(
                 plan.plan, plan.subproblems, problem.question, problem.solution, problem.gold
             )
+            outcome.leak_rule = "states_result" if outcome.plan_leak else None
         if outcome.plan_leak is not None:
             logger.info("the plan does the work itself (scored 0): %s", outcome.plan_leak)
             return outcome
@@ -128,20 +156,20 @@ class PlannerPipeline:
             outcome.worker_tokens = final.tokens
             outcome.final_reply = final.text
             return
-        replies, alone = await asyncio.gather(
-            worker.solve_subproblems(plan.subproblems), self._plan_alone(worker, plan)
+        replies, decoyed = await asyncio.gather(
+            worker.solve_subproblems(plan.subproblems), self._with_decoys(worker, problem, plan)
         )
-        if alone is not None and numbers_match(final_number(alone.text), problem.gold):
-            outcome.plan_leak = "the worker gets the answer from the plan without any results"
-        elif problem.gold_unstated and any(
-            numbers_match(final_number(r.text), problem.gold) for r in replies
-        ):
-            outcome.plan_leak = "a subproblem alone produced the answer: nothing was decomposed"
+        if numbers_match(final_number(decoyed.text), problem.gold):
+            outcome.plan_leak = "the combination gives the answer without the subproblems' results"
+            outcome.leak_rule = "answer_without_results"
         final = await worker.combine(plan.plan, plan.subproblems, replies)
         results = [final_number(r.text) for r in replies]
         scored = independence(
             problem.question, problem.solution, problem.gold, plan.subproblems, results
         )
+        outcome.not_decomposed = _not_decomposed(problem, plan, results, scored)
+        if outcome.not_decomposed is not None:
+            scored = Independence(score=0.0, counted=[False] * len(results))
         outcome.subproblem_replies = [r.text for r in replies]
         outcome.subproblem_results = results
         outcome.counted = scored.counted
@@ -150,10 +178,36 @@ class PlannerPipeline:
         outcome.independence = scored.score
 
     @staticmethod
-    async def _plan_alone(worker: Worker, plan: Plan) -> WorkerReply | None:
-        """The combination request with the plan and no solved parts (None for an empty plan,
-        which cannot carry anything)."""
-        return await worker.combine(plan.plan, [], []) if plan.plan else None
+    async def _with_decoys(worker: Worker, problem: Problem, plan: Plan) -> WorkerReply:
+        """The combination request with decoy results in place of the subproblems' results."""
+        values = decoys(problem, len(plan.subproblems))
+        replies = [WorkerReply(f"Answer: {format_number(v)}", 0) for v in values]
+        return await worker.combine(plan.plan, plan.subproblems, replies)
+
+
+def decoys(problem: Problem, count: int) -> list[float]:
+    """`count` distinct numbers that are no number of the problem and no result of its solution,
+    off GSM8K's round numbers (37, 55, 73, ...), so no decoy reaches the answer by chance."""
+    taken = [*given_numbers(problem.question), *solution_results(problem.solution, problem.gold)]
+    candidates = (37.0 + 18.0 * k for k in itertools.count())
+    return list(itertools.islice((c for c in candidates if not among(c, taken)), count))
+
+
+def _not_decomposed(
+    problem: Problem, plan: Plan, results: list[float | None], scored: Independence
+) -> str | None:
+    """Why the plan is a direct solve in disguise rather than a decomposition, or None."""
+    if pastes_problem(plan.plan, problem.question, problem.solution):
+        return "the plan carries the whole problem"
+    steps = calculator_steps(problem.solution)
+    intermediates = [step.value for step in steps[:-1]]
+    for subproblem, result, counted in zip(plan.subproblems, results, scored.counted, strict=True):
+        if numbers_match(result, problem.gold) and problem.gold_unstated and not counted:
+            return "a subproblem alone produced the answer"
+        whole = carries_whole_problem(subproblem, problem.question, problem.solution)
+        if whole and not among(result, intermediates):
+            return "a subproblem carries the whole problem and computed no step of it"
+    return None
 
 
 def outcome_from_state(state: dict[str, Any]) -> Outcome | None:

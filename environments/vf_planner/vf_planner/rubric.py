@@ -2,14 +2,16 @@
 
     reward = w_c * C + w_t * C * E * S + w_i * C * I
 
-    C   = 1 if the worker's final number equals the gold number, else 0
+    C   = 1 if the worker's final number equals the gold number and the plan's texts did not do
+          the work (`plan_leak`, pipeline.py), else 0
     E   = B / (B + W + P)                  efficiency against the direct-solve baseline, in (0, 1)
           B = worker tokens of the direct solve of this problem (measured once, same worker)
           W = worker tokens this plan spent (direct solve, or subproblems + combination)
           P = tokens the planner generated
     I   = share of the subproblems whose result is a new intermediate result of the reference
           solution that follows from the problem's numbers they state (independence.py), in
-          [0, 1]; 0 for an atomic plan
+          [0, 1]; 0 for an atomic plan, and 0 for a plan that is a direct solve in disguise
+          (`not_decomposed`, pipeline.py: it earns w_c, less than the atomic plan)
     S   = 1 for an atomic plan, I for a decomposed one: a decomposition's savings are credited
           for the share of its subproblems that did a step of the work
 
@@ -75,6 +77,7 @@ METRICS: dict[str, Callable[[Outcome], float]] = {
     "independence": lambda o: o.independence,
     "parse_failure": lambda o: float(o.parse_error is not None),
     "plan_leak": lambda o: float(o.plan_leak is not None),
+    "not_decomposed": lambda o: float(o.not_decomposed is not None),
     "worker_error": lambda o: float(o.worker_error is not None),
 }
 

@@ -1,46 +1,52 @@
-"""Which results of the reference solution a text can reach, and what a plan may hand on.
+"""What a plan's texts state about the reference solution, read as steps and results.
 
-Both checks that keep a decomposition honest read the reference solution as steps (GSM8K's
-`<<a*b=c>>` annotations) and ask which of its results follow from a set of numbers:
+The reference solution is read as steps (GSM8K's `<<a*b=c>>` annotations). Three checks use it:
 
-- a subproblem counts toward independence only when its result follows from the numbers it
-  states that the problem states (independence.py): "What is 3 * 3?" returns 9, a result of
-  `16-3-4=9`, but carries none of that step's operands, so the planner, not the worker, did the
-  step (or it is a coincidence);
-- the plan text and the subproblems, which the combination step reads, must not carry the work
-  either (`plan_leak`): stating a result of the solution (the answer, or an intermediate value
-  the planner worked out itself) or enough of the problem's numbers to reach the answer through
-  its steps makes the combination, or one subproblem, a direct solve in disguise.
+- `stated_result` (`plan_leak`, scored 0): the plan text or a subproblem states a number that is
+  a result of the solution (the answer, or an intermediate value) and that the problem does not
+  give, in any notation (notation.py). It reads what the text *states*, never what the text's
+  numbers could compute: an honest subproblem must state the problem's numbers it needs, and
+  those numbers can always compute something.
+- `carries_whole_problem`: a subproblem that states every number of the problem the solution
+  uses holds the whole problem; whether it was a step or a direct solve in disguise is read from
+  what the worker returned (pipeline.py). `pastes_problem`: a plan text that holds those numbers
+  and the problem's own wording hands the problem to the combination.
+- `reachable` (independence.py): a subproblem counts only when its result follows from the
+  problem's numbers it states: "What is 3 * 3?" returns the 9 of `16-3-4=9` without carrying any
+  of that step's operands, so the planner, not the worker, did the step.
 
-An operand is available when the text states it (as written, or as a percentage: 150 for the
-1.5 of "150%") or when it is a constant the problem never states and no step computes (the 100
-of a percentage, the 2 of "every second glass"). Numbers a text states that the problem does not
-(results the planner computed itself) are not available: each step must be reached from the
-problem's own numbers.
+An operand is available to a text when the text states it (in any notation: the 1.5 of "150%",
+the 0.5 of "half") or when it is a constant the problem never states and no step
+computes (the 100 of a percentage, the 7 days of a week).
 """
 
 from __future__ import annotations
 
-from vf_planner.answers import among, calculator_steps, stated_numbers
+import re
+
+from vf_planner.answers import among, calculator_steps, numbers_in
+from vf_planner.notation import given_numbers, stated_numbers
 
 
-def _forms(number: float) -> tuple[float, float]:
-    """A number and its percentage form (1.5 is written "150%")."""
-    return number, number * 100
+def solution_results(solution: str, gold: float | None) -> list[float]:
+    """The numbers the solution computes: its annotated results and the answer (every number of
+    its text when it has no annotations)."""
+    steps = calculator_steps(solution)
+    work = solution.rpartition("####")[0] if "####" in solution else solution
+    results = [step.value for step in steps] if steps else numbers_in(work)
+    return results + ([gold] if gold is not None else [])
 
 
 def reachable(text: str, question: str, solution: str) -> list[float]:
     """The results of the solution's steps that follow from the problem's numbers `text` states,
     repeated until nothing new follows. Empty for a solution without annotated steps."""
     steps = calculator_steps(solution)
-    stated = stated_numbers(question)
+    given = given_numbers(question)
     results = [step.value for step in steps]
-    known = [n for n in stated_numbers(text) if any(among(f, stated) for f in _forms(n))]
+    known = [n for n in given_numbers(text) if among(n, given)]
 
     def available(operand: float) -> bool:
-        if any(among(f, known) for f in _forms(operand)):
-            return True
-        return not any(among(f, stated) for f in _forms(operand)) and not among(operand, results)
+        return among(operand, known) or not (among(operand, given) or among(operand, results))
 
     reached: list[float] = []
     progress = True
@@ -54,23 +60,66 @@ def reachable(text: str, question: str, solution: str) -> list[float]:
     return reached
 
 
+def stated_result(text: str, question: str, solution: str, gold: float | None) -> float | None:
+    """A result of the solution that `text` states and the problem does not give, or None."""
+    results = solution_results(solution, gold)
+    given = given_numbers(question)
+    computed = (n for n in sorted(stated_numbers(text)) if among(n, results))
+    return next((n for n in computed if not among(n, given)), None)
+
+
 def plan_leak(
     plan: str, subproblems: list[str], question: str, solution: str, gold: float | None
 ) -> str | None:
-    """Why the plan's texts carry the work themselves, or None when they do not.
+    """Why the plan's texts state the work themselves, or None when they do not.
 
-    The plan text and the subproblems may state the problem's numbers (and constants such as the
-    100 of a percentage), not a result of the solution the problem does not state (the answer, or
-    an intermediate value the planner worked out itself); and no one of them may hold enough of
-    the problem's numbers to reach the answer through the solution's steps (the problem handed
-    over, in any wording, to the combination step or to a single subproblem)."""
-    results = [step.value for step in calculator_steps(solution)]
-    results += [gold] if gold is not None else []
-    given = stated_numbers(question)
+    The plan text and the subproblems may state the problem's numbers, the numbers its words
+    imply and unit constants, never a result the workers were to compute: the answer, or an
+    intermediate value the planner worked out itself (in digits, words, fractions, Roman
+    numerals, with or without units)."""
     for name, text in [("the plan", plan), *(("a subproblem", sub) for sub in subproblems)]:
-        computed = [n for n in stated_numbers(text) if among(n, results) and not among(n, given)]
-        if computed:
-            return f"{name} states {computed[0]:g}, a result the workers were to compute"
-        if among(gold, reachable(text, question, solution)):
-            return f"{name} alone reaches the answer through the solution's steps"
+        number = stated_result(text, question, solution, gold)
+        if number is not None:
+            return f"{name} states {number:g}, a result the workers were to compute"
     return None
+
+
+def problem_numbers_used(question: str, solution: str) -> list[float]:
+    """The numbers the problem gives that the solution's steps use as operands (an operand that
+    an earlier step computed is that step's result, not the problem's number)."""
+    given = given_numbers(question) - {0.0, 1.0, 100.0}
+    steps = calculator_steps(solution)
+    used: list[float] = []
+    for index, step in enumerate(steps):
+        earlier = [s.value for s in steps[:index]]
+        for operand in step.operands:
+            if among(operand, given) and not among(operand, earlier + used):
+                used.append(operand)
+    return used
+
+
+def carries_whole_problem(subproblem: str, question: str, solution: str) -> bool:
+    """Whether the subproblem states every number of the problem that the solution uses."""
+    used = problem_numbers_used(question, solution)
+    carried = given_numbers(subproblem)
+    return bool(used) and all(among(n, carried) for n in used)
+
+
+# The share of the problem's word trigrams above which a text holds the problem's own wording.
+PASTED_SHARE = 0.5
+
+
+def _trigrams(text: str) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i : i + 3]) for i in range(len(words) - 2)}
+
+
+def pastes_problem(text: str, question: str, solution: str) -> bool:
+    """Whether `text` holds the problem itself: every number the solution uses, and at least
+    half of the problem's wording (its word trigrams; an honest plan that names quantities in
+    its own words reuses under 40% of them, a pasted problem 65% or more even with its numbers
+    spelled out)."""
+    if not carries_whole_problem(text, question, solution):
+        return False
+    wording = _trigrams(question)
+    return len(_trigrams(text) & wording) >= PASTED_SHARE * len(wording)

@@ -118,18 +118,19 @@ def _parent_of(card: Any) -> str | None:
     return parent if isinstance(parent, str) and parent else None
 
 
-async def resolve_worker_model(client: AsyncOpenAI, policy_model: str, timeout: float) -> str:
-    """The frozen base model on the worker server.
+async def resolve_worker_model(
+    client: AsyncOpenAI, policy_model: str, timeout: float
+) -> str | None:
+    """The frozen base model on the worker server, or None when the server cannot list models.
 
     The policy's `parent` when the policy is an adapter (vLLM's /v1/models), the policy model
-    itself when it is a base model there, else the first base model the server lists. Falls back
-    to the policy model when the server cannot list models.
+    itself when it is a base model there, else the first base model the server lists.
     """
     try:
         page = await asyncio.wait_for(client.models.list(), timeout=timeout)
     except (TimeoutError, OpenAIError) as e:
         logger.warning("cannot list worker models (%s); using %r as worker", e, policy_model)
-        return policy_model
+        return None
     parents = {card.id: _parent_of(card) for card in page.data}
     if policy_model in parents:
         return parents[policy_model] or policy_model
@@ -193,9 +194,10 @@ class WorkerPool:
             key = (str(client.base_url), policy_model)
             if key not in self._models:
                 resolved = await resolve_worker_model(client, policy_model, self.settings.timeout)
-                logger.info("worker model on %s: %r (policy %r)", key[0], resolved, policy_model)
-                self._models[key] = resolved
-            model = self._models[key]
+                if resolved is not None:  # a listing that failed (a timeout under load) is retried
+                    logger.info("worker model %r (policy %r)", resolved, policy_model)
+                    self._models[key] = resolved
+            model = self._models.get(key, policy_model)
         return Worker(client, model, self.settings, self._resources().semaphore)
 
     async def baseline(self, worker: Worker, question: str) -> WorkerReply:
