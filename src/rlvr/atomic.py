@@ -2,7 +2,10 @@
 
 A model conversion, checkpoint or merged adapter interrupted mid-write must not leave a
 directory that later runs would trust: everything is written beside the target under a hidden
-temporary name and renamed into place only once complete.
+temporary name and renamed into place only once complete. Complete means on disk: the files
+and the directory are fsynced before the rename and the parent directory after it, because
+without that a power loss or kernel crash can keep the rename but lose the data it points to
+(an empty `trainer_state.json` under a checkpoint that looks valid).
 """
 
 from __future__ import annotations
@@ -15,9 +18,38 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def fsync_path(path: str | Path) -> None:
+    """Flush one file's or directory's data and metadata to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | Path) -> None:
+    """fsync every file and directory under `root` (itself included), deepest first, so a
+    directory entry is flushed only after what it names."""
+    for directory, _, files in os.walk(root, topdown=False):
+        for name in files:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                fsync_path(path)
+        fsync_path(directory)
+
+
+def publish_directory(tmp: str | Path, target: str | Path) -> None:
+    """Rename the complete directory `tmp` to `target` durably: its contents are on disk
+    before the rename, and the rename is on disk when this returns."""
+    fsync_tree(tmp)
+    os.replace(tmp, target)
+    fsync_path(Path(target).parent)
+
+
 @contextmanager
 def atomic_directory(target: str | Path, replace: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary directory; on success it becomes `target`.
+    """Yield an empty temporary directory; on success it becomes `target` (durably, see
+    `publish_directory`).
 
     With `replace`, an existing `target` is removed first; otherwise the rename fails if it
     exists (two writers must not silently overwrite each other).
@@ -29,21 +61,25 @@ def atomic_directory(target: str | Path, replace: bool = False) -> Iterator[Path
         yield tmp
         if replace and target.exists():
             shutil.rmtree(target)
-        os.replace(tmp, target)
+        publish_directory(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory and rename it into place."""
+    """Write via a temporary file in the same directory, fsync it and rename it into place
+    (the directory fsynced after the rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_path(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

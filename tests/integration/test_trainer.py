@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 
 import pytest
+import torch
+import verifiers as vf
+from datasets import Dataset
 from safetensors.torch import load_file
 from support import (
     chat_requests,
@@ -25,13 +29,14 @@ from support import (
     restore_base_weights,
     target_id,
 )
-from toy_env import multi_turn_target_env, target_share_env
+from toy_env import completion_ids, multi_turn_target_env, target_share_env
 
 from rlvr.config import ConfigError, load_config
 from rlvr.rollouts.client import make_client
 from rlvr.rollouts.worker import RolloutWorker
 from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.trainer.grpo import Trainer
+from rlvr.trainer.optimizer import NonFiniteStepError
 from rlvr.weight_sync.push import ServerControl
 
 pytestmark = pytest.mark.integration
@@ -245,3 +250,57 @@ def test_raw_logprobs_server_is_refused(tiny_server, tmp_path):
         cfg = config(tiny_server, tmp_path, f"server.base_url={url}", "sampling.temperature=0.7")
         with pytest.raises(ConfigError, match="--logprobs-mode processed_logprobs"):
             Trainer(cfg, env=_env(tiny_server)).setup()
+
+
+def _trainable_finite(trainer: Trainer) -> bool:
+    return all(torch.isfinite(p).all() for p in trainer.model.parameters() if p.requires_grad)
+
+
+def test_nan_rewards_never_reach_the_weights(tiny_server, tmp_path):
+    """A reward function that returns NaN for every fifth rollout, in the real loop: the
+    rollouts count as errored, every logged metric stays finite, and so does every weight
+    (taken as a number, one NaN reward makes all 28 adapter tensors NaN after one step)."""
+    target, calls = target_id(tiny_server.model_dir), iter(range(10**6))
+
+    def target_share(state) -> float:
+        ids = completion_ids(state)
+        return math.nan if next(calls) % 5 == 4 else ids.count(target) / max(len(ids), 1)
+
+    rows = [{"question": f"Write a line about item {i}.", "answer": ""} for i in range(16)]
+    env = vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[target_share]))
+    trainer = Trainer(config(tiny_server, tmp_path, "max_steps=1"), env=env)
+    history = trainer.run()
+    assert [h["rollouts/errored"] for h in history] == [6]  # calls 4, 9, ..., 29 of 32
+    assert all(math.isfinite(v) for h in history for v in h.values()), history
+    assert _trainable_finite(trainer)
+
+
+def test_a_nan_loss_stops_the_run_and_it_resumes_from_the_last_checkpoint(
+    tiny_server, tmp_path, monkeypatch
+):
+    """A NaN that gets past the rollouts (here: one advantage of step 2) stops the run before
+    the optimizer step, naming the step; the checkpoint of step 1 is intact and a resumed run
+    continues from it."""
+    from rlvr.trainer import grpo
+
+    real = grpo.build_samples
+
+    def poisoned(batch, cfg, gate=None):
+        samples, metrics, rows = real(batch, cfg, gate)
+        if batch.step == 1:
+            samples[0].advantage = math.nan
+        return samples, metrics, rows
+
+    monkeypatch.setattr(grpo, "build_samples", poisoned)
+    extra = ["max_steps=2", "checkpoint.every=1"]
+    trainer = Trainer(config(tiny_server, tmp_path, *extra), env=_env(tiny_server))
+    with pytest.raises(NonFiniteStepError, match="^step 2: the loss is nan; the optimizer did"):
+        trainer.run()
+    assert _trainable_finite(trainer)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000001"]
+
+    monkeypatch.setattr(grpo, "build_samples", real)
+    resumed = Trainer(config(tiny_server, tmp_path, *extra, "checkpoint.resume=auto"),
+                      env=_env(tiny_server))  # fmt: skip
+    assert len(resumed.run()) == 1 and resumed.start_step == 1
+    assert _trainable_finite(resumed)

@@ -1,8 +1,13 @@
 """Atomic writes: a crash mid-write leaves the old state (or nothing), never half a file."""
 
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
 from rlvr.atomic import atomic_directory, atomic_write_text
+from rlvr.trainer.checkpoint import save_checkpoint
 
 
 def test_directory_appears_only_when_complete(tmp_path):
@@ -42,3 +47,49 @@ def test_interrupted_file_write_keeps_the_old_text(tmp_path, monkeypatch):
         atomic_write_text(path, "new")
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_everything_is_on_disk_before_the_rename(tmp_path, monkeypatch):
+    """Without fsync a power loss can keep a rename but lose the data it points to: every file
+    and directory of the new tree is fsynced before the rename, the parent after it. A
+    checkpoint is published the same way."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "model"
+    with atomic_directory(target) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "weights").write_text("w")
+        (tmp / "config").write_text("c")
+    renamed = events.index(("replace", str(target)))
+    before = {path.replace(str(tmp), str(target)) for _, path in events[:renamed]}
+    assert before == {str(target), str(target / "sub"), str(target / "sub" / "weights"),
+                      str(target / "config")}  # fmt: skip
+    assert events[renamed + 1:] == [("fsync", str(tmp_path))]  # fmt: skip
+
+    events.clear()
+    atomic_write_text(tmp_path / "state.json", "{}")
+    assert [kind for kind, _ in events] == ["fsync", "replace", "fsync"]
+    assert events[-1] == ("fsync", str(tmp_path))
+
+    events.clear()
+    accelerator = SimpleNamespace(
+        is_main_process=True,
+        wait_for_everyone=lambda: None,
+        save_state=lambda d: (Path(d) / "model.safetensors").write_bytes(b"w"),
+    )
+    final = save_checkpoint(accelerator, tmp_path / "run", {"step": 3}, keep_last=2)
+    renamed = events.index(("replace", str(final)))
+    synced = {Path(path).name for kind, path in events[:renamed] if kind == "fsync"}
+    assert {"model.safetensors", "trainer_state.json", ".tmp-step_000003"} <= synced
+    assert events[renamed + 1] == ("fsync", str(final.parent))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from rlvr.config import ConfigError, LoraConfig, ModelConfig
 from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_model, load_tokenizer
 from rlvr.reasoning_vocab.mapping import attach as attach_reasoning_vocab
 from rlvr.trainer.memory import Budget, plan_memory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -206,18 +209,28 @@ def load_policy(
     accelerator: Any,
     keep_reference: bool = False,
     budget: Budget | None = None,
+    sampled_len: int | None = None,
 ) -> Policy:
     """Everything a trainer needs to start training the model `model_cfg.name`
     (`keep_reference`: see `apply_lora`). With the `budget` of its largest micro-batch, the
     step's peak memory is checked against the device's (a ConfigError when it cannot fit)
     and gradient checkpointing, unless set, is on only when the step needs it
-    (`rlvr.trainer.memory.plan_memory`); without one, checkpointing is as set (default off)."""
+    (`rlvr.trainer.memory.plan_memory`); without one, checkpointing is as set (default off).
+
+    `sampled_len` (GRPO: the longest sample, whose tokens a server sampled) makes it a policy
+    whose log-probabilities are compared with a sampler's: a rotary embedding the trainer
+    cannot reproduce is refused before the weights load (`rlvr.model.rope`), and every dropout
+    is off (`disable_dropout`)."""
     from accelerate.utils import DistributedType
+    from transformers import AutoConfig
 
     from rlvr.model.names import resolve_model
+    from rlvr.model.rope import check_trainer_rope
 
     with accelerator.main_process_first():  # the embedded model is converted once, by one process
         path = resolve_model(model_cfg.name)
+    if sampled_len is not None:
+        check_trainer_rope(AutoConfig.from_pretrained(path), model_cfg.name, sampled_len)
     tokenizer = load_tokenizer(path)
     pad = tokenizer.pad_token_id
     deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
@@ -229,6 +242,8 @@ def load_policy(
     model.config.use_cache = False
     if lora_cfg.enabled:
         model = apply_lora(model, lora_cfg, keep_reference, reasoning_vocab)
+    if sampled_len is not None:
+        disable_dropout(model, lora_cfg.dropout if lora_cfg.enabled else 0.0)
     plan = None
     if budget is not None:  # refuse a step that cannot fit; choose checkpointing for it
         reference_copy = keep_reference and not lora_cfg.enabled
@@ -251,6 +266,42 @@ def load_policy(
             print(plan.describe())
     pad_id = pad if pad is not None else tokenizer.eos_token_id
     return Policy(model, tokenizer, pad_id, path, reasoning_vocab, compute_dtype)
+
+
+def disable_dropout(model: torch.nn.Module, lora_dropout: float = 0.0) -> None:
+    """Turn every dropout of `model` off: its dropout modules (LoRA's included) and the
+    dropout rates its modules and config keep as numbers (attention dropout is a rate the
+    attention function reads in train mode).
+
+    Why: the policy's loss and reference forwards run in train mode (`model.eval()` would also
+    switch off Hugging Face gradient checkpointing, which checks `self.training`), and a
+    dropout there perturbs the trainer's log-probabilities: the importance ratio on identical
+    weights is no longer 1, its masking drops tokens at random and the reference pass is
+    noisy. A `lora_dropout` > 0 is said to be ignored (a warning), since it was asked for."""
+    if lora_dropout > 0:
+        log.warning(
+            "lora.dropout=%g is ignored in GRPO: the loss forward runs without dropout, since a "
+            "dropout there would perturb every importance ratio and the reference pass",
+            lora_dropout,
+        )
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if _is_dropout_rate(name, value):
+                setattr(module, name, 0.0)
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            for name, value in config.to_dict().items():
+                if _is_dropout_rate(name, value):
+                    setattr(config, name, 0.0)
+
+
+def _is_dropout_rate(name: str, value: Any) -> bool:
+    """A number named like a dropout rate (`attention_dropout`, `hidden_dropout_prob`,
+    `resid_pdrop`, ...), not a flag."""
+    named = "dropout" in name or name.endswith("_pdrop")
+    return named and isinstance(value, float) and value > 0
 
 
 def zero3_gather(params: list[torch.nn.Parameter]):

@@ -4,15 +4,19 @@ a training step's groups (`StepBatch`)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.rollouts.request_args import SamplingFilterError
 from rlvr.rollouts.to_samples import (
     MissingTokensError,
+    NonFiniteRewardError,
     RolloutResult,
     rollout_result,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,6 +26,53 @@ class GroupResult:
     rollouts: list[RolloutResult]
     errored: int = 0
     errors: list[str] = field(default_factory=list)
+
+
+def environment_name(env: Any) -> str:
+    """The name that identifies `env` in warnings: its verifiers id, else its class."""
+    return getattr(env, "env_id", "") or type(env).__name__
+
+
+async def score(env: Any, states: list[dict], where: str) -> list[str]:
+    """Score `states` together as the environment asks; returns one error per rollout when
+    scoring itself raises (a group reward function that returns None or a string breaks
+    verifiers' weighted sum), else none."""
+    if not states:
+        return []
+    try:
+        if env.score_rollouts:
+            await env.rubric.score_group(states)
+        else:
+            await env.rubric.dummy_score_group(states)
+    except Exception as e:
+        message = f"{where}: scoring raised {type(e).__name__}: {e}"
+        log.warning("%s; its %d rollouts count as errored", message, len(states))
+        return [message] * len(states)
+    return []
+
+
+def results(
+    states: list[dict], max_seq_len: int, mask_truncated: bool, where: str
+) -> tuple[list[RolloutResult], list[str]]:
+    """Each scored state as a `RolloutResult`, and an error for each whose reward is not a
+    finite number (warned once per group, naming the environment, the row and the values)."""
+    rollouts: list[RolloutResult] = []
+    errors: list[str] = []
+    bad: list[Any] = []
+    for state in states:
+        try:
+            rollouts.append(rollout_result(state, max_seq_len, mask_truncated))
+        except NonFiniteRewardError as e:
+            errors.append(f"{where}: {e}")
+            bad.append(state.get("reward"))
+    if bad:
+        log.warning(
+            "%s: %d of %d rollouts have a reward that is not a finite number (%s); they count "
+            "as errored rollouts (rollouts/errored) and never train, and the group gets no "
+            "loss when more than batch.max_errored_frac of it errored",
+            where, len(bad), len(states), ", ".join(map(repr, bad)),
+        )  # fmt: skip
+    return rollouts, errors
 
 
 async def run_group(
@@ -37,16 +88,17 @@ async def run_group(
 
     Mirrors verifiers' own group runner (rollouts, then `rubric.score_group`, then cleanup)
     through public methods, because its public `run_group` returns serialised outputs without
-    the token trajectory. A rollout that raises or ends with `state["error"]` is dropped and
-    counted; the others are scored together.
+    the token trajectory. A rollout that raises, ends with `state["error"]`, or whose reward is
+    not a finite number (or whose group's scoring raises) is dropped and counted; the others
+    are scored together.
     """
-    results = await asyncio.gather(
+    outcomes = await asyncio.gather(
         *(env.rollout(dict(row), client, model, args) for args in sampling_args),
         return_exceptions=True,
     )
     states = []
     errors = []
-    for result in results:
+    for result in outcomes:
         if isinstance(result, MissingTokensError | SamplingFilterError):
             raise result  # no rollout of this run could train: stop it, naming the cause
         if isinstance(result, BaseException):
@@ -55,14 +107,16 @@ async def run_group(
             errors.append(repr(result["error"]))
         else:
             states.append(result)
-    if states:
-        if env.score_rollouts:
-            await env.rubric.score_group(states)
-        else:
-            await env.rubric.dummy_score_group(states)
+    where = f"environment {environment_name(env)}, example_id {row.get('example_id')}"
+    scoring_errors = await score(env, states, where)
     for state in states:
         await env.rubric.cleanup(state)
-    rollouts = [rollout_result(s, max_seq_len, mask_truncated) for s in states]
+    rollouts: list[RolloutResult] = []
+    if scoring_errors:
+        errors += scoring_errors
+    else:
+        rollouts, reward_errors = results(states, max_seq_len, mask_truncated, where)
+        errors += reward_errors
     return GroupResult(rollouts, errored=len(errors), errors=errors)
 
 
@@ -82,6 +136,17 @@ class StepBatch:
     """The weight version the server held when these rollouts started: under adapter sync the
     version that generated all of them; merged pushes may change the weights mid-batch."""
     errors: list[str] = field(default_factory=list)
+    max_policy_version: int | None = None
+    """The newest weight version that may have served some of these rollouts: a merged push
+    that began before the batch finished serves its later requests (and the rest of any
+    completion in progress) under the same name. None (a batch saved before this field
+    existed): `min_policy_version`."""
+
+    @property
+    def newest_policy_version(self) -> int:
+        """The newest weight version that may have served these rollouts."""
+        newest = self.max_policy_version
+        return self.min_policy_version if newest is None else newest
 
     @property
     def rollouts(self) -> list[RolloutResult]:

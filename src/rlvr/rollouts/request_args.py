@@ -11,6 +11,12 @@ at start, and every request states the neutral values explicitly: vLLM would oth
 unset fields from the model's `generation_config.json` (vf-vllm also starts vLLM with
 `--generation-config vllm`, for servers started by hand this is the second guard).
 
+The temperature is the trainer's too: it divides its logits by `sampling.temperature`, so a
+temperature anywhere else (`sampling.extra_body`, which the OpenAI client merges over the
+request's own fields, or an environment's `sampling_args` and their `extra_body`) is refused
+unless it is the same value. Beam search, watermarking and a thinking-token budget replace or
+bias the draw itself and are refused like the filters.
+
 Constrained decoding is refused for the same reason: a JSON schema, a regex, a grammar, a choice
 list or a forced tool call (`response_format`, `structured_outputs`, `guided_*`, `tool_choice`
 of "required" or a named tool) masks tokens before vLLM computes its log-probabilities, and the
@@ -51,7 +57,13 @@ REFUSED_WHEN_SET = (
     "guided_grammar",
     "guided_whitespace_pattern",
     "structural_tag",
+    # another draw than sampling from the softmax: beams, a watermark's biased token lists
+    "use_beam_search",
+    "watermarking",
 )
+# Fields that reshape it whenever they are present, 0 included (a budget of 0 thinking tokens
+# forces the end of the thinking span at once).
+REFUSED_WHEN_PRESENT = ("thinking_token_budget",)
 # Values of these fields that leave the distribution alone; any other value constrains it.
 NEUTRAL_CHOICES = {"response_format": (None, "text"), "tool_choice": (None, "auto", "none")}
 
@@ -84,6 +96,9 @@ def unreproducible(args: dict[str, Any]) -> dict[str, Any]:
         for key in REFUSED_WHEN_SET:
             if source.get(key):
                 found[key] = source[key]
+        for key in REFUSED_WHEN_PRESENT:
+            if source.get(key) is not None:
+                found[key] = source[key]
         for key, neutral in NEUTRAL_CHOICES.items():
             value = source.get(key)
             if key == "tool_choice" and isinstance(value, dict):  # a named tool is forced
@@ -93,19 +108,64 @@ def unreproducible(args: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-def check_reproducible(args: dict[str, Any], where: str) -> None:
+def temperature_conflicts(args: dict[str, Any], temperature: float | None) -> dict[str, Any]:
+    """The temperatures of request `args` (top level or extra_body) that differ from the one the
+    trainer divides its logits by: `temperature` (the run's `sampling.temperature`), or where
+    that is None, the request's own top-level one (extra_body's is merged over it, so vLLM
+    would sample at extra_body's)."""
+    expected = args.get("temperature") if temperature is None else temperature
+    found: dict[str, Any] = {}
+    if expected is None:
+        return found
+    for name, source in (
+        ("temperature", args),
+        ("extra_body.temperature", args.get("extra_body") or {}),
+    ):
+        value = source.get("temperature")
+        if value is not None and float(value) != float(expected):
+            found[name] = value
+    return found
+
+
+def check_reproducible(args: dict[str, Any], where: str, temperature: float | None = None) -> None:
     """Raise SamplingFilterError naming each field `where` asks for that the trainer cannot
-    reproduce in its log-probabilities."""
+    reproduce in its log-probabilities: a filter, penalty or constraint, or a temperature other
+    than `temperature` (see `temperature_conflicts`)."""
+    problems = []
     found = unreproducible(args)
     if found:
-        fields = ", ".join(f"{k}={v!r}" for k, v in found.items())
-        raise SamplingFilterError(
-            f"{where} asks for {fields}: the trainer's log-probabilities are the full "
+        problems.append(
+            f"{where} asks for {_fields(found)}: the trainer's log-probabilities are the full "
             "temperature-scaled distribution, so a sampler that filters, penalises or "
             "constrains tokens (constrained decoding, forced tool calls) would bias every "
             "importance ratio. Remove these (use sampling.temperature to sharpen or flatten "
             "the distribution; ask for a format in the prompt and reward it instead)."
         )
+    conflicts = temperature_conflicts(args, temperature)
+    if conflicts:
+        divisor = (
+            f"sampling.temperature={temperature:g}"
+            if temperature is not None
+            else f"the request's temperature={args['temperature']}"
+        )
+        problems.append(
+            f"{where} asks for {_fields(conflicts)} but the trainer divides its logits by "
+            f"{divisor}: the server would sample from another distribution than the one every "
+            f"importance ratio divides by. Remove {', '.join(conflicts)} and set "
+            "sampling.temperature to the temperature you want."
+        )
+    if problems:
+        raise SamplingFilterError(" ".join(problems))
+
+
+def check_run_sampling(cfg: SamplingConfig) -> None:
+    """`check_reproducible` for the run config's own sampling section."""
+    run = {"top_p": cfg.top_p, "temperature": cfg.temperature, "extra_body": cfg.extra_body}
+    check_reproducible(run, "sampling", cfg.temperature)
+
+
+def _fields(found: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in found.items())
 
 
 def check_logprobs_mode(mode: str | None, temperature: float) -> None:
@@ -144,8 +204,8 @@ def build_sampling_args(
     merged key by key; `max_tokens` comes from `max_tokens()`. Raises SamplingFilterError for a
     filter the trainer cannot reproduce."""
     env_defaults = env_defaults or {}
-    check_reproducible(env_defaults, "the environment's sampling_args")
-    check_reproducible({"top_p": cfg.top_p, "extra_body": cfg.extra_body}, "sampling")
+    check_reproducible(env_defaults, "the environment's sampling_args", cfg.temperature)
+    check_run_sampling(cfg)
     args: dict[str, Any] = {k: v for k, v in env_defaults.items() if k != "extra_body"}
     args.update(
         temperature=cfg.temperature, max_tokens=max_tokens(cfg, env_defaults), **NEUTRAL_OPENAI

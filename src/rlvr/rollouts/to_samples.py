@@ -16,11 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlvr.trainer.metrics import finite_number
 from rlvr.trainer.micro_batches import Sample
 
 
 class MissingTokensError(RuntimeError):
     """The server did not return token ids / logprobs, so nothing can be trained."""
+
+
+class NonFiniteRewardError(ValueError):
+    """A scored rollout's reward is NaN, infinite or not a number: an error of the
+    environment, never a number to train on (the rollout counts as errored)."""
 
 
 def message_field(obj: Any, key: str, default: Any = None) -> Any:
@@ -105,6 +111,12 @@ class RolloutResult:
 
 
 def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> RolloutResult:
+    """A scored rollout's state reduced to a `RolloutResult`. Raises `NonFiniteRewardError`
+    for a reward that is not a finite number; rubric metrics that are not finite numbers are
+    left out (a mean of them would be NaN or raise)."""
+    reward = finite_number(state.get("reward"))
+    if reward is None:
+        raise NonFiniteRewardError(f"reward {state.get('reward')!r} is not a finite number")
     trajectory = state.get("trajectory") or []
     truncated = bool(state.get("is_truncated")) or any(
         step.get("is_truncated") for step in trajectory
@@ -117,8 +129,12 @@ def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> Rollou
     )
     return RolloutResult(
         example_id=int(state.get("example_id", 0)),
-        reward=float(state.get("reward") or 0.0),
-        metrics={k: float(v) for k, v in (state.get("metrics") or {}).items()},
+        reward=reward,
+        metrics={
+            name: number
+            for name, value in (state.get("metrics") or {}).items()
+            if (number := finite_number(value)) is not None
+        },
         samples=samples,
         truncated=truncated,
         num_turns=len(trajectory),

@@ -13,11 +13,15 @@ def group_advantages(
 
     Returns the advantages, shaped like `groups`, and one flag per group that is True when
     all its rewards are equal: such a group has zero advantage everywhere and teaches nothing.
-    The std is the population std of the group; `eps` only guards the division.
+    The std is the population std of the group; `eps` only guards the division. A reward that
+    is not finite raises: one NaN would make its whole group's advantages NaN, and the weights
+    after one step (`rlvr.rollouts.groups` counts such rollouts as errored before they get here).
     """
     advantages: list[list[float]] = []
     zero_variance: list[bool] = []
-    for rewards in groups:
+    for index, rewards in enumerate(groups):
+        if not all(math.isfinite(r) for r in rewards):
+            raise ValueError(f"group {index} has a reward that is not finite: {list(rewards)}")
         n = len(rewards)
         mean = sum(rewards) / n if n else 0.0
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0

@@ -5,9 +5,9 @@ A checkpoint directory `checkpoints/step_000012` (12 steps done) holds accelerat
 its own partitioned files), `trainer_state.json` (step, data position, weight version, W&B
 run id) and, for asynchronous runs, the rollout batches that were already being generated
 (`in_flight_batches.pkl`: a resumed run trains on them instead of regenerating them with the
-newer policy). Everything is first written to a hidden temporary directory and renamed into place
-when complete, and `trainer_state.json` is written last, so a crash mid-save leaves the
-previous checkpoint as the latest valid one.
+newer policy). Everything is first written to a hidden temporary directory, fsynced, and renamed
+into place when complete (`rlvr.atomic.publish_directory`), and `trainer_state.json` is written
+last, so a crash or power loss mid-save leaves the previous checkpoint as the latest valid one.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlvr.atomic import atomic_write_text
+from rlvr.atomic import atomic_write_text, publish_directory
 
 STATE_FILE = "trainer_state.json"
 IN_FLIGHT_FILE = "in_flight_batches.pkl"
@@ -84,7 +84,7 @@ def save_checkpoint(
         atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=2))
         if final.exists():
             shutil.rmtree(final)
-        tmp.rename(final)
+        publish_directory(tmp, final)
         for old in list_checkpoints(output_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from rlvr.config import Config, ConfigError, save_config, to_yaml
-from rlvr.model.policy import load_model, load_policy, reference_mode, save_final
+from rlvr.model.policy import load_model, load_policy, reference_mode, resolve_dtype, save_final
+from rlvr.model.rope import check_served_rope
 from rlvr.reasoning_vocab.gate import ThinkGate
 from rlvr.reasoning_vocab.mapping import row_cosines
 from rlvr.rollouts.client import make_client
@@ -41,6 +42,7 @@ from rlvr.trainer.advantages import group_advantages
 from rlvr.trainer.cadence import Cadence
 from rlvr.trainer.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
 from rlvr.trainer.cores import pin_to_cores
+from rlvr.trainer.layout_check import check_shared_layouts
 from rlvr.trainer.logprobs import MaskLogits, sequence_scores
 from rlvr.trainer.loss import StatsAccumulator, normalised_loss, policy_loss
 from rlvr.trainer.memory import GIB, Budget, peak_bytes, reset_peak
@@ -49,7 +51,7 @@ from rlvr.trainer.micro_batches import MicroBatch, Sample, largest_micro_batch
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 from rlvr.trainer.prefix_tree import plan_micro_batches, tree_attention
 from rlvr.weight_sync.connect import connect
-from rlvr.weight_sync.probe import probe_kl, served_logprobs, trainer_logprobs
+from rlvr.weight_sync.probe import served_logprobs, trainer_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,7 @@ def build_samples(
         "rollouts/completion_len": gen_tokens / max(len(rollouts), 1),
         "rollouts/turns": mean([r.num_turns for r in rollouts]),
         "rollouts/policy_lag": batch.step - batch.min_policy_version,
+        "rollouts/policy_lag_min": batch.step - batch.newest_policy_version,
         "time/generate": batch.generate_s,
         "throughput/gen_tokens_per_s": gen_tokens / max(batch.generate_s, 1e-9),
     }
@@ -155,8 +158,8 @@ class Trainer:
         self.sync = None
         self.pushes = 0
         """Weight pushes this rank took part in (every rank joins every push)."""
-        self.probe_kl: float | None = None
-        """`push/probe_kl` of the last push (None: not probed)."""
+        self.probe_metrics: dict[str, float] = {}
+        """What the probe of the last push measured (`push/probe_*`; empty: not probed)."""
         self.logger: RunLogger | None = None
 
     # ---- set-up ---------------------------------------------------------------------
@@ -183,6 +186,9 @@ class Trainer:
             acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size or 1
         )
         self.model = self.opt.model
+        compute_dtype = self.compute_dtype or resolve_dtype(cfg.model.dtype)
+        cfg.batch = check_shared_layouts(self.model, cfg.batch, self.pad_id, acc.device,
+                                         compute_dtype)  # fmt: skip
         resume = resolve_resume(cfg.checkpoint.resume, cfg.output_dir)
         state = load_checkpoint(acc, resume, self.model, self.ds) if resume else {}
         self.in_flight = load_in_flight(resume) if resume and acc.is_main_process else []
@@ -202,6 +208,8 @@ class Trainer:
         if resume:
             self.logger.print(f"resumed from {resume} at step {self.start_step}")
         self._connect_server()
+        unwrapped = acc.unwrap_model(self.model)
+        check_served_rope(unwrapped.config, cfg.model.name, self.sync.control, cfg.server.base_url)
         self.push_weights(self.start_step, initial=True)  # the server may hold other weights
         if acc.is_main_process:
             self._start_worker()
@@ -209,7 +217,12 @@ class Trainer:
     def _load_policy(self) -> None:
         cfg, acc = self.cfg, self.accelerator
         policy = load_policy(
-            cfg.model, cfg.lora, acc, keep_reference=cfg.loss.beta > 0, budget=self._budget()
+            cfg.model,
+            cfg.lora,
+            acc,
+            keep_reference=cfg.loss.beta > 0,
+            budget=self._budget(),
+            sampled_len=cfg.batch.max_seq_len,
         )
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.reasoning_vocab = policy.reasoning_vocab
@@ -357,6 +370,7 @@ class Trainer:
         global_tokens = sum(s.num_loss_tokens for s in samples)
         t0 = time.perf_counter()
         stats = self.forward_backward(samples, global_tokens)
+        self.opt.check_loss(stats.get("loss", 0.0))  # alike on every rank: stats are global
         t1 = time.perf_counter()
         lr = self.opt.lr
         grad_norm = self.opt.step(global_tokens > 0)
@@ -386,7 +400,7 @@ class Trainer:
                 "time/forward_backward": t1 - t0,
                 "time/optimizer": t2 - t1,
                 "time/weight_push": push_s,
-                **({"push/probe_kl": self.probe_kl} if self.probe_kl is not None else {}),
+                **self.probe_metrics,
                 "time/step": step_s,
                 "throughput/train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
                 "throughput/padded_frac": 1 - forwarded / max(stats.get("slots", forwarded), 1),
@@ -451,35 +465,37 @@ class Trainer:
         `RolloutWorker`): every batch's policy version is then fixed, also across resumes."""
         if self.worker is not None and not initial:
             self.worker.wait_for_batches_of(version - 1, timeout_s=self._rank0_deadline_s)
-        seconds, self.probe_kl = 0.0, None  # logged only for a step that pushed
+        seconds, self.probe_metrics = 0.0, {}  # logged only for a step that pushed
         if initial or self.cfg.server.push_weights:
             seconds = self.sync.push(version)
             self.pushes += 1
-            self.probe_kl = self._probe_push(version)
+            self.probe_metrics = self._probe_push(version)
         self.version = version
         if self.worker is not None:
             self.worker.set_version(version)
             self.sync.release(self.worker.versions_in_use())
         return seconds
 
-    def _probe_push(self, version: int) -> float | None:
-        """`push/probe_kl` of the push of `version` (see rlvr.weight_sync.probe); every rank runs
-        the forward and raises together when it is over the limit."""
+    def _probe_push(self, version: int) -> dict[str, float]:
+        """The probe of the push of `version` (see rlvr.weight_sync.probe): every rank runs the
+        forward, the main process asks the server (twice at the initial push, for its noise),
+        and every rank checks the main process's scores, so all raise together."""
         if self.probe is None:
-            return None
+            return {}
         ids = self.probe.ids
         mine = trainer_logprobs(self.model, ids, self.accelerator.device)
-        result = None
+        scores = None
         if self.accelerator.is_main_process:
             name = self.rollout_model(version)
-            result = probe_kl(mine, served_logprobs(self.sync.control, name, ids)), name
+            served = served_logprobs(self.sync.control, name, ids)
+            again = None if self.probe.calibrated else served_logprobs(self.sync.control, name, ids)
+            scores = mine, served, again, name
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
-            result = broadcast_object_list([result])[0]
-        kl, name = result
-        self.probe.check(kl, version, name)
-        return kl
+            scores = broadcast_object_list([scores])[0]
+        trainer, served, again, name = scores
+        return self.probe.check(trainer, served, version, name, repeat=again)
 
     def _report(self, step: int, metrics: dict[str, float], rows: list) -> None:
         logger = self.logger

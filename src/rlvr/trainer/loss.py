@@ -71,7 +71,9 @@ def policy_loss(
         ref_diff = ref_logprobs - logprobs
         kl_ref = torch.exp(ref_diff) - ref_diff - 1
         per_token = per_token + cfg.beta * kl_ref
-        stats["kl_ref_sum"] = (kl_ref * mask).sum().detach()
+        # the loss's own mask (ratio-masked tokens left out), as for pg_loss: the two
+        # statistics add up to the loss that trains
+        stats["kl_ref_sum"] = (kl_ref * keep).sum().detach()
     loss_sum = (per_token * keep).sum()
     with torch.no_grad():
         ratio_on_mask = ratio[mask.bool()]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import numbers
 import os
 import statistics
 from collections import defaultdict
@@ -41,27 +43,40 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def distribution(prefix: str, values: list[float]) -> dict[str, float]:
-    if not values:
+def finite_number(value: Any) -> float | None:
+    """`value` as a float when it is a finite real number (Python or NumPy; booleans are not
+    numbers here), else None: the one rule for what counts as a reward or metric value, so
+    NaN, infinities, None and strings never reach a mean, a baseline or a loss."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def distribution(prefix: str, values: Iterable[Any]) -> dict[str, float]:
+    """Mean, population std, min and max of the finite numbers among `values` (others are
+    left out: `statistics.pstdev` raises a riddle on NaN); empty when there are none."""
+    finite = [x for x in map(finite_number, values) if x is not None]
+    if not finite:
         return {}
     return {
-        f"{prefix}/mean": mean(values),
-        f"{prefix}/std": statistics.pstdev(values),
-        f"{prefix}/min": min(values),
-        f"{prefix}/max": max(values),
+        f"{prefix}/mean": statistics.fmean(finite),
+        f"{prefix}/std": statistics.pstdev(finite),
+        f"{prefix}/min": min(finite),
+        f"{prefix}/max": max(finite),
     }
 
 
 def metric_means(metric_dicts: Iterable[Any], prefix: str = "") -> dict[str, float]:
     """Mean of every numeric rubric metric over the rollouts that report it, in the order of
     first appearance, named `prefix/name` (just `name` without a prefix). Entries that are not
-    mappings, and values that are not numbers (booleans included), are left out. The trainer's
-    `env/` means and the evaluation reports' metric columns both come from here."""
+    mappings, and values that are not finite numbers (see `finite_number`), are left out. The
+    trainer's `env/` means and the evaluation reports' metric columns both come from here."""
     values: dict[str, list[float]] = defaultdict(list)
     for metrics in metric_dicts:
         for name, value in metrics.items() if isinstance(metrics, dict) else ():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                values[name].append(value)
+            if (number := finite_number(value)) is not None:
+                values[name].append(number)
     return {
         f"{prefix}/{name}" if prefix else name: statistics.fmean(v) for name, v in values.items()
     }

@@ -173,16 +173,28 @@ def visibility(scope_end: torch.Tensor) -> Callable[..., torch.Tensor]:
     return visible
 
 
+@functools.cache
+def compiled_block_mask() -> Callable[..., Any]:
+    """flex attention's `create_block_mask`, compiled once per process for any rows and width.
+
+    Why compiled: run eagerly it evaluates the mask_mod on the whole dense [R, 1, W, W] grid
+    before reducing it to blocks; compiled, the evaluation is fused into the block reduction
+    and no W x W tensor exists (docs/troubleshooting.md has the time and memory of both). The
+    price is one compilation at the first folded micro-batch."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask, dynamic=True)
+
+
 def tree_attention_mask(scope_end: torch.Tensor, attention: str) -> Any:
     """The attention mask of folded rows with `scope_end` [R, W] (see `visibility`): a
     [R, 1, W, W] boolean tensor for sdpa, a block mask (no W x W tensor, fully masked blocks
-    skipped) for flex attention."""
+    skipped, built without one: `compiled_block_mask`) for flex attention."""
     rows, width = scope_end.shape
     visible = visibility(scope_end)
     if attention == "flex_attention":
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        return create_block_mask(visible, rows, None, width, width, device=scope_end.device)
+        build = compiled_block_mask()
+        return build(visible, rows, None, width, width, device=scope_end.device)
     b = torch.arange(rows, device=scope_end.device)[:, None, None]
     index = torch.arange(width, device=scope_end.device)
     return visible(b, None, index[None, :, None], index[None, None, :])[:, None]

@@ -86,7 +86,8 @@ def connect(
     say(f"weight push: {push}; rollouts request model {requested}")
     probe = None
     if server.push_probe:
-        probe = PushProbe(probe_ids(tokenizer, reasoning_vocab), server.probe_kl_max)
+        ids = probe_ids(tokenizer, reasoning_vocab)
+        probe = PushProbe(ids, server.probe_kl_max, server.probe_noise)
     return Connection(sync, push, probe)
 
 

@@ -1,5 +1,5 @@
 """Did the weights arrive? After every push, one short probe checks that the server serves
-exactly what the trainer just pushed.
+what the trainer just pushed, on a bfloat16 server as on a float32 one.
 
 Mismatch-KL (sampler vs trainer on the sampled tokens) cannot answer this at `async_level` >= 1:
 the sampled tokens come from an older policy, so it also measures how far the policy moved
@@ -12,19 +12,34 @@ compares the same weights on both sides instead, whatever the lag:
   token ids in, so no tokenizer mode is involved), under the model name rollouts of the new
   version will request: the version's adapter under adapter sync, the base name under
   merged pushes;
-- the trainer scores it with the weights it just pushed, a forward on every rank (ZeRO-3
-  gathers parameters in lockstep), right after the push;
-- `push/probe_kl` is the mean over the sequence of exp(d) - 1 - d, d = trainer - server
-  log-probability of each token: mismatch-KL's estimator (`rlvr.trainer.loss`), zero exactly when
-  both sides agree. Above the limit the push raises on every rank.
+- the trainer scores it with its weights as it computes with them (a mixed-precision policy
+  under its autocast), a forward on every rank (ZeRO-3 gathers parameters in lockstep), right
+  after the push.
 
-The limit (`server.probe_kl_max`, or calibrated): server and trainer never agree to the last
-bit (kernels, and dtypes: ~1e-13 with float32 on both sides, ~1e-3 for a bf16 server against
-a float32 trainer on SmolLM2), while one optimizer step moves the probe by far less than 1e-3
-at usual learning rates. No fixed number fits both, so by default the initial push, where
-both sides hold the same weights, measures the rounding between these two implementations
-and later pushes may exceed it tenfold, never less than `PROBE_KL_FLOOR` (run-to-run noise
-of float32) and never more than `PROBE_KL_CAP` (which the initial push must pass too).
+Two sides never agree to the last bit (kernels, and dtypes: a bf16 server rounds weights and
+activations), and on a bf16 server that offset is far larger than one optimizer step's move
+of the probe, so an absolute limit cannot see a stale server there. The check therefore
+compares *changes*: between a reference push and this one, the server's change dS must be the
+trainer's change dT. The offset between the implementations cancels in the difference up to
+its variation, the server's noise: at the initial push both sides hold the same weights, and
+the offset measured there (with the server's repeatability, from scoring twice) sets it; the
+offset is redrawn as rounding boundaries are crossed, hence sqrt(2) times it. Weights rounded
+to the server's dtype follow float32 master weights in aggregate, so sub-ulp updates count as
+realised once they add up. A check is decisive when rms(dT) is at least `DECISIVE_SNR` times
+the noise; then the server must have realised the move (<dS,dT>/<dT,dT> within
+`REALISED_TOLERANCE` of 1: ~0 for a stale server). Every check bounds the residual
+rms(dS - dT) by part of the move plus the noise (a partly updated server, or one that moved
+by itself). The reference advances only on decisive checks, so a move too small to measure
+accumulates until it is measurable; a second comparison against the initial push sees a
+partial push (a tensor never updated) drift further every step. The absolute mismatch
+(`push/probe_kl`, mismatch-KL's estimator exp(d) - 1 - d averaged, d = trainer - server) is
+logged, and it is the initial push's only check: at most `PROBE_KL_CAP` (or
+`server.probe_kl_max`), which a server serving another model fails. Later pushes are held to
+it only where `server.probe_kl_max` is set: a limit calibrated by the initial push would fire
+on complete pushes once training sharpens the logits and with them the rounding.
+
+Any non-finite log-probability on either side, or statistic, fails: comparisons are written
+so that NaN cannot pass.
 
 vLLM 0.32 computes prompt log-probabilities from the raw logits (`gpu_model_runner.
 _get_prompt_logprobs_dict`: "prompt tokens skip sampling processors", so no temperature, no
@@ -35,11 +50,13 @@ runs in one).
 
 Why a probe rather than mismatch-KL restricted to on-policy samples: at the default
 async_level every batch lags, so that restriction would leave nothing to check. The probe
-costs one forward of ~80 tokens and one prompt-only request per push.
+costs one forward of ~80 tokens and one prompt-only request per push (two at the initial one).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,13 +73,37 @@ PROBE_TEXT = (
 )
 REASONING_PROBE_IDS = 16
 """How many of a reasoning vocabulary's added ids the probe's think span holds."""
-PROBE_KL_FLOOR = 1e-6
 PROBE_KL_CAP = 1e-2
-PROBE_KL_HEADROOM = 10.0
+"""The most `push/probe_kl` the initial push may show (a bf16 server against a float32 trainer
+stays well below it; another model does not)."""
+PROBE_NOISE_FLOOR = 1e-4
+"""The least noise assumed (RMS log-probability per token): float32 on both sides measures
+~1e-7, which the offset's growth over a run may exceed; one optimizer step moves the probe
+well above this floor."""
+DECISIVE_SNR = 2.0
+"""A check judges whether the server realised the trainer's move once rms(dT) is this many
+times the noise: the realised fraction's standard error is about noise / (rms(dT) sqrt(n))
+for n probe tokens, ~0.06 here with ~64 tokens, so `REALISED_TOLERANCE` is ~8 of them."""
+REALISED_TOLERANCE = 0.5
+"""How far from 1 the realised fraction of a decisive move may be."""
+RESIDUAL_FRACTION = 0.05
+RESIDUAL_NOISE = 3.0
+"""rms(dS - dT) may reach RESIDUAL_FRACTION of the move plus RESIDUAL_NOISE times the noise."""
 
 
 class WeightsNotServedError(RuntimeError):
     """The server does not serve the weights that were just pushed."""
+
+
+NOT_SERVED = (
+    "The server does not serve what was pushed: a push that did not arrive, a stale or partly "
+    "updated server (a skipped layer or lm_head), or another process pushing into it."
+)
+TURN_OFF = "server.push_probe=false turns the check off."
+BROKEN_POLICY = (
+    "The policy's weights are broken (a non-finite update?): resume from the last checkpoint."
+)
+BROKEN_SERVER = f"The server computes non-finite values for the pushed weights. {NOT_SERVED}"
 
 
 def probe_ids(tokenizer: Any, vocab: ReasoningVocab | None = None) -> list[int]:
@@ -108,28 +149,180 @@ def probe_kl(trainer: torch.Tensor, served: torch.Tensor) -> float:
     return float((torch.expm1(d) - d).mean())
 
 
-class PushProbe:
-    """The probe's token ids and its limit, calibrated at the first check unless `kl_max`
-    fixes it. Every rank holds one and checks the same (broadcast) value."""
+def rms(x: torch.Tensor) -> float:
+    """Root mean square over the probe's tokens (float64)."""
+    return float(x.double().pow(2).mean().sqrt())
 
-    def __init__(self, ids: list[int], kl_max: float | None = None):
+
+@dataclass(frozen=True)
+class Scores:
+    """One push's probe: the trainer's and the server's log-probability of each token."""
+
+    version: int
+    trainer: torch.Tensor
+    served: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Move:
+    """How the server's probe log-probabilities followed the trainer's between two pushes.
+    dT, dS: each side's change since `since`; `moved` = rms(dT); `realised` = <dS,dT>/<dT,dT>
+    (1 when the server made the trainer's move, 0 when it stayed); `residual` = rms(dS - dT);
+    `snr` = moved / the server's noise. Decisive only when the move clears the noise."""
+
+    since: int
+    moved: float
+    realised: float
+    residual: float
+    snr: float
+
+    @property
+    def decisive(self) -> bool:
+        """The move is large enough against the noise to judge the realised fraction."""
+        return self.snr >= DECISIVE_SNR
+
+    def allowed_residual(self, noise: float) -> float:
+        """The residual a complete push may show: part of the move, plus the noise."""
+        return RESIDUAL_FRACTION * self.moved + RESIDUAL_NOISE * noise
+
+    def metrics(self, suffix: str, noise: float) -> dict[str, float]:
+        """`push/probe_snr`, the residual as a fraction of what is allowed (above 1 fails),
+        and the realised fraction where the move is decisive."""
+        metrics = {
+            f"push/probe_snr{suffix}": self.snr,
+            f"push/probe_residual{suffix}": self.residual / self.allowed_residual(noise),
+        }
+        if self.decisive:
+            metrics[f"push/probe_realised{suffix}"] = self.realised
+        return metrics
+
+    def problem(self, noise: float) -> str | None:
+        """What is wrong with this move (None: it is what a complete push does). NaN fails:
+        every comparison is written so that only a finite, in-range value passes."""
+        if not all(math.isfinite(v) for v in (self.moved, self.realised, self.snr)):
+            return f"a non-finite statistic ({self})"
+        allowed = self.allowed_residual(noise)
+        if not (self.residual <= allowed):
+            return f"residual {self.residual:.3g} > allowed {allowed:.3g}"
+        if self.decisive and not (abs(self.realised - 1) <= REALISED_TOLERANCE):
+            low, high = 1 - REALISED_TOLERANCE, 1 + REALISED_TOLERANCE
+            return f"realised {self.realised:.3g}, outside [{low:g}, {high:g}]"
+        return None
+
+
+def compare(reference: Scores, now: Scores, noise: float) -> Move:
+    """The server's move against the trainer's from `reference` to `now`."""
+    d_trainer = (now.trainer - reference.trainer).double()
+    d_served = (now.served - reference.served).double()
+    moved = rms(d_trainer)
+    square = float(d_trainer.pow(2).sum())
+    realised = float((d_served * d_trainer).sum()) / square if square > 0 else 0.0
+    return Move(reference.version, moved, realised, rms(d_served - d_trainer), moved / noise)
+
+
+def non_finite(what: str, values: torch.Tensor) -> str | None:
+    """A message naming `what`'s non-finite entries (None: all finite)."""
+    bad = (~torch.isfinite(values)).nonzero()[:, 0].tolist()
+    if not bad:
+        return None
+    shown = ", ".join(f"token {i}: {values[i].item()}" for i in bad[:5])
+    return f"{len(bad)} of {len(values)} of {what} log-probabilities are not finite ({shown})"
+
+
+class PushProbe:
+    """The probe's token ids, its absolute limit (`kl_max`: every push; default: the initial
+    push only, at `PROBE_KL_CAP`), the server's noise (measured at the first check unless
+    `noise` fixes it) and the scores it compares later pushes with. Every rank holds one and
+    checks the same (broadcast) scores, so all ranks pass or raise together."""
+
+    def __init__(self, ids: list[int], kl_max: float | None = None, noise: float | None = None):
         self.ids = ids
         self.kl_max = kl_max if kl_max is not None else PROBE_KL_CAP
         self.configured = kl_max is not None
-        self.calibrated = self.configured
+        self.noise = noise
+        self.noise_configured = noise is not None
+        self.initial: Scores | None = None
+        """The initial push's scores: the cumulative check's reference."""
+        self.reference: Scores | None = None
+        """The last decisive push's scores (the initial one before any)."""
 
-    def check(self, kl: float, version: int, model: str) -> None:
-        """Raise when `kl` says the server does not serve weight `version`."""
-        if kl > self.kl_max:
-            how = "server.probe_kl_max" if self.configured else "the probe's calibrated limit"
+    @property
+    def calibrated(self) -> bool:
+        """The initial push was checked (its scores and the noise are known)."""
+        return self.initial is not None
+
+    def check(
+        self,
+        trainer: torch.Tensor,
+        served: torch.Tensor,
+        version: int,
+        model: str,
+        repeat: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """Raise `WeightsNotServedError` unless the server serves weight `version`; return
+        what was measured (`push/probe_*` metrics). `repeat`: the server's second scoring of
+        the initial push, which measures its run-to-run noise."""
+        where = f"after the push of weight version {version}, {model!r} on the server"
+        self._check_finite(where, trainer, served, repeat)
+        now = Scores(version, trainer.double(), served.double())
+        kl = probe_kl(now.trainer, now.served)
+        if (self.configured or not self.calibrated) and not (kl <= self.kl_max):
+            how = "server.probe_kl_max" if self.configured else "the initial push's limit"
             raise WeightsNotServedError(
-                f"after the push of weight version {version}, {model!r} on the server scores "
-                f"a fixed token sequence differently from the trainer's weights: push/probe_kl "
-                f"{kl:.3g} > {how} {self.kl_max:.3g}. The server does not serve what was "
-                "pushed (a failed or partial transfer, or another process pushing into it). If "
-                "the server computes in lower precision than this allows, set "
-                "server.probe_kl_max; server.push_probe=false turns the check off."
+                f"{where} scores a fixed token sequence differently from the trainer's weights: "
+                f"push/probe_kl {kl:.3g} > {how} {self.kl_max:.3g}. {NOT_SERVED} If the server "
+                "computes in lower precision than this allows, set server.probe_kl_max. "
+                f"{TURN_OFF}"
             )
-        if not self.calibrated:
-            self.kl_max = min(max(PROBE_KL_HEADROOM * kl, PROBE_KL_FLOOR), PROBE_KL_CAP)
-            self.calibrated = True
+        if self.initial is None:
+            self._calibrate(now, repeat)
+            return {"push/probe_kl": kl}
+        step, total = (
+            compare(self.reference, now, self.noise),
+            compare(self.initial, now, self.noise),
+        )
+        for move in (step, total):
+            problem = move.problem(self.noise)
+            if problem is not None:
+                raise WeightsNotServedError(f"{where} {self._describe(move, problem)}")
+        if step.decisive:
+            self.reference = now
+        return {
+            "push/probe_kl": kl,
+            **step.metrics("", self.noise),
+            **total.metrics("_total", self.noise),
+        }
+
+    def _check_finite(
+        self, where: str, trainer: torch.Tensor, served: torch.Tensor, repeat: torch.Tensor | None
+    ) -> None:
+        """Raise, naming the side and the tokens, when any log-probability is not finite."""
+        sides = [("the trainer's", trainer, BROKEN_POLICY), ("the server's", served, BROKEN_SERVER)]
+        if repeat is not None:
+            sides.append(("the server's repeated", repeat, BROKEN_SERVER))
+        for what, values, advice in sides:
+            problem = non_finite(what, values)
+            if problem is not None:
+                raise WeightsNotServedError(f"{where}: {problem}. {advice}")
+
+    def _calibrate(self, now: Scores, repeat: torch.Tensor | None) -> None:
+        """At the initial push both sides hold the same weights: their offset (kernels,
+        dtypes) and the server's repeatability set the noise."""
+        if not self.noise_configured:
+            jitter = 0.0 if repeat is None else rms(repeat.double() - now.served)
+            offset = rms(now.served - now.trainer)
+            self.noise = max(math.sqrt(2 * (offset**2 + jitter**2)), PROBE_NOISE_FLOOR)
+        self.initial = self.reference = now
+
+    def _describe(self, move: Move, problem: str) -> str:
+        """What the check measured and what to do, for the error."""
+        return (
+            f"did not follow the trainer's weights since version {move.since}: the trainer's "
+            f"probe log-probabilities moved by {move.moved:.3g} (RMS per token; "
+            f"{move.snr:.3g}x the server's noise {self.noise:.3g}), and the server realised "
+            f"{move.realised:.3g} of that move (1: every weight arrived, 0: none did; checked "
+            f"when the move is at least {DECISIVE_SNR:g}x the noise), residual "
+            f"{move.residual:.3g}: {problem}. {NOT_SERVED} If the server's log-probabilities "
+            "are noisier than the initial push measured (nondeterministic kernels), set "
+            f"server.probe_noise above {self.noise:.3g}. {TURN_OFF}"
+        )

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import verifiers as vf
+from datasets import Dataset
 from vf_deepscaler.sampling import fill_unset
 
 from rlvr.config import load_config
@@ -88,3 +89,50 @@ def test_trainer_takes_env_max_tokens_unless_the_run_config_sets_one(
 ):
     cfg = load_config(overrides=override).sampling
     assert build_sampling_args(cfg, {"n": 1, **env_defaults})["max_tokens"] == expected
+
+
+def test_extra_body_temperature_is_refused():
+    """The trainer divides its logits by sampling.temperature, so a temperature anywhere else
+    that vLLM would sample at (extra_body is merged over the request's own fields) is refused
+    unless equal: in the run config, in an environment's sampling_args (its trainer start-up
+    check included) and on any request an environment sends."""
+    from rlvr.config import ConfigError
+    from rlvr.rollouts.request_args import SamplingFilterError, check_reproducible
+    from rlvr.trainer.grpo import Trainer
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(overrides=["sampling.temperature=0.7", "sampling.extra_body={temperature: 1}"])
+    message = str(refused.value)
+    assert "extra_body.temperature=1" in message and "sampling.temperature=0.7" in message
+    equal = ["sampling.temperature=0.7", "sampling.extra_body={temperature: 0.7}"]
+    cfg = load_config(overrides=equal).sampling
+    assert build_sampling_args(cfg, {"temperature": 0.7})["temperature"] == 0.7
+    for env_args, field in [
+        ({"temperature": 0.5}, "temperature=0.5"),
+        ({"extra_body": {"temperature": 0.5}}, "extra_body.temperature=0.5"),
+    ]:
+        with pytest.raises(SamplingFilterError, match=f"sampling_args asks for {field} .*0.7"):
+            build_sampling_args(cfg, env_args)
+    env = vf.SingleTurnEnv(
+        dataset=Dataset.from_list([{"question": "q", "answer": "1"}]),
+        sampling_args={"extra_body": {"temperature": 1.3}},
+    )
+    trainer = Trainer(load_config(overrides=[*equal, "env.id=inline"]), env=env)
+    with pytest.raises(ConfigError, match=r"environment inline: .*extra_body.temperature=1.3"):
+        trainer._load_env()
+    request = {"temperature": 1.0, "extra_body": {"temperature": 0.3}}
+    with pytest.raises(SamplingFilterError, match="rollout request asks for extra_body.temp"):
+        check_reproducible(request, "a rollout request")
+    check_reproducible({"temperature": 1.0, "extra_body": {"temperature": 1}}, "a request")
+
+
+@pytest.mark.parametrize(
+    "extra_body",
+    [{"use_beam_search": True}, {"watermarking": True}, {"thinking_token_budget": 0}],
+)
+def test_draws_other_than_softmax_sampling_are_refused(extra_body):
+    from rlvr.config import ConfigError
+
+    key = next(iter(extra_body))
+    with pytest.raises(ConfigError, match=f"sampling asks for {key}="):
+        load_config(overrides=[f"sampling.extra_body={extra_body}"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 import pytest
@@ -29,8 +30,15 @@ from rlvr.rollouts.request_args import (
     request_seed,
     turn_seed,
 )
-from rlvr.rollouts.to_samples import MissingTokensError, RolloutResult, trajectory_samples
+from rlvr.rollouts.to_samples import (
+    MissingTokensError,
+    NonFiniteRewardError,
+    RolloutResult,
+    rollout_result,
+    trajectory_samples,
+)
 from rlvr.rollouts.worker import RolloutWorker
+from rlvr.trainer.advantages import group_advantages
 from rlvr.trainer.grpo import build_samples
 from rlvr.trainer.micro_batches import Sample
 
@@ -446,3 +454,80 @@ def test_groups_with_too_many_errored_rollouts_get_no_loss():
     strict = load_config(overrides=["batch.max_errored_frac=0.0"])
     samples, metrics, _ = build_samples(batch, strict)
     assert samples == [] and metrics["rollouts/dropped_errored_groups"] == 2
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def test_nan_reward_is_an_errored_rollout(tokenizer, caplog):
+    """A third-party reward function that returns NaN for some rollouts (a ratio of two zero
+    counts) or infinity: through the worker, run_group and build_samples, as in training. Such
+    a rollout counts as errored, its group is judged by batch.max_errored_frac like any other
+    errored rollout, a warning names the environment, the row and the value, and no NaN reaches
+    the advantages or the step's metrics (where statistics.pstdev raises a riddle on NaN)."""
+    script = {"a": [1.0, NAN, 0.0, 1.0], "b": [NAN, INF, 1.0, 0.0], "c": [1.0, 0.0, 1.0, 0.0]}
+    calls = {answer: iter(rewards) for answer, rewards in script.items()}
+
+    def ratio(answer) -> float:
+        return next(calls[answer])
+
+    env = vf.SingleTurnEnv(
+        dataset=Dataset.from_list([{"question": f"q {a}", "answer": a} for a in script]),
+        rubric=vf.Rubric(funcs=[ratio]),
+    )
+    env.env_id = "vf-nan-ratio"
+    cfg = load_config(overrides=["batch.batch_size=12", "batch.rollouts_per_example=4",
+                                 "batch.async_level=0", "batch.max_errored_frac=0.25"])  # fmt: skip
+    worker = RolloutWorker(env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL]))
+    with caplog.at_level("WARNING"):
+        worker.start()
+        try:
+            batch = worker.get(0)
+        finally:
+            worker.close()
+    samples, metrics, rows = build_samples(batch, cfg)
+
+    by_answer = {g.rollouts[0].answer: g for g in batch.groups}
+    assert {a: g.errored for a, g in by_answer.items()} == {"a": 1, "b": 2, "c": 0}
+    assert metrics["rollouts/errored"] == 3
+    assert metrics["rollouts/dropped_errored_groups"] == 1  # b: 2 of 4 > 0.25; a: 1 of 4 trains
+    assert len(samples) == 3 + 4
+    assert all(math.isfinite(s.advantage) for s in samples)
+    kept_a = by_answer["a"].rollouts
+    (expected,), _ = group_advantages([[r.reward for r in kept_a]], cfg.loss.scale_rewards)
+    assert sorted(r.reward for r in kept_a) == [0.0, 1.0, 1.0]  # the baseline: finite rewards
+    assert [s.advantage for r in kept_a for s in r.samples] == pytest.approx(expected)
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["reward/mean"] == pytest.approx(5 / 9)  # a: 1 0 1, b: 1 0, c: 1 0 1 0
+    assert metrics["env/ratio"] == pytest.approx(5 / 9)
+    assert all(math.isfinite(row["reward"]) for row in rows)
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    ids = {g.rollouts[0].answer: g.rollouts[0].example_id for g in batch.groups}
+    for answer, values in (("a", "nan"), ("b", "nan, inf")):
+        where = f"environment vf-nan-ratio, example_id {ids[answer]}"
+        assert any(where in w and f"({values})" in w for w in warnings), warnings
+    assert not any(f"example_id {ids['c']}:" in w for w in warnings)
+
+
+def test_a_reward_that_is_not_a_number_is_an_errored_rollout(tokenizer, caplog):
+    """A group reward function that returns None breaks verifiers' own weighted sum
+    (TypeError inside score_group): the group's rollouts count as errored, named, instead of
+    stopping the run. A reward that is a string or missing is refused per rollout."""
+
+    def judge(completions) -> list:
+        return [None] * len(completions)
+
+    env = vf.SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "42"}]),
+                           rubric=vf.Rubric(funcs=[judge]))  # fmt: skip
+    row = env.get_dataset()[0]
+    args = [build_sampling_args(load_config().sampling)] * 2
+    client = ScriptedClient(tokenizer, [FINAL])
+    with caplog.at_level("WARNING"):
+        result = asyncio.run(run_group(env, client, "m", row, args, 512, False))
+    assert result.rollouts == [] and result.errored == 2
+    assert all("SingleTurnEnv, example_id 0: scoring raised TypeError" in e for e in result.errors)
+    assert any("its 2 rollouts count as errored" in r.getMessage() for r in caplog.records)
+    for reward in ("0.5", None, True):
+        with pytest.raises(NonFiniteRewardError, match=f"reward {reward!r} is not a finite"):
+            rollout_result({"reward": reward, "trajectory": []}, 512, False)

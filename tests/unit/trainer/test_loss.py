@@ -43,6 +43,12 @@ def test_group_advantages_ragged_groups_after_errors():
     assert advantages[1] == [] and flat == [False, True]
 
 
+def test_group_advantages_refuse_a_non_finite_reward():
+    """One NaN would make the whole group's advantages NaN (and every weight, one step later)."""
+    with pytest.raises(ValueError, match="group 1 has a reward that is not finite"):
+        group_advantages([[1.0, 0.0], [1.0, math.nan]], scale_rewards=True)
+
+
 # ---- the loss --------------------------------------------------------------------------
 
 
@@ -95,6 +101,23 @@ def test_kl_to_reference_adds_beta_weighted_penalty():
     assert terms.loss_sum.item() == pytest.approx(0.5 * kl)
     with pytest.raises(ValueError, match="reference"):
         policy_loss(logprobs, logprobs, torch.zeros(1, 2), torch.ones(1, 2), cfg)
+
+
+def test_kl_ref_statistic_uses_the_loss_mask():
+    """A token the ratio bounds mask out has no loss, so it has no part in `loss/kl_ref`
+    either: pg_loss + beta * kl_ref is the loss that trains."""
+    logprobs = torch.tensor([[-1.0, -1.0, -1.0]])
+    sampler = torch.tensor([[-1.0, -1.0, -9.0]])  # ratio e^8: outside ratio_mask_high
+    ref = torch.tensor([[-2.0, -1.5, -3.0]])
+    adv = torch.tensor([[1.0, -1.0, 1.0]])
+    cfg = loss_cfg(beta=0.5)
+    terms = policy_loss(logprobs, sampler, adv, torch.ones(1, 3), cfg, ref)
+    assert terms.stats["ratio_masked_sum"].item() == 1
+    d = ref[0, :2] - logprobs[0, :2]
+    kept_kl = (torch.exp(d) - d - 1).sum().item()
+    assert terms.stats["kl_ref_sum"].item() == pytest.approx(kept_kl)
+    total = terms.stats["pg_loss_sum"] + cfg.beta * terms.stats["kl_ref_sum"]
+    assert terms.loss_sum.item() == pytest.approx(total.item())
 
 
 def test_stats_accumulator_sums_and_extremes():

@@ -1,6 +1,11 @@
-"""What a run shows on the console."""
+"""What a run shows on the console, and how a step's values are reduced to metrics."""
 
-from rlvr.trainer.metrics import step_line
+import math
+
+import numpy as np
+import pytest
+
+from rlvr.trainer.metrics import distribution, finite_number, metric_means, step_line
 
 
 def test_a_step_line_shows_the_reward_the_environments_metrics_kl_and_time():
@@ -14,3 +19,20 @@ def test_a_step_line_shows_the_reward_the_environments_metrics_kl_and_time():
     )
     bare = {"reward/mean": 0.0, "mismatch_kl": 0.0, "time/step": 2.0}
     assert step_line(1, 1, bare) == "step 1/1 | reward 0.000 | mismatch-KL 0 | 2.0 s"
+
+
+def test_metric_reduction_leaves_out_what_is_not_a_finite_number():
+    """statistics.pstdev raises "'float' object has no attribute 'numerator'" on NaN;
+    infinities, None and strings are no numbers to average either."""
+    values = [1.0, float("nan"), 0.0, float("inf"), np.float32(1.0), None, "1", True]
+    assert distribution("reward", values) == {
+        "reward/mean": pytest.approx(2 / 3),
+        "reward/std": pytest.approx(math.sqrt(2) / 3),
+        "reward/min": 0.0,
+        "reward/max": 1.0,
+    }
+    assert distribution("reward", [float("nan")]) == {}
+    rollouts = [{"f1": 0.5, "em": float("nan")}, {"f1": np.float64(1.0), "em": 1}, "broken"]
+    assert metric_means(rollouts, "env") == {"env/f1": 0.75, "env/em": 1.0}
+    assert [finite_number(v) for v in (2, np.int64(3), -float("inf"), False)] == [2.0, 3.0, None,
+                                                                                 None]  # fmt: skip

@@ -3,13 +3,17 @@ must match the trainer's for the weights it just pushed, whatever the rollouts' 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from rlvr.reasoning_vocab.mapping import ReasoningVocab
 from rlvr.trainer.grpo import Trainer
 from rlvr.weight_sync.probe import (
-    PROBE_KL_FLOOR,
+    DECISIVE_SNR,
+    PROBE_NOISE_FLOOR,
+    Move,
     PushProbe,
     WeightsNotServedError,
     probe_ids,
@@ -25,21 +29,142 @@ def test_probe_kl_is_zero_only_when_both_sides_agree():
     assert probe_kl(trainer, trainer - 0.1) > 0  # either direction counts
 
 
-def test_probe_limit_is_calibrated_by_the_first_push_within_bounds():
+def offset(trainer: torch.Tensor, kl: float) -> torch.Tensor:
+    """Server log-probabilities at a uniform offset d from `trainer` with exp(d) - 1 - d = kl."""
+    d = math.sqrt(2 * kl)
+    for _ in range(50):  # Newton on exp(d) - 1 - d - kl
+        d -= (math.expm1(d) - d - kl) / math.expm1(d)
+    return trainer - d
+
+
+def test_probe_absolute_limit_holds_the_initial_push_and_a_configured_one_every_push():
+    trainer = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
     probe = PushProbe([1, 2, 3])
-    probe.check(3e-14, version=0, model="m")  # float32 on both sides: the floor applies
-    assert probe.kl_max == PROBE_KL_FLOOR
-    with pytest.raises(WeightsNotServedError, match=r"version 1.*'m'.*calibrated limit 1e-06"):
-        probe.check(2e-6, version=1, model="m")
+    probe.check(trainer, offset(trainer, 3e-14), version=0, model="m")  # float32 both sides
+    with pytest.raises(WeightsNotServedError, match=r"version 1.*'m'.*residual"):
+        probe.check(trainer, offset(trainer, 2e-6), version=1, model="m")  # the server moved
     bf16 = PushProbe([1, 2, 3])
-    bf16.check(8e-4, version=0, model="m")  # a bf16 server: ten times its rounding
-    assert bf16.kl_max == pytest.approx(8e-3)
-    with pytest.raises(WeightsNotServedError, match="version 0"):
-        PushProbe([1, 2, 3]).check(0.05, version=0, model="m")  # even the first must pass
+    bf16.check(trainer, offset(trainer, 8e-4), version=0, model="m")  # a bf16 server's rounding
+    bf16.check(trainer, offset(trainer, 8e-4), version=1, model="m")  # the same offset passes
+    with pytest.raises(WeightsNotServedError, match="version 0.*initial push's limit 0.01"):
+        PushProbe([1, 2, 3]).check(trainer, offset(trainer, 0.05), version=0, model="m")
     fixed = PushProbe([1, 2, 3], kl_max=0.1)
-    fixed.check(0.05, version=0, model="m")
+    fixed.check(trainer, offset(trainer, 0.05), version=0, model="m")
     with pytest.raises(WeightsNotServedError, match="server.probe_kl_max 0.1"):
-        fixed.check(0.2, version=1, model="m")
+        fixed.check(trainer, offset(trainer, 0.2), version=1, model="m")
+
+
+def test_probe_noise_is_the_initial_offset_and_repeatability():
+    """sqrt(2) x the rms of both (the offset is redrawn as weights move), never below the
+    floor; a configured noise is kept."""
+    trainer = torch.full((4,), -3.0, dtype=torch.float64)
+    served = trainer + torch.tensor([0.03, -0.03, 0.03, -0.03], dtype=torch.float64)
+    repeat = served + torch.tensor([0.04, -0.04, 0.04, -0.04], dtype=torch.float64)
+    probe = PushProbe([0] * 5)
+    assert probe.check(trainer, served, 0, "m", repeat=repeat) == {"push/probe_kl": pytest.approx(
+        probe_kl(trainer, served))}  # fmt: skip
+    assert probe.noise == pytest.approx(math.sqrt(2) * 0.05)
+    exact = PushProbe([0] * 5)
+    exact.check(trainer, trainer.clone(), 0, "m", repeat=trainer.clone())
+    assert exact.noise == PROBE_NOISE_FLOOR
+    fixed = PushProbe([0] * 5, noise=0.5)
+    fixed.check(trainer, served, 0, "m", repeat=repeat)
+    assert fixed.noise == 0.5
+
+
+def bf16(values: torch.Tensor) -> torch.Tensor:
+    """What a bfloat16 server returns for these log-probabilities: rounded to 8 bits."""
+    return values.to(torch.bfloat16).double()
+
+
+def drive(probe: PushProbe, served_for, pushes: int, step: float, seed: int = 0) -> int | None:
+    """Push `pushes` versions whose trainer probe log-probabilities drift by ~`step` (RMS per
+    token, mostly in one direction, as training does); the server answers `served_for(version,
+    trainer)`. Returns the version the probe raised at (None: it never did)."""
+    g = torch.Generator().manual_seed(seed)
+    trainer = -6 + torch.randn(64, generator=g, dtype=torch.float64)
+    direction = torch.randn(64, generator=g, dtype=torch.float64)
+    for version in range(pushes):
+        if version:
+            noise = torch.randn(64, generator=g, dtype=torch.float64)
+            trainer = trainer + step * (direction + noise) / math.sqrt(2)
+        repeat = served_for(version, trainer) if version == 0 else None
+        try:
+            probe.check(trainer, served_for(version, trainer), version, "m", repeat=repeat)
+        except WeightsNotServedError:
+            return version
+    return None
+
+
+class PartServer:
+    """A bf16 server that makes `fraction` of the trainer's move since the initial push
+    (0.3: a push that leaves out most of the model), or none from version `stale_from` on."""
+
+    def __init__(self, fraction: float = 1.0, stale_from: int | None = None):
+        self.fraction, self.stale_from = fraction, stale_from
+        self.initial = self.held = None
+
+    def __call__(self, version: int, trainer: torch.Tensor) -> torch.Tensor:
+        if self.initial is None:
+            self.initial = trainer
+        if self.stale_from is None or version < self.stale_from:
+            self.held = bf16(self.initial + self.fraction * (trainer - self.initial))
+        return self.held
+
+
+@pytest.mark.parametrize("step", [2e-3, 2e-2])
+def test_probe_sees_a_stale_bf16_server_once_the_move_clears_its_noise(step):
+    """On a bf16 server one step can move the probe far less than the server's rounding: the
+    reference then stays put and the trainer's move accumulates until it is measurable.
+    Complete pushes never raise over 300 pushes, at either step size and whatever the noise's
+    draw."""
+    for seed in range(3):
+        assert drive(PushProbe([0] * 65), lambda v, t: bf16(t), 300, step, seed) is None
+    noise = math.sqrt(2) * 0.0089  # ~ bf16's rounding of log-probabilities near -6, twice
+    needed = DECISIVE_SNR * noise / step  # pushes before the move clears the noise
+    caught = drive(PushProbe([0] * 65), PartServer(stale_from=5), 300, step)
+    assert caught is not None and 5 <= caught <= 5 + 2 * needed
+    partial = drive(PushProbe([0] * 65), PartServer(fraction=0.3), 300, step)
+    assert partial is not None and partial <= 2 * needed
+
+
+def test_probe_error_says_what_was_seen_and_what_to_do():
+    trainer = torch.linspace(-8, -1, 64, dtype=torch.float64)
+    probe = PushProbe([0] * 65)
+    probe.check(trainer, bf16(trainer), 0, "m", repeat=bf16(trainer))
+    moved = trainer + 0.2 * torch.linspace(-1, 1, 64, dtype=torch.float64)
+    with pytest.raises(WeightsNotServedError) as caught:
+        probe.check(moved, bf16(trainer), 1, "m")  # the server kept version 0
+    message = str(caught.value)
+    for words in ("version 1, 'm'", "since version 0", "realised 0 of that move",
+                  "RMS per token", "server.probe_noise", "server.push_probe=false"):  # fmt: skip
+        assert words in message, message
+
+
+def test_probe_is_nan_safe():
+    """A non-finite log-probability on either side, at the initial push or later, raises and
+    says which side; no statistic computed from it can pass a limit (NaN compares False)."""
+    trainer = torch.linspace(-8, -1, 16, dtype=torch.float64)
+    for bad in (math.nan, math.inf, -math.inf):
+        for side in ("trainer", "served", "repeat"):
+            for later in (False, True):
+                probe = PushProbe([0] * 17)
+                if later:
+                    probe.check(trainer, trainer + 1e-3, 0, "m", repeat=trainer + 1e-3)
+                scores = {"trainer": trainer.clone(), "served": trainer + 1e-3}
+                scores["repeat"] = trainer + 1e-3 if not later else None
+                if scores.get(side) is None:
+                    continue  # the server scores twice only at the initial push
+                scores[side][3] = bad
+                with pytest.raises(
+                    WeightsNotServedError, match="token 3.*not finite|not finite.*token 3"
+                ):
+                    probe.check(scores["trainer"], scores["served"], int(later), "m",
+                                repeat=scores["repeat"])  # fmt: skip
+    nan_move = Move(since=0, moved=math.nan, realised=1.0, residual=0.0, snr=math.nan)
+    assert "non-finite" in nan_move.problem(noise=1e-3)
+    assert Move(0, 1.0, math.nan, 0.0, 10.0).problem(noise=1e-3) is not None
+    assert Move(0, 1.0, 1.0, math.nan, 10.0).problem(noise=1e-3) is not None
 
 
 def test_probe_ids_hold_a_think_span_of_reasoning_ids(tiny_model_dir):
