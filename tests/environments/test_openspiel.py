@@ -305,6 +305,24 @@ def test_exact_match_never_confuses_a1_with_a10():
     assert go["B a1"] != go["B a10"] and match_move("B a1", go) == go["B a1"]
 
 
+def test_letter_case_is_meaning_in_a_mixed_case_notation():
+    """Chess's `bxc4` (a pawn capture) never plays the legal bishop move `Bxc4`, nor the other
+    way round; wrapping and spaces are still ignored there."""
+    bishop, pawn = {"0": 0, "Bxc4": 0, "1": 1, "e4": 1}, {"0": 0, "bxc4": 0}
+    assert match_move("bxc4", bishop) is None and match_move("BXC4", bishop) is None
+    assert match_move("Bxc4", pawn) is None
+    assert match_move("**Bxc4**", bishop) == 0 and match_move("`B xc4`", bishop) == 0
+    assert match_move("E4", bishop) == 1 and match_move("BXC4", pawn) == 0
+
+
+def test_nested_listed_lines_and_long_moves_are_illegal_not_errors():
+    lookup = {"0": 0, "b2": 0}
+    for move in ("1:" * 5000 + "b2", "0: 0: b2", "b2" + " " * 10_000 + "x"):
+        action, reason = read_move([move], lookup)
+        assert action is None and "not one of your legal moves" in reason
+    assert read_move(["0: b2"], lookup) == (0, "")
+
+
 def test_legal_reward_is_the_fraction_of_legal_replies():
     turn = {"n": 0}
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import verifiers as vf
 
+from .parser import one_case as _one_case
 from .scripted import Policy, legal_from_prompt
 
 Writer = Callable[[str, str], str]
@@ -39,7 +40,8 @@ HONEST_STYLES: dict[str, Writer] = {
     ),
     "spaces in the tag": lambda i, t: f"<move>  {i} </move>\n\n<move>\n{t}\n</move>",
     "upper-case tag": lambda i, t: f"<MOVE>{t}</MOVE>",
-    "letter case of the text": lambda i, t: f"<move>{t.upper()}</move>",
+    # in a mixed-case notation (chess's Bxc4 vs bxc4, go's "B a1") case is part of the move
+    "letter case of the text": lambda i, t: f"<move>{t.upper() if _one_case(t) else t}</move>",
     "spaces in the text": lambda i, t: f"<move>{t.replace(',', ', ')}</move>",
     "the listed line": lambda i, t: f"I play this one.\n<move>{i}: {t}</move>",
     "markdown": lambda i, t: f"**Move:** <move>**{t}**</move>",

@@ -11,14 +11,19 @@ The rules that keep the legality reward honest:
 - the tag's content must name one legal move as a whole, never by substring: its id, its exact
   text, or the listed line `id: text` (both parts naming the same move); failing those, the text
   with letter case and spaces ignored and surrounding quotes, backticks or `**` removed, when that
-  names exactly one legal move (so `A1` is `a1` in hex, while `a1` never matches `a10` and
-  `a1 a2 a3` matches nothing).
+  names exactly one legal move; letter case is ignored only between texts written in one case,
+  since in a mixed-case notation case is meaning (so `A1` is `a1` in hex, while `a1` never
+  matches `a10`, `a1 a2 a3` matches nothing, and chess's `bxc4`, a pawn capture, never becomes
+  the legal bishop move `Bxc4`, nor `Bxc4` the legal pawn capture `bxc4`);
+- a tag's content over `MAX_MOVE_CHARS` names no move (no move text is that long, and reading
+  stays linear in the reply).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import verifiers as vf
 
@@ -28,6 +33,7 @@ MOVE_TAG = re.compile(r"<move>(.*?)</move>", re.DOTALL | re.IGNORECASE)
 _WRAPPING = re.compile(r"^(?:\*\*|[`\"'])+|(?:\*\*|[`\"'])+$")
 _LISTED_LINE = re.compile(r"^(\d+)\s*:\s*(.+)$", re.DOTALL)
 
+MAX_MOVE_CHARS = 200
 NO_ANSWER = "no <move>...</move> tag outside your reasoning"
 HEDGE = "several <move> tags name different moves"
 
@@ -46,44 +52,77 @@ def extract_move(text: str | None) -> str | None:
     return moves[-1] if moves else None
 
 
-def _loose(text: str) -> str:
-    """A move text with surrounding quotes, backticks and `**`, letter case and spaces ignored."""
-    return re.sub(r"\s+", "", _WRAPPING.sub("", text.strip())).casefold()
+def _bare(text: str) -> str:
+    """A move text without surrounding quotes, backticks and `**`, and without spaces."""
+    return re.sub(r"\s+", "", _WRAPPING.sub("", text.strip()))
 
 
-def _loose_table(lookup: Mapping[str, int]) -> dict[str, set[int]]:
-    """Loose form of every legal id and text -> the actions it names."""
-    table: dict[str, set[int]] = {}
-    for key, action in lookup.items():
-        table.setdefault(_loose(key), set()).add(action)
-    return table
+def one_case(text: str) -> bool:
+    """No letter of `text` is upper-case while another is lower-case (`Bxc4` is mixed)."""
+    return text == text.lower() or text == text.upper()
 
 
-def _match(move: str, lookup: Mapping[str, int], loose: Mapping[str, set[int]]) -> int | None:
+@dataclass(frozen=True)
+class _Loose:
+    """The legal moves' bare forms, and their case-folded forms, each -> the actions it names
+    (None standing for a mixed-case text, which a folded form never names)."""
+
+    bare: dict[str, set[int]]
+    folded: dict[str, set[int | None]]
+
+    @classmethod
+    def of(cls, lookup: Mapping[str, int]) -> _Loose:
+        bare: dict[str, set[int]] = {}
+        folded: dict[str, set[int | None]] = {}
+        for key, action in lookup.items():
+            bare.setdefault(_bare(key), set()).add(action)
+            folded.setdefault(_bare(key).casefold(), set()).add(action if one_case(key) else None)
+        return cls(bare, folded)
+
+    def named(self, move: str) -> int | None:
+        """The one legal action `move` names with wrapping and spaces ignored, else with letter
+        case ignored too where `move` is written in one case; None if not exactly one."""
+        text = _bare(move)
+        actions = self.bare.get(text, set())
+        if not actions and one_case(text):
+            actions = self.folded.get(text.casefold(), set())
+        return next(iter(actions)) if len(actions) == 1 else None  # a lone None is None too
+
+
+def _match(
+    move: str,
+    lookup: Mapping[str, int],
+    loose: _Loose,
+    listed: bool = True,
+) -> int | None:
+    """The legal action `move` names, or None; `listed`: the `id: text` form is allowed (once:
+    its text part is matched without it)."""
+    if len(move) > MAX_MOVE_CHARS:
+        return None
     if move in lookup:
         return lookup[move]
-    if listed := _LISTED_LINE.match(move):
-        by_id, by_text = lookup.get(listed[1]), _match(listed[2].strip(), lookup, loose)
+    if listed and (line := _LISTED_LINE.match(move)):
+        by_id = lookup.get(line[1])
+        by_text = _match(line[2].strip(), lookup, loose, listed=False)
         return by_id if by_id is not None and by_id == by_text else None
-    named = loose.get(_loose(move), set())
-    return next(iter(named)) if len(named) == 1 else None
+    return loose.named(move)
 
 
 def match_move(move: str | None, lookup: Mapping[str, int]) -> int | None:
     """The legal action a move text names (module docstring), or None if it names none."""
-    return None if move is None else _match(move, lookup, _loose_table(lookup))
+    return None if move is None else _match(move, lookup, _Loose.of(lookup))
 
 
 def read_move(moves: Sequence[str], lookup: Mapping[str, int]) -> tuple[int | None, str]:
     """(the action of the final move, "") or (None, why the reply is not a legal move)."""
     if not moves:
         return None, NO_ANSWER
-    loose = _loose_table(lookup)
+    loose = _Loose.of(lookup)
     action = _match(moves[-1], lookup, loose)
     if action is None:
         return None, f"{moves[-1][:80]!r} is not one of your legal moves"
-    named = {_match(move, lookup, loose) for move in set(moves[:-1])} - {None, action}
-    return (None, HEDGE) if named else (action, "")
+    named = {_match(move, lookup, loose) for move in set(moves[:-1])}
+    return (None, HEDGE) if named - {None, action} else (action, "")
 
 
 class MoveParser(vf.Parser):
