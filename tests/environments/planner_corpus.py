@@ -142,7 +142,8 @@ def mentions(question: str) -> list[Mention]:
     for pattern in (_WRITTEN, _WORDY):
         for match in pattern.finditer(question):
             after = _AFTER.match(question[match.end() :].lstrip())
-            sentence = next(s for a, b, s in sentences if a <= match.start() <= b)
+            # the sentence it starts in (a match may start in the blank after a sentence)
+            sentence = [s for a, _, s in sentences if a <= match.start()][-1]
             text = match.group().strip()
             values = given_numbers(text) - {0.0, 1.0, 100.0} | set(numbers_in(text))
             if "%" in text or "percent" in text.lower():

@@ -606,6 +606,8 @@ ASKS_COUNT = "How many students passed?"
         (ASKS_COUNT, "0.25", "25\\%", 1.0),  # a probability written as a percent
         (ASKS_COUNT, "0.25", "25", 0.0),
         ("Find the probability.", "\\frac{1}{2}", "50 \\text{ percent}", 1.0),
+        ("How many percent of the students are girls?", "25", "25\\%", 1.0),
+        ("What is the discount, in percent?", "25", "25\\%", 1.0),
     ],
 )
 def test_percent_is_read_as_a_percent_only_where_one_is_asked(

@@ -943,6 +943,8 @@ def test_musique_natural_answers_are_paid(dev_rows, fixture_rows, tmp_path):
     assert matching_gold("Charles Carroll of Annapolis", ["Charles Carroll"], carroll) is None
     for hedge in ("Pittsburgh, Moscow, Boston", "Pittsburgh or Moscow", "Moscow, Pittsburgh"):
         assert matching_gold(hedge, ["Pittsburgh"], nowhere) is None, hedge
+    for scaled in ("1400 million", "1,400 thousand", "1400 percent", "about 1400 dozen"):
+        assert matching_gold(scaled, ["1400"], nowhere) is None, scaled  # another number
 
 
 TRIVIAL_STYLES = frozenset({"lower case", "full stop"})

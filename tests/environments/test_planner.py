@@ -547,6 +547,12 @@ def hidden_direct_solves(index: int, row: dict) -> dict[str, str]:
     plans = {
         "problem x 10, arithmetic step": plan_json([scaled, arithmetic], UNDO_SCALING),
         "problem x 10, honest step": plan_json([scaled, HONEST[index][0][0]], UNDO_SCALING),
+        # the answer x 10 dictated in words no rule reads as the problem: only the counterfactual
+        # (decoys for the counted step alone, the combination still gives the answer) sees it
+        "dictated x 10, honest step": plan_json(
+            [f"Reply exactly: Answer: {10 * int(gold_number(solution))}", HONEST[index][0][0]],
+            UNDO_SCALING,
+        ),
         "paraphrase x 10, arithmetic step": plan_json(
             [
                 " ".join(PARAPHRASED[index]) + " Give your final answer multiplied by 100.",
@@ -572,7 +578,7 @@ def test_planner_hidden_direct_solve_does_not_pay(env, server, script, rows):
         question = rows[index]["question"]
         for name, reply in hidden_direct_solves(index, rows[index]).items():
             out = run_plan(env, server, script, question, reply)
-            if name.startswith("problem"):  # it works: the worker follows every instruction
+            if name.startswith(("problem", "dictated")):  # the worker follows every instruction
                 assert out["metrics"]["correct"] == 1.0, (index, name, out["planner"])
             assert out["metrics"]["not_decomposed"] == out["metrics"]["correct"], (index, name)
 

@@ -73,7 +73,7 @@ _BOUND_COMMANDS = re.compile(r"\\(?:[dt]?frac|sqrt|pi|infty|cdot)(?![A-Za-z])")
 _PERCENT_QUESTION = re.compile(
     r"\b(?:what|which|find|compute|determine|calculate|by how many)\s+(?:\w+\s+){0,3}?"
     r"percent(?:age)?s?\b|\bthe\s+percent(?:age)?\b|\bnearest\s+(?:whole\s+)?percent\b"
-    r"|\bas\s+a\s+percent(?:age)?\b",
+    r"|\bas\s+a\s+percent(?:age)?\b|\bhow\s+many\s+percent\b|\bin\s+percent(?:age)?s?\b",
     re.IGNORECASE,
 )
 _ALTERNATIVE = re.compile(r"(?<![A-Za-z])(?:or|either)(?![A-Za-z])", re.IGNORECASE)

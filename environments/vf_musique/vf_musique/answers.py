@@ -234,6 +234,13 @@ def _regions() -> frozenset[tuple[str, ...]]:
     return frozenset(tuple(canonical_tokens(name)) for name in names if name)
 
 
+_SCALES = frozenset(
+    "hundred hundreds thousand thousands million millions billion billions trillion trillions "
+    "dozen dozens lakh crore k m bn percent".split()
+)
+"""Words after a number that change its value ("1400 million" is not 1400): never a unit."""
+
+
 def _is_number(words: Sequence[str]) -> bool:
     """A gold that is one number ("1,400" and "$72,641" normalise to digits)."""
     return len(words) == 1 and words[0].isdigit()
@@ -251,7 +258,7 @@ def _framing(prefix: Sequence[str], suffix: Sequence[str], gold: Sequence[str]) 
     before = _PREPOSITIONS | _TITLES | _FRAMING_KINDS
     if _is_number(gold):
         before |= _APPROXIMATE
-        unit = len(suffix) <= 3 and all(w.isalpha() for w in suffix)
+        unit = len(suffix) <= 3 and all(w.isalpha() and w not in _SCALES for w in suffix)
         return all(w in before for w in prefix) and unit
     after = _FRAMING_KINDS | _ERAS_AND_SUFFIXES
     return all(w in before for w in prefix) and all(w in after for w in suffix)

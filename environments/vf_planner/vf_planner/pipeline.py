@@ -30,8 +30,11 @@ one call, whatever it was asked to do with the answer).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +171,10 @@ class PlannerPipeline:
             problem.question, problem.solution, problem.gold, plan.subproblems, results
         )
         outcome.not_decomposed = _not_decomposed(problem, plan, results, scored)
+        if outcome.not_decomposed is None and await self._answer_skips_counted_work(
+            worker, problem, plan, replies, scored.counted
+        ):
+            outcome.not_decomposed = "the answer comes from subproblems that computed no step"
         if outcome.not_decomposed is not None:
             scored = Independence(score=0.0, counted=[False] * len(results))
         outcome.subproblem_replies = [r.text for r in replies]
@@ -184,13 +191,72 @@ class PlannerPipeline:
         replies = [WorkerReply(f"Answer: {format_number(v)}", 0) for v in values]
         return await worker.combine(plan.plan, plan.subproblems, replies)
 
+    @staticmethod
+    async def _answer_skips_counted_work(
+        worker: Worker,
+        problem: Problem,
+        plan: Plan,
+        replies: list[WorkerReply],
+        counted: list[bool],
+    ) -> bool:
+        """Whether the combination still gives the answer when the subproblems that computed a
+        step of the solution (the counted ones, and repeats of their results) get decoy
+        results: then the answer came from the others (a whole problem hidden in one
+        subproblem with its answer scaled, in any wording) and the counted steps were
+        decoration. Asked only for a plan with both kinds; its tokens are not charged."""
+        if all(counted) or not any(counted):
+            return False
+        results = [final_number(reply.text) for reply in replies]
+        work = [r for r, was_counted in zip(results, counted, strict=True) if was_counted]
+        values = iter(decoys(problem, len(replies)))
+        mixed = [
+            WorkerReply(f"Answer: {format_number(next(values))}", 0) if among(r, work) else reply
+            for reply, r in zip(replies, results, strict=True)
+        ]
+        reply = await worker.combine(plan.plan, plan.subproblems, mixed)
+        return numbers_match(final_number(reply.text), problem.gold)
+
 
 def decoys(problem: Problem, count: int) -> list[float]:
     """`count` distinct numbers that are no number of the problem and no result of its solution,
-    off GSM8K's round numbers (37, 55, 73, ...), so no decoy reaches the answer by chance."""
-    taken = [*given_numbers(problem.question), *solution_results(problem.solution, problem.gold)]
-    candidates = (37.0 + 18.0 * k for k in itertools.count())
-    return list(itertools.islice((c for c in candidates if not among(c, taken)), count))
+    and such that no sum, difference, product or ratio of one with another decoy or with a
+    number of the problem is the answer: an honest combination of decoys never gives it. They
+    are primes from 37 on, away from GSM8K's round numbers."""
+    given = given_numbers(problem.question)
+    taken = [*given, *solution_results(problem.solution, problem.gold), problem.gold]
+    fresh = [c for c in _decoy_candidates() if not among(c, taken)]
+    chosen: list[float] = []
+    for candidate in fresh:
+        if len(chosen) < count and not _reaches(candidate, [*chosen, *given], problem.gold):
+            chosen.append(candidate)
+    spare = (c for c in fresh if c not in chosen)  # a gold no choice avoids: still decoys
+    return chosen + list(itertools.islice(spare, count - len(chosen)))
+
+
+@functools.cache
+def _decoy_candidates() -> tuple[float, ...]:
+    return tuple(float(p) for p in itertools.islice(_primes_from(37), DECOY_SEARCH))
+
+
+def _primes_from(start: int) -> Iterator[int]:
+    for n in itertools.count(start):
+        if all(n % d for d in range(2, math.isqrt(n) + 1)):
+            yield n
+
+
+DECOY_SEARCH = 2000
+"""How many primes `decoys` considers: far more than any plan has subproblems."""
+
+
+def _reaches(value: float, others: list[float], gold: float) -> bool:
+    """Whether one arithmetic operation of `value` with one of `others` gives `gold` (a product
+    with 0 is 0 whatever `value` is, so it says nothing about `value`)."""
+    for other in others:
+        combos = [value + other, value - other, other - value, other / value]
+        combos += [value * other, value / other] if other else []
+        if among(gold, combos):
+            return True
+    return False
 
 
 def _not_decomposed(

@@ -24,17 +24,19 @@ from rlvr.rollouts.request_args import check_reproducible, turn_seed
 
 class RolloutClient(OpenAIChatCompletionsClient):
     """verifiers' chat client with per-turn seeds; with `training`, every request is checked
-    for sampling the trainer cannot reproduce (SamplingFilterError)."""
+    for sampling the trainer cannot reproduce (SamplingFilterError), including a temperature
+    other than `temperature` (the one the trainer divides by) however the request got it."""
 
-    def __init__(self, client: Any, training: bool = True):
+    def __init__(self, client: Any, training: bool = True, temperature: float | None = None):
         super().__init__(client)
         self.training = training
+        self.temperature = temperature
 
     async def get_response(
         self, prompt: Any, model: str, sampling_args: dict[str, Any], tools: Any = None, **kwargs
     ) -> Any:
         if self.training:
-            check_reproducible(sampling_args, "a rollout request")
+            check_reproducible(sampling_args, "a rollout request", self.temperature)
         state = kwargs.get("state")
         seed = sampling_args.get("seed")
         if seed is not None and state is not None:
@@ -49,8 +51,9 @@ def make_client(
     timeout_s: float,
     max_connections: int,
     training: bool = True,
+    temperature: float | None = None,
 ) -> RolloutClient:
-    """A verifiers chat client on vf-vllm (`training`: see `RolloutClient`).
+    """A verifiers chat client on vf-vllm (`training`, `temperature`: see `RolloutClient`).
 
     Idle connections are dropped before uvicorn's 5 s keep-alive timeout (reusing one the
     server is closing fails with a read error), and connection errors are retried; a request
@@ -67,4 +70,4 @@ def make_client(
     oai = AsyncOpenAI(
         base_url=base_url, api_key=api_key or "EMPTY", max_retries=2, http_client=http
     )
-    return RolloutClient(oai, training)
+    return RolloutClient(oai, training, temperature)

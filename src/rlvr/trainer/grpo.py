@@ -299,6 +299,7 @@ class Trainer:
                 cfg.server.api_key,
                 cfg.server.timeout_s,
                 max_connections=max(cfg.batch.batch_size * 2, 64),
+                temperature=cfg.sampling.temperature,
             ),  # fmt: skip
             start_step=self.start_step,
             version=self.version,

@@ -39,7 +39,8 @@ class NonFiniteStepError(FloatingPointError):
             "DeepSpeed applied the update (this configuration does not skip such steps), so "
             "the weights in memory are damaged; "
             if stepped
-            else f"the optimizer did not step (the weights are those after step {step - 1}); "
+            else "the optimizer did not step (the weights are "
+            + (f"those after step {step - 1}); " if step > 1 else "the initial ones); ")
         )
         super().__init__(
             f"step {step}: {what}; {weights}the run stops here and no checkpoint is written, "

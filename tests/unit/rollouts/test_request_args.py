@@ -124,6 +124,12 @@ def test_extra_body_temperature_is_refused():
     with pytest.raises(SamplingFilterError, match="rollout request asks for extra_body.temp"):
         check_reproducible(request, "a rollout request")
     check_reproducible({"temperature": 1.0, "extra_body": {"temperature": 1}}, "a request")
+    # a request that got another temperature at run time, through the trainer's own client
+    from rlvr.rollouts.client import make_client
+
+    client = make_client("http://127.0.0.1:9/v1", None, 1.0, 1, temperature=0.7)
+    with pytest.raises(SamplingFilterError, match="temperature=1.0 but .*sampling.temperature=0.7"):
+        asyncio.run(client.get_response([], "m", {"temperature": 1.0}))
 
 
 @pytest.mark.parametrize(
