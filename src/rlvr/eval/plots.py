@@ -28,6 +28,7 @@ from matplotlib.patches import Patch
 from rlvr.atomic import atomic_write_bytes
 from rlvr.data.jsonl import iter_jsonl
 from rlvr.eval.stats import LEVEL, Estimate
+from rlvr.finite import finite_number
 
 # What a training run's curves show by default: how the reward moves, how far the policy has
 # drifted from the reference, whether sampler and trainer agree, and what a step costs.
@@ -88,10 +89,10 @@ def metric_series(records: Sequence[Mapping[str, Any]], key: str) -> tuple[list[
     """(steps, values) of the records that logged `key` as a finite number, in file order."""
     steps, values = [], []
     for record in records:
-        value = record.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        value = finite_number(record.get(key))
+        if value is not None:
             steps.append(int(record["step"]))
-            values.append(float(value))
+            values.append(value)
     return steps, values
 
 

@@ -9,7 +9,6 @@ reports read too).
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.data.jsonl import iter_jsonl
+from rlvr.finite import finite_number
 
 # The vf-eval installed with this interpreter (the project's venv), not whichever is on PATH.
 VF_EVAL = Path(sys.executable).parent / "vf-eval"
@@ -211,13 +211,13 @@ def load_run(run_dir: str | Path, name: str) -> Run:
 def _rollout(path: Path, line: int, row: dict[str, Any]) -> Rollout:
     if "reward" not in row:
         raise ResultsError(f"{path}:{line}: no 'reward' field")
-    reward = row["reward"]
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise ResultsError(f"{path}:{line}: reward {reward!r} is not a finite number")
+    reward = finite_number(row["reward"])
+    if reward is None:
+        raise ResultsError(f"{path}:{line}: reward {row['reward']!r} is not a finite number")
     example_id = row.get("example_id")
     if isinstance(example_id, bool) or not isinstance(example_id, int):
         raise ResultsError(f"{path}:{line}: example_id {example_id!r} is not an integer")
-    return Rollout(line, example_id, float(reward), row)
+    return Rollout(line, example_id, reward, row)
 
 
 def _metadata(path: Path) -> dict[str, Any]:

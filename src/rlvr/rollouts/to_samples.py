@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.trainer.metrics import finite_number
+from rlvr.finite import finite_number
 from rlvr.trainer.micro_batches import Sample
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import numbers
 import os
 import statistics
 from collections import defaultdict
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.config import Config, SFTConfig, WandbConfig, to_dict
+from rlvr.finite import finite_number
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +40,6 @@ def wandb_mode(cfg: WandbConfig) -> str:
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
-
-
-def finite_number(value: Any) -> float | None:
-    """`value` as a float when it is a finite real number (Python or NumPy; booleans are not
-    numbers here), else None: the one rule for what counts as a reward or metric value, so
-    NaN, infinities, None and strings never reach a mean, a baseline or a loss."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
 
 
 def distribution(prefix: str, values: Iterable[Any]) -> dict[str, float]:
