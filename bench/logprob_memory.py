@@ -83,7 +83,8 @@ def make_batch(args: argparse.Namespace, rows: int, seq_len: int):
     """Rows whose first halves are prompts (no loss) and second halves completions."""
     import torch
 
-    from rlvr.trainer.micro_batches import Sample, collate
+    from rlvr.batch import Sample
+    from rlvr.trainer.micro_batches import collate
 
     half = seq_len // 2
     samples = [

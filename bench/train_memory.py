@@ -43,7 +43,8 @@ def micro_batch(rows: int, row_len: int, loss_tokens: int, vocab: int):
     """`rows` rows of random tokens whose last `loss_tokens` (all when 0) get loss."""
     import torch
 
-    from rlvr.trainer.micro_batches import Sample, collate
+    from rlvr.batch import Sample
+    from rlvr.trainer.micro_batches import collate
 
     loss = loss_tokens or row_len
     g = torch.Generator().manual_seed(0)

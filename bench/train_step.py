@@ -114,8 +114,8 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
     timings: list[dict] = []
 
     class TimedLayouts(rlvr.trainer.grpo.Trainer):
-        def forward_backward(self, samples, global_tokens):
-            tokens = sum(len(s) for s in samples)
+        def forward_backward(self, batch):
+            samples, tokens = batch.samples, batch.tokens
             row: dict = {"tokens": tokens}
             turn = len(timings) % len(LAYOUTS)  # rotate which layout goes first
             for name, packing, scorer in LAYOUTS[turn:] + LAYOUTS[:turn]:
@@ -126,7 +126,7 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
                 self.model.zero_grad()
                 began = time.perf_counter()
                 try:
-                    stats = super().forward_backward(samples, global_tokens)
+                    trained = super().forward_backward(batch)
                 finally:
                     rlvr.trainer.grpo.sequence_scores = chunked
                 seconds = time.perf_counter() - began
@@ -134,13 +134,13 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
                     "seconds": seconds,
                     "padded_frac": 1 - tokens / sum(slot_count(mb) for mb in plan),
                     "micro_batches": len(plan),
-                    "loss": stats.get("loss", 0.0),
+                    "loss": trained.stats["loss/total"],
                 }
             timings.append(row)
             print(f"  step {len(timings)}: {tokens} tokens; " + "; ".join(
                 f"{name} {row[name]['seconds']:.1f} s ({row[name]['padded_frac']:.0%} padding)"
                 for name, _, _ in LAYOUTS), flush=True)  # fmt: skip
-            return stats
+            return trained
 
     overrides = ("batch.async_level=0", f"sampling.max_tokens={args.layouts_max_tokens}")
     TimedLayouts(config(base_url, args, out, *overrides)).run()
@@ -317,7 +317,7 @@ def prefix_group(prompt_len: int, completion_len: int, group: int, g) -> list:
     depend on which tokens they are)."""
     import torch
 
-    from rlvr.trainer.micro_batches import Sample
+    from rlvr.batch import Sample
 
     prompt = torch.randint(100, 40000, (prompt_len,), generator=g).tolist()
     samples = []
@@ -334,13 +334,20 @@ def prefix_group(prompt_len: int, completion_len: int, group: int, g) -> list:
 def timed_pass(trainer, samples: list, sharing: bool) -> dict:
     trainer.cfg.batch.prefix_sharing = sharing
     trainer.model.zero_grad()
-    tokens = sum(s.num_loss_tokens for s in samples)
+    from rlvr.batch import TrainBatch
+
+    batch = TrainBatch(samples, metrics={}, table=[], data_position=0)
     with PeakRSS() as memory:
         began = time.perf_counter()
-        stats = trainer.forward_backward(samples, tokens)
+        trained = trainer.forward_backward(batch)
         seconds = time.perf_counter() - began
-    return {"seconds": seconds, "peak_gib": memory.gib, "forwarded": stats["forwarded"],
-            "slots": stats["slots"], "loss": stats["loss"]}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "peak_gib": memory.gib,
+        "forwarded": trained.forwarded,
+        "slots": trained.slots,
+        "loss": trained.stats["loss/total"],
+    }
 
 
 def compare_prefix_sharing(args: argparse.Namespace, out: Path) -> dict:

@@ -113,7 +113,7 @@ def test_reasoning_vocab_grpo_steps_with_pushes_keep_mismatch_kl_low(rv_server, 
     )  # fmt: skip
     trainer = Trainer(cfg, env=think_env(vocab))
     history = trainer.run()
-    assert trainer.rollout_model(0) == cfg.served_model  # merged pushes, also for LoRA
+    assert trainer.weights.served_name(0) == cfg.served_model  # merged pushes, also for LoRA
     for h in history:
         print({k: round(v, 6) for k, v in h.items() if k.startswith(("reasoning/", "mismatch"))})
     assert max(h["mismatch_kl"] for h in history) < 1e-3

@@ -212,7 +212,7 @@ def test_multi_turn_requests_use_a_distinct_seed_per_turn(tiny_server, tmp_path)
         with recording_proxy(tiny_server) as (url, requests):
             worker = RolloutWorker(env, env.get_dataset(), cfg,
                                    lambda url=url: make_client(url, None, 300, 64),
-                                   model=tiny_server.model).start()  # fmt: skip
+                                   served_name=lambda v: tiny_server.model).start()  # fmt: skip
             try:
                 batch = worker.get(0, timeout_s=600)
             finally:
@@ -283,15 +283,15 @@ def test_a_nan_loss_stops_the_run_and_it_resumes_from_the_last_checkpoint(
     continues from it."""
     from rlvr.trainer import grpo
 
-    real = grpo.build_samples
+    real = grpo.build_train_batch
 
-    def poisoned(batch, cfg, gate=None):
-        samples, metrics, rows = real(batch, cfg, gate)
+    def poisoned(batch, cfg, hooks=None):
+        train = real(batch, cfg, hooks)
         if batch.step == 1:
-            samples[0].advantage = math.nan
-        return samples, metrics, rows
+            train.samples[0] = train.samples[0].with_advantage(math.nan)
+        return train
 
-    monkeypatch.setattr(grpo, "build_samples", poisoned)
+    monkeypatch.setattr(grpo, "build_train_batch", poisoned)
     extra = ["max_steps=2", "checkpoint.every=1"]
     trainer = Trainer(config(tiny_server, tmp_path, *extra), env=_env(tiny_server))
     with pytest.raises(NonFiniteStepError, match="^step 2: the loss is nan; the optimizer did"):
@@ -299,7 +299,7 @@ def test_a_nan_loss_stops_the_run_and_it_resumes_from_the_last_checkpoint(
     assert _trainable_finite(trainer)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000001"]
 
-    monkeypatch.setattr(grpo, "build_samples", real)
+    monkeypatch.setattr(grpo, "build_train_batch", real)
     resumed = Trainer(config(tiny_server, tmp_path, *extra, "checkpoint.resume=auto"),
                       env=_env(tiny_server))  # fmt: skip
     assert len(resumed.run()) == 1 and resumed.start_step == 1

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.batch import Sample
 from rlvr.config import SFTDataConfig
-from rlvr.trainer.micro_batches import Sample
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 

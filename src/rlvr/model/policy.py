@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ import torch
 
 from rlvr.atomic import atomic_directory
 from rlvr.config import ConfigError, LoraConfig, ModelConfig
+from rlvr.reasoning_vocab.hooks import PolicyHooks, policy_hooks
 from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_model, load_tokenizer
 from rlvr.reasoning_vocab.mapping import attach as attach_reasoning_vocab
 from rlvr.trainer.memory import Budget, plan_memory
@@ -54,6 +55,8 @@ class Policy:
     compute_dtype: torch.dtype | None = None
     """Set when float32 weights compute in a half dtype (see the module docstring): the
     dtype pushed weights travel in."""
+    hooks: PolicyHooks = field(default_factory=PolicyHooks)
+    """What the policy's extension (a reasoning vocabulary) adds to a step; no-ops without."""
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -265,7 +268,8 @@ def load_policy(
         if plan is not None:
             print(plan.describe())
     pad_id = pad if pad is not None else tokenizer.eos_token_id
-    return Policy(model, tokenizer, pad_id, path, reasoning_vocab, compute_dtype)
+    hooks = policy_hooks(reasoning_vocab, tokenizer)
+    return Policy(model, tokenizer, pad_id, path, reasoning_vocab, compute_dtype, hooks)
 
 
 def disable_dropout(model: torch.nn.Module, lora_dropout: float = 0.0) -> None:

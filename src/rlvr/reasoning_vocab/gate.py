@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
+from rlvr.batch import MicroBatch, Sample
 from rlvr.reasoning_vocab.mapping import ReasoningVocab
-from rlvr.trainer.micro_batches import MicroBatch, Sample
 
 LOG_HALF = -math.log(2.0)
 

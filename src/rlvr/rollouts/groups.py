@@ -1,31 +1,16 @@
-"""One prompt's group of rollouts generated and scored together (`run_group`, `GroupResult`), and
-a training step's groups (`StepBatch`)."""
+"""One prompt's group of rollouts, generated and scored together (`run_group`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.batch import GroupResult, RolloutResult
 from rlvr.rollouts.request_args import SamplingFilterError
-from rlvr.rollouts.to_samples import (
-    MissingTokensError,
-    NonFiniteRewardError,
-    RolloutResult,
-    rollout_result,
-)
+from rlvr.rollouts.to_samples import MissingTokensError, NonFiniteRewardError, rollout_result
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GroupResult:
-    """The rollouts of one prompt that finished without error, and how many errored."""
-
-    rollouts: list[RolloutResult]
-    errored: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
 def environment_name(env: Any) -> str:
@@ -118,44 +103,3 @@ async def run_group(
         rollouts, reward_errors = results(states, max_seq_len, mask_truncated, where)
         errors += reward_errors
     return GroupResult(rollouts, errored=len(errors), errors=errors)
-
-
-@dataclass
-class StepBatch:
-    """All groups for one training step, with the bookkeeping the logs need."""
-
-    step: int
-    groups: list[GroupResult]
-    data_position: int
-    """Position in the prompt order after this batch (where the next batch starts)."""
-    skipped_prompts: int
-    """Rows passed over because their prompt is longer than batch.max_prompt_len."""
-    generate_s: float
-    """Wall time from starting the step's rollouts to the last group finishing."""
-    min_policy_version: int
-    """The weight version the server held when these rollouts started: under adapter sync the
-    version that generated all of them; merged pushes may change the weights mid-batch."""
-    errors: list[str] = field(default_factory=list)
-    max_policy_version: int | None = None
-    """The newest weight version that may have served some of these rollouts: a merged push
-    that began before the batch finished serves its later requests (and the rest of any
-    completion in progress) under the same name. None (a batch saved before this field
-    existed): `min_policy_version`."""
-
-    @property
-    def newest_policy_version(self) -> int:
-        """The newest weight version that may have served these rollouts."""
-        newest = self.max_policy_version
-        return self.min_policy_version if newest is None else newest
-
-    @property
-    def rollouts(self) -> list[RolloutResult]:
-        return [r for g in self.groups for r in g.rollouts]
-
-    @property
-    def errored(self) -> int:
-        return sum(g.errored for g in self.groups)
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(r.completion_tokens for r in self.rollouts)

@@ -13,11 +13,10 @@ those vLLM reported, never re-tokenized text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from rlvr.batch import RolloutResult, Sample
 from rlvr.finite import finite_number
-from rlvr.trainer.micro_batches import Sample
 
 
 class MissingTokensError(RuntimeError):
@@ -92,22 +91,6 @@ def trajectory_samples(trajectory: list[dict], max_seq_len: int) -> list[Sample]
     if ids:
         samples.append(Sample(ids, mask, logprobs))
     return samples
-
-
-@dataclass
-class RolloutResult:
-    """One finished rollout, reduced to what training and logging need."""
-
-    example_id: int
-    reward: float
-    metrics: dict[str, float]
-    samples: list[Sample]
-    truncated: bool
-    num_turns: int
-    completion_tokens: int
-    prompt_text: str
-    completion_text: str
-    answer: str = ""
 
 
 def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> RolloutResult:

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rlvr import batch
 from rlvr.atomic import atomic_write_text, publish_directory
 
 STATE_FILE = "trainer_state.json"
@@ -134,8 +135,24 @@ def load_checkpoint(accelerator: Any, path: str | Path, model: Any, deepspeed: b
     return json.loads((path / STATE_FILE).read_text())
 
 
+_NOUNS = {"Sample", "RolloutResult", "GroupResult", "StepBatch"}
+
+
+class _InFlightUnpickler(pickle.Unpickler):
+    """Reads the step's nouns from `rlvr.batch` whatever module wrote them: checkpoints saved
+    before they moved there name `rlvr.trainer.micro_batches.Sample` and the like."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith("rlvr.") and name in _NOUNS:
+            return getattr(batch, name)
+        return super().find_class(module, name)
+
+
 def load_in_flight(path: str | Path) -> list:
     """The rollout batches a checkpoint kept (empty for synchronous runs). Pickle: the file
     is the run's own, written by `save_checkpoint`."""
     file = Path(path) / IN_FLIGHT_FILE
-    return pickle.loads(file.read_bytes()) if file.is_file() else []
+    if not file.is_file():
+        return []
+    with file.open("rb") as f:
+        return _InFlightUnpickler(f).load()

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.batch import MicroBatch, Sample
 from rlvr.config import BatchConfig
 from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import MicroBatch, Sample, collate
+from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.prefix_tree import collate_folded, fold_rows, tree_attention
 
 log = logging.getLogger(__name__)

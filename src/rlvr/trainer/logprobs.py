@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rlvr.trainer.micro_batches import MicroBatch
+from rlvr.batch import MicroBatch
 
 MAX_CHUNK_ELEMENTS = 2**26
 """Most logits (tokens x vocabulary) in one chunk: 256 MiB in float32, 1365 tokens of a 49k

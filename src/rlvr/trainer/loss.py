@@ -20,6 +20,7 @@ across every micro-batch on every rank, so each token weighs the same however th
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
@@ -28,11 +29,48 @@ import torch
 from rlvr.config import LossConfig
 
 
+class Reduce(enum.Enum):
+    """How a statistic combines over a step's micro-batches and ranks."""
+
+    TOKEN_MEAN = "token_mean"
+    """Summed, then divided by the step's loss tokens (a per-token mean of the whole step)."""
+    MIN = "min"
+    MAX = "max"
+    SUM = "sum"
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A logged statistic's reduction, and the value it logs when no token had loss."""
+
+    reduce: Reduce
+    empty: float = 0.0
+
+
+STATS: dict[str, Stat] = {
+    "loss/total": Stat(Reduce.TOKEN_MEAN),
+    "loss/pg": Stat(Reduce.TOKEN_MEAN),
+    "loss/kl_ref": Stat(Reduce.TOKEN_MEAN),
+    "entropy": Stat(Reduce.TOKEN_MEAN),
+    "ratio/mean": Stat(Reduce.TOKEN_MEAN, empty=1.0),
+    "ratio/min": Stat(Reduce.MIN, empty=1.0),
+    "ratio/max": Stat(Reduce.MAX, empty=1.0),
+    "ratio/masked_frac": Stat(Reduce.TOKEN_MEAN),
+    "ratio/clipped_frac": Stat(Reduce.TOKEN_MEAN),
+    "mismatch_kl": Stat(Reduce.TOKEN_MEAN),
+}
+"""Every statistic a GRPO step logs from its loss, by its logged name. A micro-batch reports
+token-mean statistics as sums over its loss tokens (`StepStats` divides once per step) and
+extremes as +-inf when it has no loss token."""
+
+
 @dataclass
 class LossTerms:
-    """`loss_sum` carries the gradient; `stats` are detached sums/extremes for logging."""
+    """`loss_sum` carries the gradient; `stats` are detached statistics named as `STATS`
+    logs them; `tokens` counts the loss-mask tokens they are sums over."""
 
     loss_sum: torch.Tensor
+    tokens: torch.Tensor
     stats: dict[str, torch.Tensor]
 
 
@@ -73,24 +111,22 @@ def policy_loss(
         per_token = per_token + cfg.beta * kl_ref
         # the loss's own mask (ratio-masked tokens left out), as for pg_loss: the two
         # statistics add up to the loss that trains
-        stats["kl_ref_sum"] = (kl_ref * keep).sum().detach()
+        stats["loss/kl_ref"] = (kl_ref * keep).sum().detach()
     loss_sum = (per_token * keep).sum()
     with torch.no_grad():
-        ratio_on_mask = ratio[mask.bool()]
-        if ratio_on_mask.numel():
-            stats.update(ratio_min=ratio_on_mask.min(), ratio_max=ratio_on_mask.max())
-        stats.update(
-            tokens=mask.sum(),
-            ratio_sum=(ratio * mask).sum(),
-            ratio_masked_sum=(mask * (1 - in_bounds.float())).sum(),
-            clipped_sum=(mask * clipped.float()).sum(),
-            # k3 estimator of KL(sampler || trainer) on the sampler's own tokens: >= 0, and 0
-            # only when the two agree on every sampled token. In float64 with expm1: near
-            # agreement it is ~log_ratio^2 / 2, which float32's `r - 1 - log r` rounds to 0.
-            mismatch_kl_sum=((torch.expm1(log_ratio.double()) - log_ratio.double()) * mask).sum(),
-            pg_loss_sum=(-surrogate * keep).sum(),
-        )
-    return LossTerms(loss_sum=loss_sum, stats=stats)
+        on_mask = mask.bool()
+        stats["ratio/min"] = torch.where(on_mask, ratio, math.inf).min()
+        stats["ratio/max"] = torch.where(on_mask, ratio, -math.inf).max()
+        stats["ratio/mean"] = (ratio * mask).sum()
+        stats["ratio/masked_frac"] = (mask * (1 - in_bounds.float())).sum()
+        stats["ratio/clipped_frac"] = (mask * clipped.float()).sum()
+        # k3 estimator of KL(sampler || trainer) on the sampler's own tokens: >= 0, and 0 only
+        # when the two agree on every sampled token. In float64 with expm1: near agreement it
+        # is ~log_ratio^2 / 2, which float32's `r - 1 - log r` rounds to 0.
+        log_ratio64 = log_ratio.double()
+        stats["mismatch_kl"] = ((torch.expm1(log_ratio64) - log_ratio64) * mask).sum()
+        stats["loss/pg"] = (-surrogate * keep).sum()
+    return LossTerms(loss_sum=loss_sum, tokens=mask.sum(), stats=stats)
 
 
 def normalised_loss(loss_sum: torch.Tensor, global_tokens: float, world_size: int):
@@ -103,35 +139,61 @@ def normalised_loss(loss_sum: torch.Tensor, global_tokens: float, world_size: in
     return loss_sum * (world_size / max(global_tokens, 1.0))
 
 
-class StatsAccumulator:
-    """Combines `LossTerms.stats` over micro-batches (and ranks): keys ending in `_min`/`_max`
-    keep the extreme, the rest add up."""
+class StepStats:
+    """A step's loss statistics, accumulated on the device over its micro-batches and read to
+    the host once (`read`); layout counts (`count`) stay on the host."""
 
     def __init__(self) -> None:
-        self.values: dict[str, float] = {}
+        self._sums: dict[str, torch.Tensor] = {}
+        self._counts: dict[str, float] = {}
 
-    def add(self, stats: dict[str, torch.Tensor | float]) -> None:
-        for key, value in stats.items():
-            v = float(value)
-            if key not in self.values:
-                self.values[key] = v
-            elif key.endswith("_min"):
-                self.values[key] = min(self.values[key], v)
-            elif key.endswith("_max"):
-                self.values[key] = max(self.values[key], v)
-            else:
-                self.values[key] += v
+    def add(self, terms: LossTerms) -> None:
+        """One micro-batch's statistics (sums in float64, so no precision is lost)."""
+        for name, value in {**terms.stats, "tokens": terms.tokens}.items():
+            value = value.detach().double()
+            held = self._sums.get(name)
+            self._sums[name] = value if held is None else _combine(name, held, value)
 
-    def keys(self) -> list[str]:
-        return sorted(self.values)
+    def count(self, name: str, value: float) -> None:
+        self._counts[name] = self._counts.get(name, 0.0) + value
 
-    def summary(self) -> dict[str, float]:
-        """Per-token means of the sums (`x_sum` -> `x`), extremes as they are."""
-        tokens = max(self.values.get("tokens", 0.0), 1.0)
-        out: dict[str, float] = {}
-        for key, value in self.values.items():
-            if key.endswith("_sum"):
-                out[key.removesuffix("_sum")] = value / tokens
-            else:
-                out[key] = value
-        return out
+    def read(self) -> dict[str, float]:
+        """This rank's raw sums, extremes and counts, in one device-to-host copy."""
+        names = list(self._sums)
+        values = torch.stack([self._sums[n] for n in names]).tolist() if names else []
+        return {**dict(zip(names, values, strict=True)), **self._counts}
+
+
+def _combine(name: str, a, b):
+    """`a` and `b` (tensors or floats) combined as statistic `name` reduces."""
+    reduce = STATS[name].reduce if name in STATS else Reduce.SUM
+    if reduce is Reduce.MIN:
+        return torch.minimum(a, b) if torch.is_tensor(a) else min(a, b)
+    if reduce is Reduce.MAX:
+        return torch.maximum(a, b) if torch.is_tensor(a) else max(a, b)
+    return a + b
+
+
+def merge_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Every rank's `StepStats.read()`, combined in rank order."""
+    merged: dict[str, float] = {}
+    for values in per_rank:
+        for name, value in values.items():
+            merged[name] = value if name not in merged else _combine(name, merged[name], value)
+    return merged
+
+
+def summarise(raw: dict[str, float]) -> dict[str, float]:
+    """Every statistic of `STATS` as logged: token means divided by the step's loss tokens,
+    extremes as they are, `Stat.empty` where no token had loss."""
+    tokens = raw.get("tokens", 0.0)
+    out: dict[str, float] = {}
+    for name, stat in STATS.items():
+        value = raw.get(name)
+        if value is None or math.isinf(value):
+            out[name] = stat.empty
+        elif stat.reduce is Reduce.TOKEN_MEAN:
+            out[name] = value / max(tokens, 1.0)
+        else:
+            out[name] = value
+    return out

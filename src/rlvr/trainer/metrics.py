@@ -13,15 +13,18 @@ import json
 import logging
 import os
 import statistics
+import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rlvr.config import Config, SFTConfig, WandbConfig, to_dict
 from rlvr.finite import finite_number
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 PROGRESS_KEYS = {
     "reward/mean": "reward",
@@ -69,6 +72,25 @@ def metric_means(metric_dicts: Iterable[Any], prefix: str = "") -> dict[str, flo
     return {
         f"{prefix}/{name}" if prefix else name: statistics.fmean(v) for name, v in values.items()
     }
+
+
+class Laps:
+    """The seconds a step spends in each named part, timed one after the other."""
+
+    def __init__(self) -> None:
+        self.began = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def time(self, name: str, work: Callable[..., T], *args: Any) -> T:
+        """`work(*args)`, its seconds recorded as `name`."""
+        start = time.perf_counter()
+        result = work(*args)
+        self.seconds[name] = time.perf_counter() - start
+        return result
+
+    def elapsed(self) -> float:
+        """Seconds since the step began."""
+        return time.perf_counter() - self.began
 
 
 def step_line(step: int, total: int, metrics: dict[str, float]) -> str:

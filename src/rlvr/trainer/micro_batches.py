@@ -1,11 +1,7 @@
-"""Training samples and how they are laid out in micro-batches.
+"""How a step's samples (`rlvr.batch.Sample`) are laid out in micro-batches.
 
-A `Sample` is one token sequence exactly as vLLM saw it (the trainer never re-tokenizes text,
-so the ids, the loss mask and the sampler's logprobs cannot drift apart), with a mask that is 1
-only on tokens the policy sampled. SFT reuses samples and their layout: its mask marks the
-assistant's tokens (see `rlvr.data.sft_rows`) and the sampler fields stay zero.
-
-A micro-batch is a list of rows, a row a list of samples laid end to end.
+A micro-batch is a list of rows, a row a list of samples laid end to end; `collate` turns it
+into a `rlvr.batch.MicroBatch` of tensors. SFT uses the same layout.
 
 Padded (one sample per row, `packing=False`, the default): samples sorted by length, so rows of
 a micro-batch have similar lengths, right-padded to the longest. The model gets no attention
@@ -34,75 +30,10 @@ cannot change it.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass
-class Sample:
-    input_ids: list[int]
-    loss_mask: list[int]
-    """1 where the token was sampled by the policy (gets loss), 0 for prompt/env tokens."""
-    sampler_logprobs: list[float]
-    """vLLM's log-probability of each token where loss_mask is 1 (0.0 elsewhere)."""
-    advantage: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not len(self.input_ids) == len(self.loss_mask) == len(self.sampler_logprobs):
-            raise ValueError(
-                f"sample fields differ in length: ids {len(self.input_ids)}, mask "
-                f"{len(self.loss_mask)}, logprobs {len(self.sampler_logprobs)}"
-            )
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def num_loss_tokens(self) -> int:
-        return sum(self.loss_mask)
-
-
-Row = list[Sample]
-"""Samples laid end to end in one row of a micro-batch."""
-
-
-@dataclass
-class MicroBatch:
-    """Rows right-padded to the widest. `loss_mask`, `sampler_logprobs` and `advantages` are
-    aligned with next-token predictions: column i describes token i+1 of `input_ids` (the
-    first token of each sample is never predicted)."""
-
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    sampler_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    attention_mask: torch.Tensor
-    """1 on tokens, 0 on padding (what the model need not see: see the module docstring)."""
-    position_ids: torch.Tensor | None = None
-    """Positions restarting at 0 where each sample starts; the padding after the last sample
-    of a row counts as a sample of its own, so nothing attends to it or from it."""
-
-    @property
-    def num_loss_tokens(self) -> int:
-        return int(self.loss_mask.sum().item())
-
-    def model_inputs(self) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the model's forward: no attention mask (see the module
-        docstring); transformers builds packed rows' block-diagonal mask from position ids."""
-        if self.position_ids is not None:
-            return {"input_ids": self.input_ids, "position_ids": self.position_ids}
-        return {"input_ids": self.input_ids}
-
-    def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
-        """The final hidden states [n, H] that make the predictions `select` [B, T-1] picks,
-        from the forward's `hidden` [B, T, H] (a folded micro-batch gathers them instead:
-        `rlvr.trainer.prefix_tree`)."""
-        return hidden[:, :-1][select]
-
-    def to(self, device: torch.device | str) -> MicroBatch:
-        fields = vars(self).items()
-        return type(self)(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in fields})
+from rlvr.batch import MicroBatch, Row, Sample
 
 
 def collate(rows: list[Row], pad_id: int) -> MicroBatch:

@@ -62,16 +62,9 @@ from typing import Any
 
 import torch
 
+from rlvr.batch import MicroBatch, Row, Sample
 from rlvr.config import BatchConfig
-from rlvr.trainer.micro_batches import (
-    MicroBatch,
-    Row,
-    Sample,
-    collate,
-    largest_micro_batch,
-    padding_micro_batch,
-    slot_count,
-)
+from rlvr.trainer.micro_batches import collate, largest_micro_batch, padding_micro_batch, slot_count
 from rlvr.trainer.micro_batches import rank_micro_batches as unshared_micro_batches
 
 log = logging.getLogger(__name__)

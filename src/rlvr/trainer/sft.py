@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rlvr.batch import MicroBatch, Sample
 from rlvr.config import SFTConfig, save_config, to_yaml
 from rlvr.data.sft_rows import (
     Conversation,
@@ -34,23 +35,24 @@ from rlvr.data.sft_rows import (
     tokenize,
 )
 from rlvr.model.policy import load_policy, save_final
-from rlvr.reasoning_vocab.gate import ThinkGate
-from rlvr.reasoning_vocab.mapping import row_cosines
-from rlvr.trainer.cadence import Cadence
+from rlvr.reasoning_vocab.hooks import PolicyHooks
+from rlvr.trainer.cadence import Cadence, run_steps
 from rlvr.trainer.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.trainer.logprobs import sequence_scores
 from rlvr.trainer.loss import normalised_loss
 from rlvr.trainer.memory import Budget
 from rlvr.trainer.metrics import RunLogger
-from rlvr.trainer.micro_batches import MicroBatch, Sample, collate, rank_micro_batches
+from rlvr.trainer.micro_batches import collate, rank_micro_batches
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 
 
-def nll_sum(model: torch.nn.Module, mb: MicroBatch, gate: ThinkGate | None = None) -> torch.Tensor:
+def nll_sum(
+    model: torch.nn.Module, mb: MicroBatch, hooks: PolicyHooks | None = None
+) -> torch.Tensor:
     """Summed negative log-likelihood of the micro-batch's loss tokens (not averaged: the
-    caller divides by the step's global count). With a reasoning vocabulary's `gate`, the
+    caller divides by the step's global count). With a reasoning vocabulary's `hooks`, the
     likelihood of the text: a thinking token counts as itself or its reasoning copy."""
-    mask = gate.logit_mask(mb, fold=True) if gate is not None else None
+    mask = hooks.logit_mask(mb, fold=True) if hooks is not None else None
     return -(sequence_scores(model, mb, mask_logits=mask).logprobs * mb.loss_mask).sum()
 
 
@@ -110,10 +112,7 @@ class SFTTrainer:
         budget = Budget(tokens, knob, cfg.data.max_seq_len, "data.max_seq_len")
         policy = load_policy(cfg.model, cfg.lora, acc, budget=budget)
         self.tokenizer, self.pad_id = policy.tokenizer, policy.pad_id
-        self.reasoning_vocab = policy.reasoning_vocab
-        self.gate = None
-        if policy.reasoning_vocab is not None:
-            self.gate = ThinkGate.from_tokenizer(policy.reasoning_vocab, policy.tokenizer)
+        self.reasoning_vocab, self.hooks = policy.reasoning_vocab, policy.hooks
         stats = self._tokenize(train, validation)
         self.opt = Optimization(
             acc, policy.model, cfg.optim, self.total_steps, cfg.train.micro_batch_size
@@ -166,33 +165,15 @@ class SFTTrainer:
     def run(self, stop_after: int | None = None) -> list[dict[str, float]]:
         """Train to the last step (or `stop_after` steps); returns each step's metrics."""
         self.setup()
-        total = self.total_steps
         cadence = Cadence(
-            total_steps=total,
+            total_steps=self.total_steps,
             eval_every=self.cfg.train.eval_every,
             save_every=self.cfg.checkpoint.every,
             eval_at_start=True,  # (without a validation set, evaluate does nothing)
             eval_at_end=True,
         )
         try:
-            if cadence.evaluate_first(self.start_step):
-                self.evaluate(0)
-            for step in range(self.start_step, total):
-                self.history.append(self.train_step(step))
-                done = step + 1
-                if cadence.stop_here(done, stop_after):
-                    self.save(done)  # an interrupted run resumes from here
-                    return self.history
-                if cadence.evaluate_after(done):
-                    self.evaluate(done)
-                if cadence.save_after(done):
-                    self.save(done)
-            if cadence.eval_at_end:
-                self.evaluate(total)
-            if not cadence.save_after(total):
-                self.save(total)
-            self.save_final()
-            return self.history
+            return run_steps(self, cadence, self.start_step, stop_after)
         finally:
             if self.logger is not None:
                 self.logger.close()
@@ -227,9 +208,7 @@ class SFTTrainer:
             "train/truncated": sum(e.truncated for e in examples),
             "time/step": seconds,
         }
-        if self.reasoning_vocab is not None:  # every rank: ZeRO-3 gathers the rows
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            metrics.update(row_cosines(unwrapped, self.reasoning_vocab))
+        metrics.update(self.hooks.weight_metrics(self.accelerator.unwrap_model(self.model)))
         self.logger.log(step + 1, metrics)
         self.logger.print(
             f"step {step + 1}/{self.total_steps} | epoch {metrics['train/epoch']:.2f} | "
@@ -254,11 +233,11 @@ class SFTTrainer:
         for i, chunk in enumerate(mine):
             mb = collate(chunk, self.pad_id).to(self.accelerator.device)
             if not train:
-                total += nll_sum(self.model, mb, self.gate)
+                total += nll_sum(self.model, mb, self.hooks)
                 continue
             last = i == len(mine) - 1
             with self.opt.accumulating(last):
-                loss_sum = nll_sum(self.model, mb, self.gate)
+                loss_sum = nll_sum(self.model, mb, self.hooks)
                 self.opt.backward(normalised_loss(loss_sum, global_tokens, self.world), last)
             total += loss_sum.detach()
         return float(self.accelerator.reduce(total, "sum"))

@@ -11,11 +11,12 @@ import torch
 from accelerate import Accelerator
 from transformers import Qwen2ForCausalLM
 
+from rlvr.batch import Sample
 from rlvr.config import load_config
 from rlvr.model.policy import load_policy, reference_mode
 from rlvr.trainer.grpo import micro_batch_loss
 from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import Sample, collate
+from rlvr.trainer.micro_batches import collate
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +57,8 @@ def ratios(model_dir, lora_dropout: float, guarded: bool) -> tuple[torch.Tensor,
         with torch.no_grad(), reference_mode(model):
             return sequence_scores(model, batch, 0.8).logprobs
 
-    _, stats = micro_batch_loss(model, mb, cfg, mb.num_loss_tokens, 1, reference)
-    extremes = torch.stack([stats["ratio_min"], stats["ratio_max"]])
+    _, terms = micro_batch_loss(model, mb, cfg, mb.num_loss_tokens, 1, reference)
+    extremes = torch.stack([terms.stats["ratio/min"], terms.stats["ratio/max"]])
     select = mb.loss_mask > 0
     return extremes, torch.stack([reference(mb)[select], reference(mb)[select]])
 

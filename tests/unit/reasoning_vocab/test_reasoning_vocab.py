@@ -13,6 +13,7 @@ from accelerate import Accelerator
 from tokenizers.decoders import DecodeStream
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
+from rlvr.batch import Sample
 from rlvr.config import ConfigError, LoraConfig, ModelConfig, load_config
 from rlvr.model.policy import load_policy, merge_adapter, save_final
 from rlvr.reasoning_vocab.expand import expand_checkpoint
@@ -26,7 +27,7 @@ from rlvr.reasoning_vocab.mapping import (
     with_trained_rows,
 )
 from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import Sample, collate
+from rlvr.trainer.micro_batches import collate
 
 TEXT = "Solve 2+2. <think> two and two make four, so </think> The answer is \\boxed{4}."
 

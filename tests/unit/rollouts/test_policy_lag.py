@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from rlvr.config import load_config
 from rlvr.rollouts.worker import RolloutWorker
 
-from .test_rollouts import FINAL, ScriptedClient, correct
+from .test_rollouts import FINAL, ScriptedClient, correct, publish
 
 
 class GatedClient(ScriptedClient):
@@ -48,12 +48,11 @@ def test_a_push_during_a_batch_is_counted_where_it_can_serve_it(tiny_model_dir, 
     gate = threading.Event()
     model = (lambda v: "policy") if names == "merged" else (lambda v: f"policy-v{v}")
     worker = RolloutWorker(
-        env, env.get_dataset(), cfg, lambda: GatedClient(tokenizer, 4, gate), model=model
+        env, env.get_dataset(), cfg, lambda: GatedClient(tokenizer, 4, gate), served_name=model
     ).start()
     try:
         first = worker.get(0, timeout_s=60)  # its 4 requests answered; batch 1's wait
-        worker.wait_for_batches_of(0, timeout_s=60)  # the trainer may push version 1 now
-        worker.set_version(1)
+        publish(worker, 1)  # once batch 1 has started, as the trainer pushes version 1
         gate.set()
         second = worker.get(1, timeout_s=60)
     finally:

@@ -19,9 +19,10 @@ from datasets import Dataset
 from openai.types.chat import ChatCompletion
 from transformers import AutoTokenizer
 
+from rlvr.batch import GroupResult, RolloutResult, Sample, StepBatch
 from rlvr.config import ConfigError, load_config
 from rlvr.rollouts.client import RolloutClient
-from rlvr.rollouts.groups import GroupResult, StepBatch, run_group
+from rlvr.rollouts.groups import run_group
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import (
     FALLBACK_MAX_TOKENS,
@@ -33,14 +34,12 @@ from rlvr.rollouts.request_args import (
 from rlvr.rollouts.to_samples import (
     MissingTokensError,
     NonFiniteRewardError,
-    RolloutResult,
     rollout_result,
     trajectory_samples,
 )
 from rlvr.rollouts.worker import RolloutWorker
 from rlvr.trainer.advantages import group_advantages
-from rlvr.trainer.grpo import build_samples
-from rlvr.trainer.micro_batches import Sample
+from rlvr.trainer.train_batch import build_train_batch
 
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
 FINAL = "The value is \\boxed{42}."
@@ -118,6 +117,12 @@ class ScriptedClient(RolloutClient):
 
     async def close(self) -> None:
         return None
+
+
+def publish(worker: RolloutWorker, version: int) -> None:
+    """Publish weight `version` as the trainer does once its push is done."""
+    with worker.publishing(version, release=lambda in_use: None, timeout_s=60):
+        pass
 
 
 def lookup(key: str) -> str:
@@ -383,7 +388,7 @@ def test_worker_runs_at_most_async_level_steps_ahead(tokenizer):
                 time.sleep(0.01)
             time.sleep(0.5)
             assert worker.ready_steps() == list(range(1, 1 + async_level))
-            worker.set_version(1)
+            publish(worker, 1)
             assert worker.get(1).step == 1
             if async_level == 1:
                 assert worker.get(2).min_policy_version == 1
@@ -416,9 +421,9 @@ def test_a_checkpoint_hands_in_flight_batches_to_the_resumed_worker(tokenizer):
             time.sleep(0.01)
         (in_flight,) = batches  # started under version 0
         assert in_flight.step == 1 and in_flight.min_policy_version == 0
-        original.set_version(1)
+        publish(original, 1)
         assert original.get(1) is in_flight
-        original.set_version(2)
+        publish(original, 2)
         fresh = original.get(2)
     finally:
         original.close()
@@ -426,7 +431,7 @@ def test_a_checkpoint_hands_in_flight_batches_to_the_resumed_worker(tokenizer):
                      preloaded=[in_flight])  # fmt: skip
     try:
         assert resumed.get(1) is in_flight
-        resumed.set_version(2)
+        publish(resumed, 2)
         again = resumed.get(2)
     finally:
         resumed.close()
@@ -447,12 +452,14 @@ def test_groups_with_too_many_errored_rollouts_get_no_loss():
     biased = GroupResult([_rollout(1.0), _rollout(0.0)], errored=2)
     batch = StepBatch(0, [kept, biased], data_position=2, skipped_prompts=0, generate_s=1.0,
                       min_policy_version=0)  # fmt: skip
-    samples, metrics, _ = build_samples(batch, cfg)
+    train = build_train_batch(batch, cfg)
+    samples, metrics = train.samples, train.metrics
     assert len(samples) == 7  # only the group with 1 error in 8 trains
     assert metrics["rollouts/dropped_errored_groups"] == 1
     assert metrics["rollouts/errored"] == 3
     strict = load_config(overrides=["batch.max_errored_frac=0.0"])
-    samples, metrics, _ = build_samples(batch, strict)
+    train = build_train_batch(batch, strict)
+    samples, metrics = train.samples, train.metrics
     assert samples == [] and metrics["rollouts/dropped_errored_groups"] == 2
 
 
@@ -461,7 +468,7 @@ NAN, INF = float("nan"), float("inf")
 
 def test_nan_reward_is_an_errored_rollout(tokenizer, caplog):
     """A third-party reward function that returns NaN for some rollouts (a ratio of two zero
-    counts) or infinity: through the worker, run_group and build_samples, as in training. Such
+    counts) or infinity: through the worker, run_group and build_train_batch, as in training. Such
     a rollout counts as errored, its group is judged by batch.max_errored_frac like any other
     errored rollout, a warning names the environment, the row and the value, and no NaN reaches
     the advantages or the step's metrics (where statistics.pstdev raises a riddle on NaN)."""
@@ -485,7 +492,8 @@ def test_nan_reward_is_an_errored_rollout(tokenizer, caplog):
             batch = worker.get(0)
         finally:
             worker.close()
-    samples, metrics, rows = build_samples(batch, cfg)
+    train = build_train_batch(batch, cfg)
+    samples, metrics, rows = train.samples, train.metrics, train.table
 
     by_answer = {g.rollouts[0].answer: g for g in batch.groups}
     assert {a: g.errored for a, g in by_answer.items()} == {"a": 1, "b": 2, "c": 0}
@@ -496,7 +504,12 @@ def test_nan_reward_is_an_errored_rollout(tokenizer, caplog):
     kept_a = by_answer["a"].rollouts
     (expected,), _ = group_advantages([[r.reward for r in kept_a]], cfg.loss.scale_rewards)
     assert sorted(r.reward for r in kept_a) == [0.0, 1.0, 1.0]  # the baseline: finite rewards
-    assert [s.advantage for r in kept_a for s in r.samples] == pytest.approx(expected)
+    trained = [g for g in batch.groups if g is not by_answer["b"]]  # in the batch's order
+    start = sum(
+        len(r.samples) for g in trained[: trained.index(by_answer["a"])] for r in g.rollouts
+    )
+    assert [s.advantage for s in samples[start : start + 3]] == pytest.approx(expected)
+    assert all(s.advantage == 0.0 for r in kept_a for s in r.samples)  # rollouts keep theirs
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics["reward/mean"] == pytest.approx(5 / 9)  # a: 1 0 1, b: 1 0, c: 1 0 1 0
     assert metrics["env/ratio"] == pytest.approx(5 / 9)

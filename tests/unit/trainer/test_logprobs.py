@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from rlvr.batch import MicroBatch, Sample
 from rlvr.trainer import logprobs
 from rlvr.trainer.logprobs import head_logprobs, output_head, sequence_scores
-from rlvr.trainer.micro_batches import MicroBatch, Sample, collate
+from rlvr.trainer.micro_batches import collate
 
 VOCAB = 64
 

@@ -9,17 +9,20 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlvr.batch import Sample
 from rlvr.config import LossConfig, load_config
 from rlvr.trainer.advantages import group_advantages
 from rlvr.trainer.grpo import micro_batch_loss
-from rlvr.trainer.loss import StatsAccumulator, normalised_loss, policy_loss
-from rlvr.trainer.micro_batches import (
-    Sample,
-    collate,
-    padding_micro_batch,
-    shard,
-    split_micro_batches,
+from rlvr.trainer.loss import (
+    STATS,
+    LossTerms,
+    StepStats,
+    merge_ranks,
+    normalised_loss,
+    policy_loss,
+    summarise,
 )
+from rlvr.trainer.micro_batches import collate, padding_micro_batch, shard, split_micro_batches
 
 # ---- advantages ------------------------------------------------------------------------
 
@@ -65,18 +68,18 @@ def test_on_policy_loss_is_minus_advantage_weighted_logprob_gradient():
     assert terms.loss_sum.item() == pytest.approx(-4.0)  # -(1*2 + 1*2), third token masked
     terms.loss_sum.backward()
     assert logprobs.grad.tolist() == [[-2.0, -2.0, 0.0]]
-    assert terms.stats["tokens"].item() == 2
-    assert terms.stats["mismatch_kl_sum"].item() == pytest.approx(0.0, abs=1e-12)
+    assert terms.tokens.item() == 2
+    assert terms.stats["mismatch_kl"].item() == pytest.approx(0.0, abs=1e-12)
 
 
 def test_ratio_masking_drops_off_policy_tokens():
     logprobs = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
     sampler = torch.log(torch.tensor([[0.5, 0.01, 0.99]]))  # ratios 1, 50, ~0.505
     terms = policy_loss(logprobs, sampler, torch.ones(1, 3), torch.ones(1, 3), loss_cfg())
-    assert terms.stats["ratio_masked_sum"].item() == 1
+    assert terms.stats["ratio/masked_frac"].item() == 1
     assert terms.loss_sum.item() == pytest.approx(-(1.0 + 0.5 / 0.99), rel=1e-5)
-    assert terms.stats["ratio_max"].item() == pytest.approx(50.0, rel=1e-4)
-    assert terms.stats["mismatch_kl_sum"].item() > 0
+    assert terms.stats["ratio/max"].item() == pytest.approx(50.0, rel=1e-4)
+    assert terms.stats["mismatch_kl"].item() > 0
 
 
 def test_ppo_clipping_stops_the_gradient_beyond_the_bound():
@@ -89,7 +92,7 @@ def test_ppo_clipping_stops_the_gradient_beyond_the_bound():
     # A > 0 and r > 1 + eps: clipped, no gradient; A < 0: the unclipped term is the minimum
     assert logprobs.grad[0, 0].item() == 0.0
     assert logprobs.grad[0, 1].item() == pytest.approx(1.2, rel=1e-5)
-    assert terms.stats["clipped_sum"].item() == 1
+    assert terms.stats["ratio/clipped_frac"].item() == 1
 
 
 def test_kl_to_reference_adds_beta_weighted_penalty():
@@ -112,20 +115,39 @@ def test_kl_ref_statistic_uses_the_loss_mask():
     adv = torch.tensor([[1.0, -1.0, 1.0]])
     cfg = loss_cfg(beta=0.5)
     terms = policy_loss(logprobs, sampler, adv, torch.ones(1, 3), cfg, ref)
-    assert terms.stats["ratio_masked_sum"].item() == 1
+    assert terms.stats["ratio/masked_frac"].item() == 1
     d = ref[0, :2] - logprobs[0, :2]
     kept_kl = (torch.exp(d) - d - 1).sum().item()
-    assert terms.stats["kl_ref_sum"].item() == pytest.approx(kept_kl)
-    total = terms.stats["pg_loss_sum"] + cfg.beta * terms.stats["kl_ref_sum"]
+    assert terms.stats["loss/kl_ref"].item() == pytest.approx(kept_kl)
+    total = terms.stats["loss/pg"] + cfg.beta * terms.stats["loss/kl_ref"]
     assert terms.loss_sum.item() == pytest.approx(total.item())
 
 
-def test_stats_accumulator_sums_and_extremes():
-    acc = StatsAccumulator()
-    acc.add({"tokens": 2.0, "x_sum": 4.0, "ratio_min": 0.9, "ratio_max": 1.1})
-    acc.add({"tokens": 2.0, "x_sum": 2.0, "ratio_min": 0.8, "ratio_max": 1.05})
-    acc.add({"tokens": 0.0, "x_sum": 0.0})  # a padding micro-batch
-    assert acc.summary() == {"tokens": 4.0, "x": 1.5, "ratio_min": 0.8, "ratio_max": 1.1}
+def _terms(tokens: float, pg: float, ratio_min: float, ratio_max: float) -> LossTerms:
+    stats = {"loss/pg": pg, "ratio/min": ratio_min, "ratio/max": ratio_max}
+    as_tensors = {name: torch.tensor(value, dtype=torch.float64) for name, value in stats.items()}
+    return LossTerms(torch.tensor(0.0), torch.tensor(tokens), as_tensors)
+
+
+def test_step_stats_sum_token_means_and_keep_extremes():
+    """Token-mean statistics add up over micro-batches and ranks and are divided by the step's
+    loss tokens once; extremes keep the extreme; a micro-batch without loss tokens (+-inf
+    extremes) changes nothing, and a statistic nothing reported logs its empty value."""
+    ranks = []
+    for micro_batches in ([(2.0, 4.0, 0.9, 1.1), (0.0, 0.0, math.inf, -math.inf)],
+                          [(2.0, 2.0, 0.8, 1.05)]):  # fmt: skip
+        stats = StepStats()
+        for values in micro_batches:
+            stats.add(_terms(*values))
+        stats.count("slots", 8)
+        ranks.append(stats.read())
+    summary = summarise(merge_ranks(ranks))
+    assert summary["loss/pg"] == 1.5
+    assert (summary["ratio/min"], summary["ratio/max"]) == (0.8, 1.1)
+    assert summary["ratio/mean"] == 1.0 and summary["loss/total"] == 0.0  # not reported
+    assert merge_ranks(ranks)["slots"] == 16
+    assert set(summary) == set(STATS)
+    assert summarise({}) == {name: stat.empty for name, stat in STATS.items()}
 
 
 # ---- micro-batch / rank invariance -------------------------------------------------------

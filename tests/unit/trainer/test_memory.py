@@ -171,7 +171,7 @@ def test_unfit_settings_fail_before_the_first_step(tiny_model_dir, tmp_path, mon
     message = str(refused.value)
     assert "will not fit in memory" in message
     assert "lower batch.micro_batch_tokens to at most" in message
-    assert trainer.sync is None and trainer.worker is None and trainer.history == []
+    assert trainer.weights is None and trainer.worker is None and trainer.history == []
 
 
 def test_peak_is_reset_per_step():

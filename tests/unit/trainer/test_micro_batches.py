@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlvr.batch import Sample
 from rlvr.config import load_config
 from rlvr.trainer.grpo import micro_batch_loss
 from rlvr.trainer.logprobs import sequence_scores
 from rlvr.trainer.micro_batches import (
-    Sample,
     collate,
     largest_micro_batch,
     pack_rows,

@@ -21,10 +21,11 @@ import torch
 from accelerate import Accelerator
 from transformers import get_scheduler
 
+from rlvr.batch import Sample
 from rlvr.config import LoraConfig, ModelConfig, OptimConfig, load_config
 from rlvr.model.policy import load_policy
 from rlvr.trainer.grpo import micro_batch_loss
-from rlvr.trainer.micro_batches import Sample, collate
+from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.optimizer import NonFiniteStepError, Optimization, lr_factor, make_accelerator
 
 ZERO3_CPU = Path(__file__).resolve().parents[3] / "configs" / "zero3_cpu.yaml"

@@ -13,10 +13,11 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from rlvr.batch import Sample
 from rlvr.config import LoraConfig, ModelConfig, load_config
 from rlvr.model.policy import load_policy
 from rlvr.trainer.grpo import micro_batch_loss
-from rlvr.trainer.micro_batches import Sample, collate
+from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.optimizer import Optimization
 from rlvr.weight_sync.merged_stream import MergedWeightSource
 

@@ -10,12 +10,13 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from rlvr.batch import Sample
 from rlvr.config import load_config
 from rlvr.model.policy import load_policy, reference_mode
 from rlvr.reasoning_vocab.gate import ThinkGate
 from rlvr.trainer.grpo import micro_batch_loss
 from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import Sample, padding_micro_batch
+from rlvr.trainer.micro_batches import padding_micro_batch
 from rlvr.trainer.prefix_tree import (
     FoldedMicroBatch,
     collate_folded,
@@ -122,11 +123,11 @@ def train_step(model, cfg, reference, gate, pad_id, samples, attention):
         mb = plan.collate(chunk).to(next(model.parameters()).device)
         assert isinstance(mb, FoldedMicroBatch) == (attention is not None)
         mask = gate.logit_mask(mb)
-        loss, stats = micro_batch_loss(
+        loss, terms = micro_batch_loss(
             model, mb, cfg, tokens, 1, lambda m, mask=mask: reference(m, mask), mask
         )
         loss.backward()
-        for key, value in {**stats, "loss": loss}.items():
+        for key, value in {**terms.stats, "tokens": terms.tokens, "loss": loss}.items():
             totals[key] = totals.get(key, 0.0) + float(value.detach())
         with torch.no_grad():
             scores = sequence_scores(model, mb, 0.8, mask_logits=mask).logprobs
@@ -169,10 +170,11 @@ def assert_fold_matches_unshared(setup, samples: list[Sample], attention: str) -
     long_prompt, short_prompt = samples[0], samples[4]  # both groups in one micro-batch
     assert any({id(long_prompt), id(short_prompt)} <= {id(s) for row in mb for s in row}
                for mb in plan.micro_batches)  # fmt: skip
-    for key in ("loss", "loss_sum", "kl_ref_sum", "entropy_sum", "ratio_sum", "mismatch_kl_sum"):
+    sums = ("loss", "loss/total", "loss/kl_ref", "entropy", "ratio/mean", "mismatch_kl")
+    for key in sums:
         # sums over ~200 tokens: float32's rounding of the sum, relative
         assert folded[0][key] == pytest.approx(unshared[0][key], rel=1e-6, abs=ATOL), key
-    assert unshared[0]["kl_ref_sum"] > 1e-3  # the reference pass counts
+    assert unshared[0]["loss/kl_ref"] > 1e-3  # the reference pass counts
     assert max(float(g.abs().max()) for g in unshared[1].values()) > 1e-4  # a loss that trains
     assert folded[1].keys() == unshared[1].keys()
     for name, grad in unshared[1].items():

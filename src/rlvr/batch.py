@@ -1,0 +1,191 @@
+"""The nouns of one training step, in the order its data flows.
+
+    RolloutResult   one finished, scored rollout and its token samples (rlvr.rollouts)
+    GroupResult     the rollouts of one prompt, and how many errored      (rlvr.rollouts)
+    StepBatch       every group of one step, as the rollout worker hands it over
+    TrainBatch      the samples a step trains on, advantages set, and its rollout metrics
+    Sample / Row    one token sequence exactly as vLLM saw it; samples laid end to end
+    MicroBatch      rows as tensors, ready for a forward pass                (rlvr.trainer)
+
+They live on the ground floor so that rollouts, data, the reasoning vocabulary and the trainer
+all read the same types without importing each other. How samples are cut into micro-batches is
+`rlvr.trainer.micro_batches`; how a rollout becomes samples is `rlvr.rollouts.to_samples`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One token sequence with a loss mask that is 1 only on tokens the policy sampled.
+
+    The trainer never re-tokenizes text, so the ids, the mask and the sampler's log-probabilities
+    cannot drift apart. SFT reuses samples: its mask marks the assistant's tokens (see
+    `rlvr.data.sft_rows`) and the sampler fields stay zero."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    """1 where the token was sampled by the policy (gets loss), 0 for prompt/env tokens."""
+    sampler_logprobs: list[float]
+    """vLLM's log-probability of each token where loss_mask is 1 (0.0 elsewhere)."""
+    advantage: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not len(self.input_ids) == len(self.loss_mask) == len(self.sampler_logprobs):
+            raise ValueError(
+                f"sample fields differ in length: ids {len(self.input_ids)}, mask "
+                f"{len(self.loss_mask)}, logprobs {len(self.sampler_logprobs)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def with_advantage(self, advantage: float) -> Sample:
+        """This sample scored with `advantage` (a new sample: rollouts keep their own)."""
+        return replace(self, advantage=advantage)
+
+
+Row = list[Sample]
+"""Samples laid end to end in one row of a micro-batch."""
+
+
+@dataclass
+class MicroBatch:
+    """Rows right-padded to the widest, as tensors.
+
+    `loss_mask`, `sampler_logprobs` and `advantages` are aligned with next-token predictions:
+    column i describes token i+1 of `input_ids` (the first token of each sample is never
+    predicted). Built by `rlvr.trainer.micro_batches.collate`."""
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    attention_mask: torch.Tensor
+    """1 on tokens, 0 on padding (what the model need not see: see `model_inputs`)."""
+    position_ids: torch.Tensor | None = None
+    """Positions restarting at 0 where each sample starts; the padding after the last sample
+    of a row counts as a sample of its own, so nothing attends to it or from it."""
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments for the model's forward.
+
+        No attention mask: under causal attention no token sees the padding after it, and the
+        loss never reads the padding's outputs, so attention takes its causal fast path.
+        transformers builds packed rows' block-diagonal mask from the position ids."""
+        if self.position_ids is not None:
+            return {"input_ids": self.input_ids, "position_ids": self.position_ids}
+        return {"input_ids": self.input_ids}
+
+    def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+        """The final hidden states [n, H] that make the predictions `select` [B, T-1] picks,
+        from the forward's `hidden` [B, T, H] (a folded micro-batch gathers them instead:
+        `rlvr.trainer.prefix_tree`)."""
+        return hidden[:, :-1][select]
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        fields = vars(self).items()
+        return type(self)(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in fields})
+
+
+@dataclass
+class RolloutResult:
+    """One finished rollout, reduced to what training and logging need."""
+
+    example_id: int
+    reward: float
+    metrics: dict[str, float]
+    samples: list[Sample]
+    truncated: bool
+    num_turns: int
+    completion_tokens: int
+    prompt_text: str
+    completion_text: str
+    answer: str = ""
+
+
+@dataclass
+class GroupResult:
+    """The rollouts of one prompt that finished without error, and how many errored."""
+
+    rollouts: list[RolloutResult]
+    errored: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def too_errored(self, max_errored_frac: float) -> bool:
+        """More than `max_errored_frac` of the group's rollouts errored: it gets no loss."""
+        return self.errored > max_errored_frac * (len(self.rollouts) + self.errored)
+
+
+@dataclass
+class StepBatch:
+    """All groups for one training step, with the bookkeeping the logs need."""
+
+    step: int
+    groups: list[GroupResult]
+    data_position: int
+    """Position in the prompt order after this batch (where the next batch starts)."""
+    skipped_prompts: int
+    """Rows passed over because their prompt is longer than batch.max_prompt_len."""
+    generate_s: float
+    """Wall time from starting the step's rollouts to the last group finishing."""
+    min_policy_version: int
+    """The weight version the server held when these rollouts started: under adapter sync the
+    version that generated all of them; merged pushes may change the weights mid-batch."""
+    errors: list[str] = field(default_factory=list)
+    max_policy_version: int | None = None
+    """The newest weight version that may have served some of these rollouts: a merged push
+    that began before the batch finished serves its later requests (and the rest of any
+    completion in progress) under the same name. None (a batch saved before this field
+    existed): `min_policy_version`."""
+
+    @property
+    def newest_policy_version(self) -> int:
+        """The newest weight version that may have served these rollouts."""
+        newest = self.max_policy_version
+        return self.min_policy_version if newest is None else newest
+
+    @property
+    def rollouts(self) -> list[RolloutResult]:
+        return [r for g in self.groups for r in g.rollouts]
+
+    @property
+    def errored(self) -> int:
+        return sum(g.errored for g in self.groups)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.rollouts)
+
+
+@dataclass
+class TrainBatch:
+    """What every rank trains on at one step: the samples with their advantages, the step's
+    rollout metrics, the sample-table rows, and where the next step's prompts start."""
+
+    samples: list[Sample]
+    metrics: dict[str, float]
+    table: list[dict[str, Any]]
+    data_position: int
+
+    @property
+    def loss_tokens(self) -> int:
+        """Loss tokens of the whole step: every micro-batch's loss is divided by this."""
+        return sum(s.num_loss_tokens for s in self.samples)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s) for s in self.samples)

@@ -1,0 +1,83 @@
+"""A step's rollouts -> what it trains on (`build_train_batch`): group advantages on the samples,
+the rollout metrics, and the rows of the sample table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlvr.batch import RolloutResult, Sample, StepBatch, TrainBatch
+from rlvr.config import Config
+from rlvr.reasoning_vocab.hooks import PolicyHooks
+from rlvr.trainer.advantages import group_advantages
+from rlvr.trainer.metrics import distribution, mean, metric_means
+
+
+def build_train_batch(
+    batch: StepBatch, cfg: Config, hooks: PolicyHooks | None = None
+) -> TrainBatch:
+    """The samples of every group that may train, each scored with its rollout's advantage.
+
+    Groups where more than `batch.max_errored_frac` of the rollouts errored get no loss;
+    groups whose rewards are all equal are dropped when `loss.drop_zero_variance`. The
+    rollouts keep their own samples: the advantages go on new ones."""
+    hooks = hooks or PolicyHooks()
+    limit = cfg.batch.max_errored_frac
+    groups = [g for g in batch.groups if g.rollouts and not g.too_errored(limit)]
+    advantages, flat = group_advantages(
+        [[r.reward for r in g.rollouts] for g in groups], cfg.loss.scale_rewards
+    )
+    samples: list[Sample] = []
+    scored: list[tuple[RolloutResult, float]] = []
+    dropped = 0
+    for group, group_adv, is_flat in zip(groups, advantages, flat, strict=True):
+        if is_flat and cfg.loss.drop_zero_variance:
+            dropped += 1
+            continue
+        for rollout, adv in zip(group.rollouts, group_adv, strict=True):
+            scored.append((rollout, adv))
+            samples += [sample.with_advantage(adv) for sample in rollout.samples]
+    kept = {
+        "rollouts/zero_variance_groups": sum(flat),
+        "rollouts/dropped_groups": dropped,
+        "rollouts/dropped_errored_groups": sum(g.too_errored(limit) for g in batch.groups),
+    }
+    metrics = rollout_metrics(batch, kept, len(samples))
+    metrics.update(hooks.rollout_metrics(s for r in batch.rollouts for s in r.samples))
+    table = [table_row(r, adv) for r, adv in scored[: cfg.logging.samples_per_step]]
+    return TrainBatch(samples, metrics, table, batch.data_position)
+
+
+def rollout_metrics(batch: StepBatch, kept: dict[str, int], samples: int) -> dict[str, float]:
+    """The step's rewards, environment metrics (`env/`), rollout and group counts (`kept`: how
+    many groups were dropped, and why) and generation time."""
+    rollouts = batch.rollouts
+    gen_tokens = batch.completion_tokens
+    return {
+        **distribution("reward", [r.reward for r in rollouts]),
+        **dict(sorted(metric_means([r.metrics for r in rollouts], "env").items())),
+        "rollouts/count": len(rollouts),
+        "rollouts/errored": batch.errored,
+        "rollouts/truncated": sum(r.truncated for r in rollouts),
+        **kept,
+        "rollouts/skipped_long_prompts": batch.skipped_prompts,
+        "rollouts/samples": samples,
+        "rollouts/completion_tokens": gen_tokens,
+        "rollouts/completion_len": gen_tokens / max(len(rollouts), 1),
+        "rollouts/turns": mean([r.num_turns for r in rollouts]),
+        "rollouts/policy_lag": batch.step - batch.min_policy_version,
+        "rollouts/policy_lag_min": batch.step - batch.newest_policy_version,
+        "time/generate": batch.generate_s,
+        "throughput/gen_tokens_per_s": gen_tokens / max(batch.generate_s, 1e-9),
+    }
+
+
+def table_row(rollout: RolloutResult, advantage: float) -> dict[str, Any]:
+    """One row of the sample table (`samples.jsonl`, W&B's `samples`)."""
+    return {
+        "example_id": rollout.example_id,
+        "prompt": rollout.prompt_text,
+        "completion": rollout.completion_text,
+        "answer": rollout.answer,
+        "reward": rollout.reward,
+        "advantage": advantage,
+    }
