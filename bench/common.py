@@ -86,8 +86,11 @@ def evaluate_stage(
         cfg, base_url, out, env_args=env_args, examples=examples, rollouts=rollouts
     )
     reward = sum(r["reward"] for r in rows) / len(rows)
-    print(f"  {out.name}: {len(rows)} rollouts, mean reward {reward:.3f} "
-          f"({time.perf_counter() - began:.0f} s)", flush=True)  # fmt: skip
+    print(
+        f"  {out.name}: {len(rows)} rollouts, mean reward {reward:.3f} "
+        f"({time.perf_counter() - began:.0f} s)",
+        flush=True,
+    )
     return rows
 
 
@@ -96,8 +99,14 @@ def run_script(script: str, config: Path, out: Path, overrides: Sequence[str]) -
     `out` (never a resumed run), as a user runs it; returns the wall time."""
     shutil.rmtree(out, ignore_errors=True)
     began = time.perf_counter()
-    cmd = [sys.executable, str(ROOT / "scripts" / script), "--config", str(config),
-           f"output_dir={out}", *overrides]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / script),
+        "--config",
+        str(config),
+        f"output_dir={out}",
+        *overrides,
+    ]
     subprocess.run(cmd, check=True)
     return time.perf_counter() - began
 

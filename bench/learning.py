@@ -41,8 +41,14 @@ CURVES = ("reward/mean", "mismatch_kl", "time/step")
 
 def evaluate(cfg: Any, base_url: str, out: Path, data: Path, args: argparse.Namespace) -> Path:
     """vf-eval on the held-out split with the recipe's environment and sampling."""
-    evaluate_stage(cfg, base_url, out, env_args={"data_files": str(data)},
-                   examples=args.eval_examples, rollouts=args.eval_rollouts)  # fmt: skip
+    evaluate_stage(
+        cfg,
+        base_url,
+        out,
+        env_args={"data_files": str(data)},
+        examples=args.eval_examples,
+        rollouts=args.eval_rollouts,
+    )
     return out
 
 
@@ -53,8 +59,9 @@ def summarise(out: Path, train_s: float, args: argparse.Namespace) -> dict:
     from rlvr.eval.report import build_report, render_markdown, report_json
     from rlvr.eval.vf_eval import load_run
 
-    report = build_report([load_run(out / "eval" / "base", "base"),
-                           load_run(out / "eval" / "trained", "trained")])  # fmt: skip
+    report = build_report(
+        [load_run(out / "eval" / "base", "base"), load_run(out / "eval" / "trained", "trained")]
+    )
     atomic_write_text(out / "report.md", render_markdown(report))
     atomic_write_text(out / "report.json", report_json(report))
     base, trained = (run.reward for run in report.runs)
@@ -63,10 +70,20 @@ def summarise(out: Path, train_s: float, args: argparse.Namespace) -> dict:
         json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()
     ]
     steps = [h for h in history if "reward/mean" in h]
-    plot_run_curves(out / "train" / "metrics.jsonl", out / "training_curves.png", CURVES,
-                    title="GRPO on small-number arithmetic, SmolLM2-135M-Instruct")  # fmt: skip
-    plot_before_after(["held-out reward"], [base], [trained], out / "before_after.png",
-                      names=("base", "trained"), title="held-out problems")  # fmt: skip
+    plot_run_curves(
+        out / "train" / "metrics.jsonl",
+        out / "training_curves.png",
+        CURVES,
+        title="GRPO on small-number arithmetic, SmolLM2-135M-Instruct",
+    )
+    plot_before_after(
+        ["held-out reward"],
+        [base],
+        [trained],
+        out / "before_after.png",
+        names=("base", "trained"),
+        title="held-out problems",
+    )
     print(render_markdown(report))
 
     return {
@@ -95,9 +112,12 @@ def run(base_url: str, args: argparse.Namespace, overrides: list[str]) -> dict:
     print("evaluating the base model", flush=True)
     evaluate(cfg, base_url, out / "eval" / "base", eval_data, args)
     print("training", flush=True)
-    train_s = run_script("train.py", RECIPE, out / "train",
-                         [f"server.base_url={base_url}", f"env.args.data_files={train_data}",
-                          *overrides])  # fmt: skip
+    train_s = run_script(
+        "train.py",
+        RECIPE,
+        out / "train",
+        [f"server.base_url={base_url}", f"env.args.data_files={train_data}", *overrides],
+    )
     print("evaluating the trained policy (served with the last pushed weights)", flush=True)
     evaluate(cfg, base_url, out / "eval" / "trained", eval_data, args)
     return summarise(out, train_s, args)
@@ -119,8 +139,10 @@ def main() -> None:
 
         with VLLMServer("smollm2-135m", extra_args=SERVER_FLAGS) as server:
             payload = run(server.base_url, args, args.overrides)
-    save("learning", {"recipe": str(RECIPE.relative_to(ROOT)), "overrides": args.overrides,
-                      **payload})  # fmt: skip
+    save(
+        "learning",
+        {"recipe": str(RECIPE.relative_to(ROOT)), "overrides": args.overrides, **payload},
+    )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,13 @@ SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "204
 STAGES = ("base", "sft", "grpo")
 LABELS = {"base": "base", "sft": "SFT", "grpo": "SFT + GRPO"}
 # what the stage figure shows: the reward, then rubric metrics (vf_openspiel's README)
-BARS = {"outcome reward": None, "legal-move rate": "legal_rate", "win": "win", "draw": "draw",
-        "loss": "loss"}  # fmt: skip
+BARS = {
+    "outcome reward": None,
+    "legal-move rate": "legal_rate",
+    "win": "win",
+    "draw": "draw",
+    "loss": "loss",
+}
 GRPO_CURVES = ("reward/mean", "mismatch_kl", "time/step")
 
 
@@ -61,16 +66,29 @@ def make_demonstrations(cfg: Any, out: Path, games: int) -> Path:
 
     path = out / "data" / "demos.jsonl"
     env_args = {**cfg.env.args, "num_tasks_per_case": games}
-    demos(["--env", cfg.env.id, "--env-args", json.dumps(env_args), "--policy", DEMO_POLICY,
-           "--min-reward", "1", "--out", str(path)])  # fmt: skip
+    demos(
+        [
+            "--env",
+            cfg.env.id,
+            "--env-args",
+            json.dumps(env_args),
+            "--policy",
+            DEMO_POLICY,
+            "--min-reward",
+            "1",
+            "--out",
+            str(path),
+        ]
+    )
     return path
 
 
 def evaluate(cfg: Any, base_url: str, out: Path, args: argparse.Namespace) -> None:
     """Held-out games: the recipe's environment and sampling with task seed --eval-seed."""
     env_args = {"seed": args.eval_seed, "num_tasks_per_case": args.eval_games}
-    evaluate_stage(cfg, base_url, out, env_args=env_args, examples=args.eval_games,
-                   rollouts=args.eval_rollouts)  # fmt: skip
+    evaluate_stage(
+        cfg, base_url, out, env_args=env_args, examples=args.eval_games, rollouts=args.eval_rollouts
+    )
 
 
 def summarise(out: Path, times: dict[str, float], args: argparse.Namespace) -> dict:
@@ -105,14 +123,24 @@ def summarise(out: Path, times: dict[str, float], args: argparse.Namespace) -> d
         for stage, summary in zip(STAGES, report.runs, strict=True)
     }
     plot_estimate_bars(
-        list(BARS), {LABELS[s]: list(stages[s].values()) for s in STAGES},
-        out / "stages.png", ylabel="mean over held-out games",
+        list(BARS),
+        {LABELS[s]: list(stages[s].values()) for s in STAGES},
+        out / "stages.png",
+        ylabel="mean over held-out games",
         title=f"tic-tac-toe vs random, {args.eval_games} held-out games, SmolLM2-135M",
-    )  # fmt: skip
-    plot_run_curves(out / "sft" / "metrics.jsonl", out / "sft_curves.png", ("train/loss",),
-                    title="SFT on won demonstration games")  # fmt: skip
-    plot_run_curves(out / "train" / "metrics.jsonl", out / "training_curves.png", GRPO_CURVES,
-                    title="GRPO on tic-tac-toe from the SFT adapter")  # fmt: skip
+    )
+    plot_run_curves(
+        out / "sft" / "metrics.jsonl",
+        out / "sft_curves.png",
+        ("train/loss",),
+        title="SFT on won demonstration games",
+    )
+    plot_run_curves(
+        out / "train" / "metrics.jsonl",
+        out / "training_curves.png",
+        GRPO_CURVES,
+        title="GRPO on tic-tac-toe from the SFT adapter",
+    )
     steps = [h for h in read_metrics(out / "train" / "metrics.jsonl") if "reward/mean" in h]
     differences = {f"{c.name} - {c.baseline}": c.difference for c in report.comparisons}
     differences[f"{grpo_vs_sft.name} - {grpo_vs_sft.baseline}"] = grpo_vs_sft.difference
@@ -145,7 +173,7 @@ def timed(times: dict[str, float], name: str, step: Any, *a: Any) -> Any:
 def run(args: argparse.Namespace) -> dict:
     from rlvr.config import load_config
     from rlvr.server.process import VLLMServer
-    from rlvr.weight_sync.push import push_adapter
+    from rlvr.weight_sync.merged import push_merged_adapter
 
     cfg = load_config(GRPO_RECIPE, args.overrides)
     if args.eval_seed == cfg.env.args.get("seed", 0):
@@ -171,7 +199,7 @@ def run(args: argparse.Namespace) -> dict:
             print("3. evaluating the base model", flush=True)
             timed(times, "eval_base", evaluate, cfg, url, out / "eval" / "base", args)
             print("4. evaluating the SFT policy (base + adapter pushed)", flush=True)
-            timed(times, "push_sft", push_adapter, url, "smollm2-135m", adapter)
+            timed(times, "push_sft", push_merged_adapter, url, "smollm2-135m", adapter)
             timed(times, "eval_sft", evaluate, cfg, url, out / "eval" / "sft", args)
         print("5. GRPO from the SFT adapter", flush=True)
         grpo = [f"server.base_url={url}", f"lora.resume_from={adapter}", *args.overrides]
@@ -189,19 +217,30 @@ def main() -> None:
     parser.add_argument("--eval-games", type=int, default=200, help="held-out games per stage")
     parser.add_argument("--eval-rollouts", type=int, default=1, help="rollouts per game")
     parser.add_argument("--eval-seed", type=int, default=1, help="task seed of held-out games")
-    parser.add_argument("--reuse", choices=["sft"],
-                        help="keep --out's stages 1-4; rerun GRPO and after")  # fmt: skip
-    parser.add_argument("--sft", action="append", default=[], metavar="KEY=VALUE",
-                        help="SFT override (repeatable), e.g. train.max_steps=2")  # fmt: skip
+    parser.add_argument(
+        "--reuse", choices=["sft"], help="keep --out's stages 1-4; rerun GRPO and after"
+    )
+    parser.add_argument(
+        "--sft",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="SFT override (repeatable), e.g. train.max_steps=2",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted GRPO overrides, e.g. max_steps=2")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     payload = run(args)
-    save("learning_openspiel", {"recipes": [str(SFT_RECIPE.relative_to(ROOT)),
-                                            str(GRPO_RECIPE.relative_to(ROOT))],
-                                "reuse": args.reuse, "sft_overrides": args.sft,
-                                "overrides": args.overrides,
-                                **payload})  # fmt: skip
+    save(
+        "learning_openspiel",
+        {
+            "recipes": [str(SFT_RECIPE.relative_to(ROOT)), str(GRPO_RECIPE.relative_to(ROOT))],
+            "reuse": args.reuse,
+            "sft_overrides": args.sft,
+            "overrides": args.overrides,
+            **payload,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -72,10 +72,15 @@ def make_model(args: argparse.Namespace):
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-        num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
-        tie_word_embeddings=False, attn_implementation="sdpa",
-    )  # fmt: skip
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(config).float().to(args.device).train()
 
 
@@ -162,8 +167,10 @@ def main() -> None:
     runs = {path: run_path(path, args) for path in PATHS}
     old, new, floor = runs["full_logits"], runs["chunked"], runs["trunk_only"]
     full_copy_mib = args.rows * (args.seq_len - 1) * args.vocab * 4 / 2**20
-    print(f"{args.rows} x {args.seq_len} tokens, vocabulary {args.vocab}, {args.device}; "
-          f"one float32 copy of the micro-batch's logits: {full_copy_mib:.0f} MiB")  # fmt: skip
+    print(
+        f"{args.rows} x {args.seq_len} tokens, vocabulary {args.vocab}, {args.device}; "
+        f"one float32 copy of the micro-batch's logits: {full_copy_mib:.0f} MiB"
+    )
     print(f"{'path':>12} {'peak MiB':>9} {'seconds':>8} {'logprob sum':>13} {'entropy sum':>13}")
     for r in runs.values():
         print(
@@ -172,8 +179,10 @@ def main() -> None:
         )
     ratio = old["peak_above_start_mib"] / max(new["peak_above_start_mib"], 1e-9)
     above_floor = [r["peak_above_start_mib"] - floor["peak_above_start_mib"] for r in (old, new)]
-    print(f"peak memory: full logits / chunked = {ratio:.1f}x; above the trunk's own: "
-          f"{above_floor[0]:.0f} MiB vs {above_floor[1]:.0f} MiB")  # fmt: skip
+    print(
+        f"peak memory: full logits / chunked = {ratio:.1f}x; above the trunk's own: "
+        f"{above_floor[0]:.0f} MiB vs {above_floor[1]:.0f} MiB"
+    )
     save(
         "logprob_memory",
         {

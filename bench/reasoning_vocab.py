@@ -94,13 +94,24 @@ def train(name: str, model: Path | str, size: int, out: Path, data: Path, args) 
     print(f"{name}: serving {model}", flush=True)
     log = out / f"vf-vllm-{name}.log"
     with VLLMServer(str(model), extra_args=SERVER_FLAGS, log_path=log) as server:
-        cfg = load_config(RECIPE, [
-            f"model.name={model}", f"model.reasoning_vocab_size={size}",
-            f"env.args.data_files={data}", f"server.base_url={server.base_url}",
-            f"max_steps={args.steps}", f"seed={args.seed}", f"output_dir={run_dir}",
-            "checkpoint.every=0", "wandb.mode=disabled", "logging.progress_bar=false",
-            "logging.table_every=1", "logging.samples_per_step=100000", *args.overrides,
-        ])  # fmt: skip
+        cfg = load_config(
+            RECIPE,
+            [
+                f"model.name={model}",
+                f"model.reasoning_vocab_size={size}",
+                f"env.args.data_files={data}",
+                f"server.base_url={server.base_url}",
+                f"max_steps={args.steps}",
+                f"seed={args.seed}",
+                f"output_dir={run_dir}",
+                "checkpoint.every=0",
+                "wandb.mode=disabled",
+                "logging.progress_bar=false",
+                "logging.table_every=1",
+                "logging.samples_per_step=100000",
+                *args.overrides,
+            ],
+        )
         began = time.perf_counter()
         Trainer(cfg).run()
         print(f"{name}: {args.steps} steps in {time.perf_counter() - began:.0f} s", flush=True)
@@ -123,9 +134,11 @@ def summarise(runs: dict[str, list[dict]], args, out: Path) -> dict:
     from rlvr.eval.plots import plot_runs_compared
 
     png = plot_runs_compared(
-        runs, out / "reasoning_vocab.png", CURVES,
+        runs,
+        out / "reasoning_vocab.png",
+        CURVES,
         title=f"GRPO on arithmetic, SmolLM2-135M: baseline vs {args.size} reasoning ids",
-    )  # fmt: skip
+    )
     print(f"figure: {png}")
     result: dict[str, Any] = {"figure": str(png)}
     for name, records in runs.items():
@@ -160,9 +173,17 @@ def main() -> None:
         "expanded": train("expanded", expanded_model(out, args.size), 0, out, data, args),
     }
     payload = summarise(runs, args, out)
-    save("reasoning_vocab", {"recipe": str(RECIPE.relative_to(ROOT)), "size": args.size,
-                             "steps": args.steps, "seed": args.seed,
-                             "overrides": args.overrides, **payload})  # fmt: skip
+    save(
+        "reasoning_vocab",
+        {
+            "recipe": str(RECIPE.relative_to(ROOT)),
+            "size": args.size,
+            "steps": args.steps,
+            "seed": args.seed,
+            "overrides": args.overrides,
+            **payload,
+        },
+    )
 
 
 if __name__ == "__main__":

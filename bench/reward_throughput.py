@@ -120,9 +120,7 @@ def inline_scorer() -> Scorer:
 
 def protected_scorer(rubric: DeepScaleRRubric) -> Scorer:
     async def score(text: str, gold: str) -> float:
-        return await rubric.math_reward(
-            completion=[{"role": "assistant", "content": text}], answer=gold
-        )
+        return await rubric.score_reply([{"role": "assistant", "content": text}], gold)
 
     return score
 

@@ -6,7 +6,7 @@ the stated concurrency for the whole measurement. With `--adapter` (when it star
 it also measures the same levels through one rank-16 LoRA adapter on every projection, in the
 same run, loaded three ways (`<way>_vs_plain` = its tokens/s / the plain model's):
 
-- `pushed_adapter`: pushed by `AdapterSync`, as the trainer pushes the policy;
+- `pushed_adapter`: pushed by `AdapterPush`, as the trainer pushes the policy;
 - `loaded_once`: the same files loaded once by `/v1/load_lora_adapter`;
 - `inplace_adapter`: the same files loaded with `load_inplace`, as adapter sync did before it
   loaded each version under its own name (vLLM then reloads it from disk at every step).
@@ -129,14 +129,14 @@ def adapter_throughput(base_url: str, args: argparse.Namespace, plain: list[dict
     import tempfile
 
     from rlvr.model.policy import save_adapter, trainable_state
-    from rlvr.weight_sync.adapter import AdapterSync
-    from rlvr.weight_sync.push import ServerControl
+    from rlvr.weight_sync.adapter import AdapterPush
+    from rlvr.weight_sync.control import ServerControl
 
     policy = random_adapter(args.model)
     out: dict = {}
     with (
         tempfile.TemporaryDirectory() as files,
-        AdapterSync(ServerControl(base_url), base_url, "policy") as sync,
+        AdapterPush(ServerControl(base_url), base_url, "policy") as sync,
     ):
         sync.connect(policy)
         sync.push(0)
@@ -144,16 +144,21 @@ def adapter_throughput(base_url: str, args: argparse.Namespace, plain: list[dict
         for way, inplace in (("loaded_once", False), ("inplace_adapter", True)):
             body = {"lora_name": way, "lora_path": files, "load_inplace": inplace}
             sync.control.post("/v1/load_lora_adapter", json=body)
-        for way, name in (("pushed_adapter", sync.served_name(0)), ("loaded_once", "loaded_once"),
-                          ("inplace_adapter", "inplace_adapter")):  # fmt: skip
+        for way, name in (
+            ("pushed_adapter", sync.served_name(0)),
+            ("loaded_once", "loaded_once"),
+            ("inplace_adapter", "inplace_adapter"),
+        ):
             print(f"through the adapter, {way.replace('_', ' ')}:")
             results = run_all(base_url, name, args.concurrency, args.max_tokens, args.rounds)
             ratios = {
                 str(p["concurrency"]): a["tokens_per_s"] / p["tokens_per_s"]
                 for p, a in zip(plain, results, strict=True)
             }
-            print(f"{way}_vs_plain=" + ", ".join(
-                f"{level}: {ratio:.2f}" for level, ratio in ratios.items()))  # fmt: skip
+            print(
+                f"{way}_vs_plain="
+                + ", ".join(f"{level}: {ratio:.2f}" for level, ratio in ratios.items())
+            )
             out[f"{way}_results"], out[f"{way}_vs_plain"] = results, ratios
     return out
 

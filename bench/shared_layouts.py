@@ -56,8 +56,12 @@ def model_variants(base: type) -> dict[str, type]:
         def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
             return super().forward(input_ids=input_ids, **kwargs)
 
-    return {"honest": base, "drops_mask": DropsMask, "ignores_packing": IgnoresPacking,
-            "drops_mask_and_positions": DropsMaskAndPositions}  # fmt: skip
+    return {
+        "honest": base,
+        "drops_mask": DropsMask,
+        "ignores_packing": IgnoresPacking,
+        "drops_mask_and_positions": DropsMaskAndPositions,
+    }
 
 
 def check_margins() -> list[dict]:
@@ -69,8 +73,10 @@ def check_margins() -> list[dict]:
     from rlvr.trainer.layout_check import layout_errors, tolerance
 
     tiny = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
-    models = [("tiny-qwen2", tiny, Qwen2ForCausalLM),
-              ("smollm2-135m", ensure_embedded_model(), LlamaForCausalLM)]  # fmt: skip
+    models = [
+        ("tiny-qwen2", tiny, Qwen2ForCausalLM),
+        ("smollm2-135m", ensure_embedded_model(), LlamaForCausalLM),
+    ]
     rows = []
     for name, path, base in models:
         for dtype in (torch.float32, torch.bfloat16):
@@ -78,9 +84,15 @@ def check_margins() -> list[dict]:
                 model = cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").train()
                 errors = layout_errors(model, 0, torch.device("cpu"), "sdpa", packing=True)
                 for layout, error in errors.items():
-                    row = {"model": name, "dtype": str(dtype), "variant": variant,
-                           "layout": layout, "shared": error.shared, "control": error.control,
-                           "passes": error.honoured(tolerance(dtype))}  # fmt: skip
+                    row = {
+                        "model": name,
+                        "dtype": str(dtype),
+                        "variant": variant,
+                        "layout": layout,
+                        "shared": error.shared,
+                        "control": error.control,
+                        "passes": error.honoured(tolerance(dtype)),
+                    }
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     return rows
@@ -103,8 +115,13 @@ def build_masks(mode: str) -> None:
         mask = build(visibility(scope_end), rows, None, width, width, device="cpu")
         seconds = time.perf_counter() - began
         grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-        row = {"mode": mode, "rows": rows, "width": width, "seconds": seconds,
-               "peak_rss_rise_mib": grew / 1024}  # fmt: skip
+        row = {
+            "mode": mode,
+            "rows": rows,
+            "width": width,
+            "seconds": seconds,
+            "peak_rss_rise_mib": grew / 1024,
+        }
         if mode == "compiled" and width <= EAGER_CHECK_WIDTH:  # the same blocks as eagerly
             eager = create_block_mask(visibility(scope_end), rows, None, width, width, "cpu")
             pairs = zip(mask.as_tuple(), eager.as_tuple(), strict=True)
@@ -115,8 +132,9 @@ def build_masks(mode: str) -> None:
 def flex_masks() -> list[dict]:
     rows = []
     for mode in ("eager", "compiled"):
-        done = subprocess.run([sys.executable, __file__, "--child", mode], check=True,
-                              capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", mode], check=True, capture_output=True, text=True
+        )
         for line in done.stdout.splitlines():
             if line.startswith("{"):
                 rows.append(json.loads(line))

@@ -135,8 +135,10 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args)))
         return
-    print(f"SmolLM2-135M + LoRA, rows of {args.row_len} tokens ({args.loss_tokens or 'all'} "
-          f"with loss), {args.device}; GiB")  # fmt: skip
+    print(
+        f"SmolLM2-135M + LoRA, rows of {args.row_len} tokens ({args.loss_tokens or 'all'} "
+        f"with loss), {args.device}; GiB"
+    )
     print(f"{'tokens':>7} {'ckpt':>4} {'peak':>7} {'estimate':>8} {'est/peak':>8}")
     runs = []
     for tokens in args.tokens:

@@ -121,8 +121,9 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
             for name, packing, scorer in LAYOUTS[turn:] + LAYOUTS[:turn]:
                 self.cfg.batch.packing = packing
                 rlvr.trainer.grpo.sequence_scores = scorer or chunked
-                plan = rank_micro_batches(samples, 0, 1, self.cfg.batch.micro_batch_size, 0,
-                                          packing)  # fmt: skip
+                plan = rank_micro_batches(
+                    samples, 0, 1, self.cfg.batch.micro_batch_size, 0, packing
+                )
                 self.model.zero_grad()
                 began = time.perf_counter()
                 try:
@@ -137,9 +138,11 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
                     "loss": trained.stats["loss/total"],
                 }
             timings.append(row)
-            print(f"  step {len(timings)}: {tokens} tokens; " + "; ".join(
+            per_layout = "; ".join(
                 f"{name} {row[name]['seconds']:.1f} s ({row[name]['padded_frac']:.0%} padding)"
-                for name, _, _ in LAYOUTS), flush=True)  # fmt: skip
+                for name, _, _ in LAYOUTS
+            )
+            print(f"  step {len(timings)}: {tokens} tokens; {per_layout}", flush=True)
             return trained
 
     overrides = ("batch.async_level=0", f"sampling.max_tokens={args.layouts_max_tokens}")
@@ -215,9 +218,15 @@ def prompts() -> list[str]:
 
 def run(base_url: str, args: argparse.Namespace) -> dict:
     raw = asyncio.run(
-        measure(base_url, "smollm2-135m", args.batch_size, args.batch_size * 2,
-                args.max_tokens, prompts())
-    )  # fmt: skip
+        measure(
+            base_url,
+            "smollm2-135m",
+            args.batch_size,
+            args.batch_size * 2,
+            args.max_tokens,
+            prompts(),
+        )
+    )
     print(
         f"raw vLLM at concurrency {args.batch_size}: {raw['tokens_per_s']:.1f} tokens/s", flush=True
     )
@@ -225,11 +234,15 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
     settings = [
         ("async 0", ["batch.async_level=0"]),
         ("async 1, shared cores", ["batch.async_level=1"]),
-        (f"async 1, trainer on core {free_core}",
-         ["batch.async_level=1", f"batch.trainer_cores=[{free_core}]"]),
-    ]  # fmt: skip
-    syncs = [(f"async 1, {mode} sync", ["batch.async_level=1", f"server.lora_sync={mode}"])
-             for mode in ("adapter", "merged")]  # fmt: skip
+        (
+            f"async 1, trainer on core {free_core}",
+            ["batch.async_level=1", f"batch.trainer_cores=[{free_core}]"],
+        ),
+    ]
+    syncs = [
+        (f"async 1, {mode} sync", ["batch.async_level=1", f"server.lora_sync={mode}"])
+        for mode in ("adapter", "merged")
+    ]
     payload: dict = {"raw": raw}
     with tempfile.TemporaryDirectory() as tmp:
         if "layouts" in args.parts:
@@ -248,8 +261,10 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
                 adapter_step_speedup=merged["step_s"] / adapter["step_s"],
             )
             print_overlap(runs)
-            print(f"adapter vs merged sync: push {payload['adapter_push_speedup']:.1f}x faster, "
-                  f"step {payload['adapter_step_speedup']:.2f}x")  # fmt: skip
+            print(
+                f"adapter vs merged sync: push {payload['adapter_push_speedup']:.1f}x faster, "
+                f"step {payload['adapter_step_speedup']:.2f}x"
+            )
     return payload
 
 
@@ -298,16 +313,23 @@ def prefix_trainer(args: argparse.Namespace, out: Path):
     from rlvr.trainer.grpo import Trainer
     from rlvr.trainer.optimizer import Optimization, make_accelerator
 
-    cfg = load_config(overrides=["model.name=smollm2-135m", "wandb.mode=disabled",
-                                 "model.gradient_checkpointing=true",
-                                 f"batch.micro_batch_size={args.micro_batch_size}",
-                                 "batch.max_seq_len=4096", f"output_dir={out}"])  # fmt: skip
+    cfg = load_config(
+        overrides=[
+            "model.name=smollm2-135m",
+            "wandb.mode=disabled",
+            "model.gradient_checkpointing=true",
+            f"batch.micro_batch_size={args.micro_batch_size}",
+            "batch.max_seq_len=4096",
+            f"output_dir={out}",
+        ]
+    )
     trainer = Trainer(cfg)
     trainer.accelerator = make_accelerator(cfg.distributed.timeout_s)
     trainer.ds, trainer.rank, trainer.world = False, 0, 1
     trainer._load_policy()
-    trainer.opt = Optimization(trainer.accelerator, trainer.model, cfg.optim, 1,
-                               cfg.batch.micro_batch_size)  # fmt: skip
+    trainer.opt = Optimization(
+        trainer.accelerator, trainer.model, cfg.optim, 1, cfg.batch.micro_batch_size
+    )
     trainer.model = trainer.opt.model
     return trainer
 
@@ -362,8 +384,10 @@ def compare_prefix_sharing(args: argparse.Namespace, out: Path) -> dict:
     timed_pass(trainer, warm, True), timed_pass(trainer, warm, False)
     results = {}
     for name, prompt_len, completion_len, force in PREFIX_SHAPES:
-        groups = [prefix_group(prompt_len, completion_len, args.prefix_group, g)
-                  for _ in range(args.prefix_groups)]  # fmt: skip
+        groups = [
+            prefix_group(prompt_len, completion_len, args.prefix_group, g)
+            for _ in range(args.prefix_groups)
+        ]
         samples = [s for group in groups for s in group]
         threshold = rlvr.trainer.prefix_tree.MIN_SAVED_FRACTION
         rlvr.trainer.prefix_tree.MIN_SAVED_FRACTION = 0.0 if force else threshold
@@ -375,35 +399,47 @@ def compare_prefix_sharing(args: argparse.Namespace, out: Path) -> dict:
                     runs[layout].append(timed_pass(trainer, samples, layout == "shared"))
         finally:
             rlvr.trainer.prefix_tree.MIN_SAVED_FRACTION = threshold
-        row = {layout: {"seconds": statistics.fmean(r["seconds"] for r in rs),
-                        "peak_gib": max(r["peak_gib"] for r in rs),
-                        "forwarded_tokens": rs[0]["forwarded"], "slots": rs[0]["slots"],
-                        "loss": rs[0]["loss"]}
-               for layout, rs in runs.items()}  # fmt: skip
+        row = {
+            layout: {
+                "seconds": statistics.fmean(r["seconds"] for r in rs),
+                "peak_gib": max(r["peak_gib"] for r in rs),
+                "forwarded_tokens": rs[0]["forwarded"],
+                "slots": rs[0]["slots"],
+                "loss": rs[0]["loss"],
+            }
+            for layout, rs in runs.items()
+        }
         row["speedup"] = row["unshared"]["seconds"] / row["shared"]["seconds"]
         row["tokens"] = sum(len(s) for s in samples)
         row["forced"] = force
         results[name] = row
-        print(f"  {name}: {row['tokens']} tokens, shared {row['shared']['forwarded_tokens']:.0f}; "
-              f"{row['unshared']['seconds']:.1f} s -> {row['shared']['seconds']:.1f} s "
-              f"({row['speedup']:.2f}x), peak {row['unshared']['peak_gib']:.2f} -> "
-              f"{row['shared']['peak_gib']:.2f} GiB", flush=True)  # fmt: skip
+        print(
+            f"  {name}: {row['tokens']} tokens, shared {row['shared']['forwarded_tokens']:.0f}; "
+            f"{row['unshared']['seconds']:.1f} s -> {row['shared']['seconds']:.1f} s "
+            f"({row['speedup']:.2f}x), peak {row['unshared']['peak_gib']:.2f} -> "
+            f"{row['shared']['peak_gib']:.2f} GiB",
+            flush=True,
+        )
     return results
 
 
 def print_layouts(layouts: dict) -> None:
     print(f"\n{'layout':>22} {'padding':>8} {'fwd/bwd s':>9} {'trainer tok/s':>13} {'vs first':>8}")
     for name, r in layouts["layouts"].items():
-        print(f"{name:>22} {r['padded_frac']:8.1%} {r['seconds_per_step']:9.2f} "
-              f"{r['tokens_per_s']:13.1f} {r['speedup_vs_baseline']:7.2f}x")  # fmt: skip
+        print(
+            f"{name:>22} {r['padded_frac']:8.1%} {r['seconds_per_step']:9.2f} "
+            f"{r['tokens_per_s']:13.1f} {r['speedup_vs_baseline']:7.2f}x"
+        )
     print(f"trainer tokens/s, packing on / off: {layouts['packed_vs_padded']:.2f}x")
     print(f"trainer tokens/s, packing off / before issue 17: {layouts['default_vs_before']:.2f}x")
 
 
 def print_overlap(runs: list[dict]) -> str:
     """The table of the overlap settings; returns the fastest one's name."""
-    print(f"\n{'setting':>28} {'step s':>7} {'wait':>6} {'fwd/bwd':>7} {'optim':>6} {'push':>6}"
-          f" {'gen tok/s':>9} {'efficiency':>10}")  # fmt: skip
+    print(
+        f"\n{'setting':>28} {'step s':>7} {'wait':>6} {'fwd/bwd':>7} {'optim':>6} {'push':>6}"
+        f" {'gen tok/s':>9} {'efficiency':>10}"
+    )
     for r in runs:
         print(
             f"{r['setting']:>28} {r['step_s']:7.2f} {r['time/wait_rollouts']:6.2f} "
@@ -424,14 +460,26 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--layouts-max-tokens", type=int, default=512,
-                        help="the layouts part's completion limit (see the docstring)")  # fmt: skip
-    parser.add_argument("--parts", nargs="+", choices=["layouts", "overlap", "sync", "prefix"],
-                        default=["layouts", "overlap", "sync"])  # fmt: skip
+    parser.add_argument(
+        "--layouts-max-tokens",
+        type=int,
+        default=512,
+        help="the layouts part's completion limit (see the docstring)",
+    )
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["layouts", "overlap", "sync", "prefix"],
+        default=["layouts", "overlap", "sync"],
+    )
     parser.add_argument("--prefix-group", type=int, default=8, help="prefix part: group size")
     parser.add_argument("--prefix-groups", type=int, default=1, help="prefix part: groups a step")
-    parser.add_argument("--prefix-repeats", type=int, default=2,
-                        help="prefix part: timed passes per layout and shape")  # fmt: skip
+    parser.add_argument(
+        "--prefix-repeats",
+        type=int,
+        default=2,
+        help="prefix part: timed passes per layout and shape",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 

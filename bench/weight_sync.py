@@ -33,9 +33,10 @@ from common import save, summary  # noqa: E402
 from rlvr.model.names import ensure_embedded_model  # noqa: E402
 from rlvr.server.launcher import lora_flags  # noqa: E402
 from rlvr.server.process import VLLMServer  # noqa: E402
-from rlvr.weight_sync.adapter import AdapterSync  # noqa: E402
+from rlvr.weight_sync.adapter import AdapterPush  # noqa: E402
+from rlvr.weight_sync.control import ServerControl  # noqa: E402
+from rlvr.weight_sync.merged import MergedPush  # noqa: E402
 from rlvr.weight_sync.merged_stream import MergedWeightSource  # noqa: E402
-from rlvr.weight_sync.push import ServerControl, WeightSync  # noqa: E402
 
 
 def reload_from_disk(control: ServerControl, model, folder: Path) -> float:
@@ -53,9 +54,10 @@ def reload_from_disk(control: ServerControl, model, folder: Path) -> float:
     return time.perf_counter() - start
 
 
-def timed(push) -> float:
+def timed(push, version: int) -> float:
+    """The seconds `push(version)` takes."""
     start = time.perf_counter()
-    push()
+    push(version)
     return time.perf_counter() - start
 
 
@@ -82,11 +84,11 @@ def merged_pushes(policy, model, repeats: int, times: dict[str, list[float]]) ->
         tempfile.TemporaryDirectory() as tmp,
     ):
         for transport in ("shm", "gloo"):
-            with WeightSync(server.base_url, backend=transport) as sync:
+            with MergedPush(server.base_url, server.model, backend=transport) as sync:
                 sync.connect(MergedWeightSource(policy))
-                sync.push()  # warm-up: the first push allocates the buffers on both sides
+                sync.push(0)  # warm-up: the first push allocates the buffers on both sides
                 for i in range(repeats):
-                    times[transport].append(timed(sync.push))
+                    times[transport].append(timed(sync.push, i + 1))
                     folder = Path(tmp) / f"{transport}{i}"
                     times["disk"].append(reload_from_disk(sync.control, model, folder))
         return worker_load_seconds(server.log_path.read_text(errors="replace"))
@@ -95,10 +97,10 @@ def merged_pushes(policy, model, repeats: int, times: dict[str, list[float]]) ->
 def adapter_pushes(policy, repeats: int) -> list[float]:
     """Adapter sync into a LoRA-enabled server (vf-vllm --enable-lora)."""
     with VLLMServer("smollm2-135m", extra_args=[*SERVER_FLAGS, *lora_flags(16)]) as server:
-        with AdapterSync(ServerControl(server.base_url), server.base_url, "policy") as sync:
+        with AdapterPush(ServerControl(server.base_url), server.base_url, "policy") as sync:
             sync.connect(policy)
-            sync.push()  # warm-up: vLLM allocates the adapter's slot
-            return [timed(sync.push) for _ in range(repeats)]
+            sync.push(0)  # warm-up: vLLM allocates the adapter's slot
+            return [timed(sync.push, version) for version in range(1, repeats + 1)]
 
 
 def main() -> None:

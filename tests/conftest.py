@@ -25,9 +25,15 @@ def shared_data() -> Path:
 # Flags every test server uses: float32 for exact logprob comparisons with transformers,
 # eager mode because compiling costs more start-up time than it saves on tiny workloads.
 SERVER_FLAGS = [
-    "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
-    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-]  # fmt: skip
+    "--dtype",
+    "float32",
+    "--enforce-eager",
+    "--max-model-len",
+    "4096",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+]
 
 
 # The tiny model's text is random: a minimum length keeps it from answering with nothing at all

@@ -124,12 +124,12 @@ def restore_base_weights(server) -> None:
     builds from the model directory must start from those."""
     from transformers import AutoModelForCausalLM
 
-    from rlvr.weight_sync.push import WeightSync
+    from rlvr.weight_sync.merged import MergedPush
 
     model = AutoModelForCausalLM.from_pretrained(server.model_dir, dtype=torch.float32)
-    with WeightSync(server.base_url, backend="shm") as sync:
+    with MergedPush(server.base_url, server.model, backend="shm") as sync:
         sync.connect(model)
-        sync.push()
+        sync.push(0)
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
@@ -141,8 +141,13 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         headers = {
             k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")
         }
-        answer = httpx.request(self.command, self.server.upstream + self.path, content=body,
-                               headers=headers, timeout=300)  # fmt: skip
+        answer = httpx.request(
+            self.command,
+            self.server.upstream + self.path,
+            content=body,
+            headers=headers,
+            timeout=300,
+        )
         self.send_response(answer.status_code)
         self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
         self.send_header("Content-Length", str(len(answer.content)))
@@ -159,7 +164,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 def recording_proxy(server):
     """An HTTP proxy in front of a real vf-vllm that records every request it forwards:
     yields (base URL ending in /v1, list of (method, path, body))."""
-    from rlvr.weight_sync.push import server_root
+    from rlvr.weight_sync.control import server_root
 
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     proxy.upstream = server_root(server.base_url)

@@ -48,5 +48,6 @@ def multi_turn_target_env(target: int, turns: int = 3, num_prompts: int = 16) ->
     turns carry no loss, and the reward reads every turn's sampled tokens."""
     single = target_share_env(target, num_prompts)
     dataset = single.get_dataset()
-    return _KeepTalking(dataset=dataset, eval_dataset=dataset, rubric=single.rubric,
-                        max_turns=turns)  # fmt: skip
+    return _KeepTalking(
+        dataset=dataset, eval_dataset=dataset, rubric=single.rubric, max_turns=turns
+    )

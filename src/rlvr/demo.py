@@ -35,14 +35,20 @@ from rlvr.config.cli import positive_int
 from rlvr.eval.vf_eval import evaluate_policy
 from rlvr.model.names import ensure_embedded_model
 from rlvr.server.process import VLLMServer
-from rlvr.weight_sync.push import WeightSync, push_adapter
+from rlvr.weight_sync.merged import MergedPush, push_merged_adapter
 
 MODEL = "smollm2-135m"
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 7 + 5?"]
 SERVER_FLAGS = [
-    "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
-    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-]  # fmt: skip
+    "--dtype",
+    "float32",
+    "--enforce-eager",
+    "--max-model-len",
+    "4096",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+]
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "examples" / "learn_deepscaler_smollm2_cpu.yaml"
@@ -55,9 +61,13 @@ OUTPUTS = ("data", "warm_start", "train", "eval")
 # move at once (at 1e-3 the reward rose to 0.36 by step 4, then fell to 0 by step 9); a line a
 # step instead of a bar; no W&B.
 GRPO_OVERRIDES = [
-    "batch.rollouts_per_example=8", "batch.async_level=0", "optim.lr=5e-4",
-    "checkpoint.every=0", "logging.progress_bar=false", "wandb.mode=disabled",
-]  # fmt: skip
+    "batch.rollouts_per_example=8",
+    "batch.async_level=0",
+    "optim.lr=5e-4",
+    "checkpoint.every=0",
+    "logging.progress_bar=false",
+    "wandb.mode=disabled",
+]
 
 
 def banner(text: str, start: float) -> None:
@@ -90,24 +100,26 @@ def weight_push_demo(server: VLLMServer, start: float) -> None:
     original = ask_all(server)
     model = AutoModelForCausalLM.from_pretrained(ensure_embedded_model(), dtype=torch.float32)
     saved = {name: p.detach().clone() for name, p in model.named_parameters()}
-    with WeightSync(server.base_url) as sync:
-        sync.connect(model)
-        banner(f"push perturbed weights ({sync.backend} transfer)", start)
+    with MergedPush(server.base_url, server.model) as weights:
+        weights.connect(model)
+        banner(f"push perturbed weights ({weights.backend} transfer)", start)
         torch.manual_seed(0)
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.02 * p.std() * torch.randn_like(p))
-        print(f"  pushed in {sync.push():.2f}s")
+        print(f"  pushed in {weights.push(0):.2f}s")
         changed = ask_all(server)
         banner("push the original weights back", start)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(saved[name])
-        print(f"  pushed in {sync.push():.2f}s")
+        print(f"  pushed in {weights.push(1):.2f}s")
         restored = ask_all(server)
     differ = sum(a != b for a, b in zip(original, changed, strict=True))
-    print(f"\n  answers changed after the push: {differ}/{len(QUESTIONS)}; "
-          f"restored exactly: {restored == original}")  # fmt: skip
+    print(
+        f"\n  answers changed after the push: {differ}/{len(QUESTIONS)}; "
+        f"restored exactly: {restored == original}"
+    )
     if differ == 0 or restored != original:
         raise SystemExit("demo failed: the served outputs did not follow the pushed weights")
 
@@ -116,8 +128,14 @@ def evaluate(server: VLLMServer, recipe: Any, data: Path, out: Path, examples: i
     """vf-eval of whatever the server now serves on `examples` held-out problems x 4 rollouts,
     with the GRPO recipe's environment and sampling."""
     try:
-        rows = evaluate_policy(recipe, server.base_url, out, env_args={"data_files": str(data)},
-                               examples=examples, rollouts=EVAL_ROLLOUTS)  # fmt: skip
+        rows = evaluate_policy(
+            recipe,
+            server.base_url,
+            out,
+            env_args={"data_files": str(data)},
+            examples=examples,
+            rollouts=EVAL_ROLLOUTS,
+        )
     except RuntimeError as error:
         raise SystemExit(str(error)) from error
     rewards = [row["reward"] for row in rows]
@@ -134,23 +152,52 @@ def warm_start(recipe: Any, train_data: Path, out: Path, steps: int) -> Path:
     system prompt), then `steps` SFT steps (LoRA) on them; returns the adapter."""
     demos = out / "data" / "demos.jsonl"
     env_args = {**recipe.env.args, "data_files": str(train_data)}
-    run([str(ROOT / "scripts" / "demonstrations.py"), "--env", recipe.env.id,
-         "--env-args", json.dumps(env_args),
-         "--policy", "rlvr.data.arithmetic:solver", "--min-reward", "1",
-         "--out", str(demos)])  # fmt: skip
-    run([str(ROOT / "scripts" / "sft.py"), "--config", str(WARM_START),
-         f"data.train_files=[{demos}]", f"train.max_steps={steps}",
-         f"output_dir={out / 'warm_start'}"])  # fmt: skip
+    run(
+        [
+            str(ROOT / "scripts" / "demonstrations.py"),
+            "--env",
+            recipe.env.id,
+            "--env-args",
+            json.dumps(env_args),
+            "--policy",
+            "rlvr.data.arithmetic:solver",
+            "--min-reward",
+            "1",
+            "--out",
+            str(demos),
+        ]
+    )
+    run(
+        [
+            str(ROOT / "scripts" / "sft.py"),
+            "--config",
+            str(WARM_START),
+            f"data.train_files=[{demos}]",
+            f"train.max_steps={steps}",
+            f"output_dir={out / 'warm_start'}",
+        ]
+    )
     return out / "warm_start" / "final"
 
 
-def train(server: VLLMServer, train_data: Path, adapter: Path, out: Path, steps: int,
-          overrides: list[str]) -> None:  # fmt: skip
+def train(
+    server: VLLMServer, train_data: Path, adapter: Path, out: Path, steps: int, overrides: list[str]
+) -> None:
     """GRPO with the arithmetic recipe from the warm-start adapter, pushing into `server`."""
-    run([str(ROOT / "scripts" / "train.py"), "--config", str(RECIPE),
-         f"server.base_url={server.base_url}", f"env.args.data_files={train_data}",
-         f"lora.resume_from={adapter}", f"max_steps={steps}", *GRPO_OVERRIDES, *overrides,
-         f"output_dir={out / 'train'}"])  # fmt: skip
+    run(
+        [
+            str(ROOT / "scripts" / "train.py"),
+            "--config",
+            str(RECIPE),
+            f"server.base_url={server.base_url}",
+            f"env.args.data_files={train_data}",
+            f"lora.resume_from={adapter}",
+            f"max_steps={steps}",
+            *GRPO_OVERRIDES,
+            *overrides,
+            f"output_dir={out / 'train'}",
+        ]
+    )
 
 
 def before_after(out: Path) -> None:
@@ -164,23 +211,32 @@ def before_after(out: Path) -> None:
     for summary in report.runs:
         print(f"  held-out reward, {summary.name + ':':<12} {format_estimate(summary.reward)}")
     for comparison in (report.comparisons[-1], compare(runs[1], runs[2])):
-        print(f"  paired difference, {comparison.name} - {comparison.baseline}: "
-              f"{format_estimate(comparison.difference, '+')}")  # fmt: skip
+        print(
+            f"  paired difference, {comparison.name} - {comparison.baseline}: "
+            f"{format_estimate(comparison.difference, '+')}"
+        )
 
 
 def plot_training(out: Path) -> None:
     from rlvr.eval.plots import plot_run_curves
 
-    png = plot_run_curves(out / "train" / "metrics.jsonl", out / "training_curves.png",
-                          ("reward/mean", "env/has_boxed", "mismatch_kl", "time/step"),
-                          title="make demo: GRPO on arithmetic from the warm start")  # fmt: skip
+    png = plot_run_curves(
+        out / "train" / "metrics.jsonl",
+        out / "training_curves.png",
+        ("reward/mean", "env/has_boxed", "mismatch_kl", "time/step"),
+        title="make demo: GRPO on arithmetic from the warm start",
+    )
     print(f"  training curves: {png}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rlvr-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--eval-examples", type=int, default=40,
-                        help="held-out problems, 4 rollouts each (0: no evaluation)")  # fmt: skip
+    parser.add_argument(
+        "--eval-examples",
+        type=int,
+        default=40,
+        help="held-out problems, 4 rollouts each (0: no evaluation)",
+    )
     parser.add_argument("--warm-start-steps", type=positive_int, default=1, help="SFT steps")
     parser.add_argument("--train-steps", type=int, default=10, help="GRPO steps (0: none)")
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/demo"))
@@ -205,8 +261,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  serving {MODEL} at {server.base_url} (log: {server.log_path})")
         weight_push_demo(server, start)
         if args.eval_examples > 0:
-            banner(f"vf-eval vf-deepscaler, base model: {args.eval_examples} held-out "
-                   f"arithmetic problems x {EVAL_ROLLOUTS} rollouts", start)  # fmt: skip
+            banner(
+                f"vf-eval vf-deepscaler, base model: {args.eval_examples} held-out "
+                f"arithmetic problems x {EVAL_ROLLOUTS} rollouts",
+                start,
+            )
             evaluate(server, recipe, heldout, out / "eval" / "base", args.eval_examples)
         if args.train_steps > 0:
             steps = f"{args.warm_start_steps} SFT step" + "s" * (args.warm_start_steps != 1)
@@ -214,10 +273,9 @@ def main(argv: list[str] | None = None) -> None:
             adapter = warm_start(recipe, train_data, out, args.warm_start_steps)
             if args.eval_examples > 0:
                 banner("vf-eval, warm start (base + SFT adapter, pushed)", start)
-                push_adapter(server.base_url, MODEL, adapter)
+                push_merged_adapter(server.base_url, MODEL, adapter)
                 evaluate(server, recipe, heldout, out / "eval" / "warm_start", args.eval_examples)
-            banner(f"{args.train_steps} GRPO steps from the warm start ({MODEL}, CPU, LoRA)",
-                   start)  # fmt: skip
+            banner(f"{args.train_steps} GRPO steps from the warm start ({MODEL}, CPU, LoRA)", start)
             train(server, train_data, adapter, out, args.train_steps, args.overrides)
             if args.eval_examples > 0:
                 banner("vf-eval, GRPO-trained policy (its last push)", start)

@@ -79,12 +79,13 @@ def find_rubric(environment) -> vf_deepscaler.DeepScaleRRubric:
 
 
 def rewards(environment, cases: list[tuple[str, str]]) -> list[float]:
-    """``math_reward`` for each (completion text, gold), all scored concurrently."""
+    """``math_reward`` for each (completion text, gold) via ``score_reply``, all scored
+    concurrently."""
     rubric = find_rubric(environment)
 
     async def run() -> list[float]:
         return await asyncio.gather(
-            *(rubric.math_reward(completion=reply(text), answer=gold) for text, gold in cases)
+            *(rubric.score_reply(reply(text), gold) for text, gold in cases)
         )
 
     return asyncio.run(run())
@@ -577,12 +578,13 @@ def test_deepscaler_hedges_stay_zero(corpus_results):
 
 
 def _percent_rewards(env, cases: list[tuple[str, str, str]]) -> list[float]:
-    """``math_reward`` for each (question, gold, boxed prediction), the question as the prompt."""
+    """``math_reward`` (via ``score_reply``) for each (question, gold, boxed prediction), the
+    question as the prompt."""
     rubric = find_rubric(env)
 
     async def run() -> list[float]:
         return await asyncio.gather(
-            *(rubric.math_reward(reply(f"\\boxed{{{p}}}"), g, {}, [user(q)]) for q, g, p in cases)
+            *(rubric.score_reply(reply(f"\\boxed{{{p}}}"), g, [user(q)]) for q, g, p in cases)
         )
 
     return asyncio.run(run())

@@ -28,6 +28,7 @@ ENVIRONMENTS = ["vf-deepscaler", "vf-musique", "vf-openspiel", "vf-planner"]
 SHARED = {
     "replies.py": ENVIRONMENTS,
     "sampling.py": ENVIRONMENTS,
+    "outcome_rubric.py": ENVIRONMENTS,
     "hub.py": ["vf-deepscaler", "vf-musique"],
 }
 
@@ -84,10 +85,23 @@ def wheels(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheels")
     dirs = [str(source / module_of(env_id)) for env_id in ENVIRONMENTS]
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(out), *dirs],
-        check=True, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            *dirs,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return out
 
 
@@ -105,10 +119,22 @@ def test_wheel_install_ships_the_table_and_the_shared_modules(env_id, wheels, tm
                 assert shipped == (ROOT / "environments" / "shared" / name).read_text()
     site = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-         str(wheel)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     probe = (
         "import json, importlib.util; from verifiers.scripts.eval import get_env_eval_defaults; "
         f"spec = importlib.util.find_spec({module!r}); "

@@ -236,9 +236,13 @@ def test_a_game_cut_at_max_turns_from_a_lost_position_scores_the_minimum(
     game pays the minimum, or what `truncation_reward` says."""
     args = {} if truncation_reward is None else {"truncation_reward": truncation_reward}
     env, row = first_row(
-        cases=["tic_tac_toe"], model_player=1, max_random_steps=0, opponent="mcts", max_turns=1,
+        cases=["tic_tac_toe"],
+        model_player=1,
+        max_random_steps=0,
+        opponent="mcts",
+        max_turns=1,
         **args,
-    )  # fmt: skip
+    )
     state = play(env, row, lowest_id)
     record = state["openspiel"]
     assert record["ended_by"] == "turn_limit" and record["returns"] == [0.0, 0.0]

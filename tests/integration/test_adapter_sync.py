@@ -53,8 +53,8 @@ def perturb(model, seed: int) -> None:
 @integration
 def test_adapter_sync_serves_base_plus_adapter_and_leaves_the_base_alone(tiny_server):
     restore_base_weights(tiny_server)
-    from rlvr.weight_sync.adapter import AdapterSync
-    from rlvr.weight_sync.push import ServerControl
+    from rlvr.weight_sync.adapter import AdapterPush
+    from rlvr.weight_sync.control import ServerControl
 
     model = peft_model(tiny_server.model_dir)
     with model.disable_adapter():
@@ -62,13 +62,13 @@ def test_adapter_sync_serves_base_plus_adapter_and_leaves_the_base_alone(tiny_se
     base_name = Served(tiny_server, tiny_server.model)
     control = ServerControl(tiny_server.base_url)
     pushed = {}
-    with AdapterSync(control, tiny_server.base_url, "policy") as sync:
+    with AdapterPush(control, tiny_server.base_url, "policy") as sync:
         sync.connect(model)
-        for seed in (1, 2):
+        for version, seed in ((0, 1), (1, 2)):
             perturb(model, seed)
-            sync.push()
-            pushed[sync.version] = trainer_logprobs(model, IDS)
-            assert sync.served_name(sync.version) == f"policy-v{sync.version}"
+            sync.push(version)
+            pushed[version] = trainer_logprobs(model, IDS)
+            assert sync.served_name(version) == f"policy-v{version}"
             assert (server_logprobs(base_name, IDS) - base).abs().max() < 1e-4
         for version, expected in pushed.items():  # each version keeps serving its own adapter
             served = server_logprobs(Served(tiny_server, f"policy-v{version}"), IDS)
@@ -96,14 +96,14 @@ def test_adapter_sync_uploads_to_a_server_on_another_host(tiny_server):
     """A server elsewhere cannot read the trainer's /dev/shm: the adapter's bytes travel in
     the request to vf-vllm's worker extension, which writes them where vLLM reads."""
     restore_base_weights(tiny_server)
-    from rlvr.weight_sync.adapter import AdapterSync
-    from rlvr.weight_sync.push import ServerControl
+    from rlvr.weight_sync.adapter import AdapterPush
+    from rlvr.weight_sync.control import ServerControl
 
     model = peft_model(tiny_server.model_dir, seed=3)
-    with AdapterSync(ServerControl(tiny_server.base_url), tiny_server.base_url, "remote") as sync:
+    with AdapterPush(ServerControl(tiny_server.base_url), tiny_server.base_url, "remote") as sync:
         sync.local = False  # as if the URL named another host (same machine here)
         sync.connect(model)
-        sync.push()
+        sync.push(0)
         served = server_logprobs(Served(tiny_server, sync.served_name(0)), IDS)
     assert (served - trainer_logprobs(model, IDS)).abs().max() < 1e-4
 
@@ -120,12 +120,18 @@ def test_adapter_sync_grpo_raises_reward(smollm2_server, tmp_path):
 
     vocab = AutoTokenizer.from_pretrained(smollm2_server.model_dir).get_vocab()
     capitalised = {i for token, i in vocab.items() if token.lstrip("Ġ")[:1].isupper()}
-    cfg = config(smollm2_server, tmp_path / "run", "max_steps=6", "server.lora_sync=adapter",
-                 "batch.batch_size=16", f"lora.target_modules={ADAPTER_TARGETS}",
-                 "optim.lr=2e-3")  # fmt: skip
+    cfg = config(
+        smollm2_server,
+        tmp_path / "run",
+        "max_steps=6",
+        "server.lora_sync=adapter",
+        "batch.batch_size=16",
+        f"lora.target_modules={ADAPTER_TARGETS}",
+        "optim.lr=2e-3",
+    )
     trainer = Trainer(cfg, env=target_share_env(capitalised))
     history = trainer.run()
-    assert trainer.sync.backend == "adapter"
+    assert trainer.connection.way == "adapter"
     rewards = [h["reward/mean"] for h in history]
     print(f"capitalised-token share per step (adapter sync): {[round(r, 3) for r in rewards]}")
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
@@ -139,7 +145,7 @@ def test_adapter_sync_auto_falls_back_to_merged_for_an_unservable_adapter(tiny_s
     cfg = config(tiny_server, tmp_path / "run", "max_steps=1")  # lm_head is a LoRA target
     trainer = Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir)))
     history = trainer.run()
-    assert trainer.sync.backend == "shm" and trainer.rollout_model(1) == tiny_server.model
+    assert trainer.connection.way == "shm" and trainer.weights.served_name(1) == tiny_server.model
     assert history[0]["mismatch_kl"] < 1e-3
     explicit = config(tiny_server, tmp_path / "run2", "max_steps=1", "server.lora_sync=adapter")
     with pytest.raises(ConfigError, match="lora_sync=adapter: vLLM's LoRA layers do not cover"):
@@ -162,11 +168,17 @@ def test_adapter_sync_async_level_2_keeps_serving(tiny_server, tmp_path, monkeyp
     from rlvr.rollouts.worker import RolloutWorker
     from rlvr.trainer.logprobs import sequence_scores
     from rlvr.trainer.micro_batches import collate
-    from rlvr.weight_sync.push import ServerControl
+    from rlvr.weight_sync.control import ServerControl
 
-    cfg = config(tiny_server, tmp_path / "run", "max_steps=4", "batch.async_level=2",
-                 "server.lora_sync=adapter", f"lora.target_modules={ADAPTER_TARGETS}",
-                 "sampling.max_tokens=32")  # fmt: skip
+    cfg = config(
+        tiny_server,
+        tmp_path / "run",
+        "max_steps=4",
+        "batch.async_level=2",
+        "server.lora_sync=adapter",
+        f"lora.target_modules={ADAPTER_TARGETS}",
+        "sampling.max_tokens=32",
+    )
     env = target_share_env(set(range(0, 512, 2)))
     trainer = Trainer(cfg, env=env)
     pushed, batches, spans = {}, [], []
@@ -183,14 +195,14 @@ def test_adapter_sync_async_level_2_keeps_serving(tiny_server, tmp_path, monkeyp
         # next version once it has started
         started["version"] = version if step - version == 2 else None
         batch = await generate(worker, step, version)
-        spans.append(trainer.version - version)  # pushes that landed while it generated
+        spans.append(worker.clock.current - version)  # pushes that landed while it generated
         batches.append(batch)
         return batch
 
     async def late_rollout(*args, **kwargs):
         started["rollouts"] += 1
         after = started["version"] if started["rollouts"] % 2 else None
-        while after is not None and trainer.version <= after:
+        while after is not None and trainer.worker.clock.current <= after:
             await asyncio.sleep(0.05)
         return await rollout(*args, **kwargs)
 
@@ -217,14 +229,14 @@ DYING_TRAINER = textwrap.dedent(
     import os, sys
     sys.path.insert(0, {tests!r})
     from integration.test_adapter_sync import peft_model
-    from rlvr.weight_sync.adapter import AdapterSync
-    from rlvr.weight_sync.push import ServerControl
+    from rlvr.weight_sync.adapter import AdapterPush
+    from rlvr.weight_sync.control import ServerControl
 
     model = peft_model({model_dir!r}, seed=7)
     control = ServerControl({url!r})
-    sync = AdapterSync(control, {url!r}, "takeover")
+    sync = AdapterPush(control, {url!r}, "takeover")
     sync.connect(model)
-    sync.push()
+    sync.push(0)
     print("pushed", flush=True)
 
     def die(*args, **kwargs):
@@ -232,7 +244,7 @@ DYING_TRAINER = textwrap.dedent(
 
     control.post = lambda path, **kw: die() if path == "/v1/load_lora_adapter" else (
         ServerControl.post(control, path, **kw))
-    sync.push()
+    sync.push(1)
     """
 )
 
@@ -240,14 +252,16 @@ DYING_TRAINER = textwrap.dedent(
 @integration
 def test_adapter_sync_trainer_killed_mid_push_leaves_the_previous_adapter(tiny_server):
     restore_base_weights(tiny_server)
-    from rlvr.weight_sync.adapter import AdapterSync
-    from rlvr.weight_sync.push import ServerControl
+    from rlvr.weight_sync.adapter import AdapterPush
+    from rlvr.weight_sync.control import ServerControl
 
     tests = str(Path(__file__).resolve().parents[1])
-    script = DYING_TRAINER.format(tests=tests, model_dir=str(tiny_server.model_dir),
-                                  url=tiny_server.base_url)  # fmt: skip
-    dead = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    script = DYING_TRAINER.format(
+        tests=tests, model_dir=str(tiny_server.model_dir), url=tiny_server.base_url
+    )
+    dead = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert dead.returncode == 3 and "pushed" in dead.stdout, dead.stderr[-2000:]
     served = Served(tiny_server, "takeover-v0")
     previous = peft_model(tiny_server.model_dir, seed=7)
@@ -255,11 +269,11 @@ def test_adapter_sync_trainer_killed_mid_push_leaves_the_previous_adapter(tiny_s
     assert (server_logprobs(served, IDS) - trainer_logprobs(previous, IDS)).abs().max() < 1e-4
     # A new trainer under the same name (a resumed run) unloads what the dead one left and
     # loads its own version 0.
-    with AdapterSync(ServerControl(tiny_server.base_url), tiny_server.base_url, "takeover") as sync:
+    with AdapterPush(ServerControl(tiny_server.base_url), tiny_server.base_url, "takeover") as sync:
         newer = peft_model(tiny_server.model_dir, seed=8)
         sync.connect(newer)
         assert "takeover-v0" not in served_names(tiny_server)
-        sync.push()
+        sync.push(0)
         assert (server_logprobs(served, IDS) - trainer_logprobs(newer, IDS)).abs().max() < 1e-4
 
 
@@ -305,18 +319,25 @@ def test_adapter_sync_planner_worker_stays_frozen_while_the_policy_trains(
     assert env.frozen_model_on_policy_server
     prompt = "Natalia sold clips to 48 of her friends. How many clips did she sell?"
     worker_before = greedy(tiny_server, tiny_server.model, prompt)
-    cfg = config(tiny_server, tmp_path / "run", "max_steps=2", "batch.batch_size=8",
-                 "batch.rollouts_per_example=4", "sampling.max_tokens=32",
-                 f"lora.target_modules={ADAPTER_TARGETS}", "server.lora_sync=adapter",
-                 "env.id=vf-planner")  # fmt: skip
+    cfg = config(
+        tiny_server,
+        tmp_path / "run",
+        "max_steps=2",
+        "batch.batch_size=8",
+        "batch.rollouts_per_example=4",
+        "sampling.max_tokens=32",
+        f"lora.target_modules={ADAPTER_TARGETS}",
+        "server.lora_sync=adapter",
+        "env.id=vf-planner",
+    )
     trainer = Trainer(cfg, env=env)
     trainer.setup()  # the initial push: the adapter is zero, the policy is the base
     try:
-        policy_before = greedy(tiny_server, trainer.rollout_model(0), prompt)
+        policy_before = greedy(tiny_server, trainer.weights.served_name(0), prompt)
         assert torch.allclose(policy_before[1], worker_before[1], atol=1e-4)
         for step in range(2):
             trainer.train_step(step)
-        policy_after = greedy(tiny_server, trainer.rollout_model(2), prompt)
+        policy_after = greedy(tiny_server, trainer.weights.served_name(2), prompt)
         worker_after = greedy(tiny_server, tiny_server.model, prompt)
     finally:
         trainer.close()
@@ -329,8 +350,9 @@ def test_adapter_sync_planner_worker_stays_frozen_while_the_policy_trains(
 def test_adapter_sync_planner_refuses_merged_pushes_into_its_worker_server(
     tiny_server, shared_data, tmp_path
 ):
-    cfg = config(tiny_server, tmp_path / "run", "max_steps=1", "server.lora_sync=merged",
-                 "env.id=vf-planner")  # fmt: skip
+    cfg = config(
+        tiny_server, tmp_path / "run", "max_steps=1", "server.lora_sync=merged", "env.id=vf-planner"
+    )
     with pytest.raises(ConfigError, match="worker_base_url"):
         Trainer(cfg, env=planner_env(shared_data)).run()
     separate = planner_env(shared_data, worker_base_url=tiny_server.base_url)

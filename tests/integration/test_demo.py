@@ -21,10 +21,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_make_demo_runs_every_stage_and_reports_before_and_after(tmp_path):
     """As `make demo` runs it: its own process (the models it loads stay out of the suite's)."""
     done = subprocess.run(
-        [sys.executable, "-m", "rlvr.demo", "--eval-examples", "4", "--train-steps", "2",
-         "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rlvr.demo",
+            "--eval-examples",
+            "4",
+            "--train-steps",
+            "2",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     out = done.stdout
     assert done.returncode == 0, done.stderr[-3000:]
     assert "answers changed after the push" in out and "restored exactly: True" in out
@@ -32,8 +43,9 @@ def test_make_demo_runs_every_stage_and_reports_before_and_after(tmp_path):
         run = load_run(tmp_path / "eval" / stage, stage)
         assert len(run.rollouts) == 4 * 4  # 4 held-out problems x 4 rollouts
     assert (tmp_path / "warm_start" / "final" / "adapter_config.json").is_file()
-    steps = [json.loads(line) for line in (tmp_path / "train" / "metrics.jsonl").read_text()
-             .splitlines()]  # fmt: skip
+    steps = [
+        json.loads(line) for line in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [s["step"] for s in steps if "reward/mean" in s] == [1, 2]
     assert re.search(r"^step 2/2 \| reward \d\.\d{3} \| .*env/has_boxed", out, re.MULTILINE)
     for label in ("base:", "warm start:", "GRPO:"):

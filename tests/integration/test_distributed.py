@@ -68,12 +68,17 @@ def test_two_hosts_gloo_training_pushes_arrive(remote_tp_server, tmp_path):
     reported workers, and every push arrives (sampler and trainer agree)."""
     ns = remote_tp_server.namespace
     assert route_address(ns.address) == ns.host_address != "127.0.0.1"
-    cfg = config(remote_tp_server, tmp_path / "run", "max_steps=2", "server.backend=gloo",
-                 "server.transfer_timeout_s=120")  # fmt: skip
+    cfg = config(
+        remote_tp_server,
+        tmp_path / "run",
+        "max_steps=2",
+        "server.backend=gloo",
+        "server.transfer_timeout_s=120",
+    )
     trainer = Trainer(cfg, env=target_share_env(target_id(remote_tp_server.model_dir)))
     history = trainer.run()
-    assert trainer.sync.meeting.master_address == ns.host_address
-    assert trainer.sync.meeting.world_size == 3  # the trainer + 2 tensor-parallel workers
+    assert trainer.weights.meeting.master_address == ns.host_address
+    assert trainer.weights.meeting.world_size == 3  # the trainer + 2 tensor-parallel workers
     assert len(history) == 2 and trainer.pushes == 3  # the initial push and one per step
     kls = [h["mismatch_kl"] for h in history]
     assert max(kls) < 1e-3, kls
@@ -86,20 +91,20 @@ def pushes_arrive(server, backend: str, device: str = "cpu") -> None:
     whole stream), and differ from the previous push's."""
     from transformers import AutoModelForCausalLM
 
-    from rlvr.weight_sync.push import WeightSync
+    from rlvr.weight_sync.merged import MergedPush
 
     model = AutoModelForCausalLM.from_pretrained(server.model_dir, dtype=torch.float32)
     model = model.to(device)
     ids = list(range(3, 60, 3))
-    with WeightSync(server.base_url, backend=backend, transfer_timeout_s=120) as sync:
+    with MergedPush(server.base_url, server.model, backend=backend, transfer_timeout_s=120) as sync:
         sync.connect(model)
         previous = None
-        for seed in (1, 2):
+        for version, seed in enumerate((1, 2)):
             torch.manual_seed(seed)
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(0.05 * torch.randn_like(p))
-            sync.push()
+            sync.push(version)
             served = server_logprobs(server, ids)
             assert (served - trainer_logprobs(model.cpu(), ids)).abs().max() < 1e-4
             model.to(device)
@@ -122,11 +127,19 @@ def test_tensor_parallel_gpu_server_nccl_pushes_arrive(tiny_model_dir, tmp_path)
     trainer + both tensor-parallel workers, sized from the server's reported world."""
     from rlvr.server.process import VLLMServer
 
-    flags = ["--dtype", "float32", "--enforce-eager", "--tensor-parallel-size", "2",
-             "--gpu-memory-utilization", "0.3"]  # fmt: skip
+    flags = [
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--tensor-parallel-size",
+        "2",
+        "--gpu-memory-utilization",
+        "0.3",
+    ]
     env = {"CUDA_VISIBLE_DEVICES": "1,2"}
-    with VLLMServer(str(tiny_model_dir), extra_args=flags, env=env,
-                    log_path=tmp_path / "vllm.log") as server:  # fmt: skip
+    with VLLMServer(
+        str(tiny_model_dir), extra_args=flags, env=env, log_path=tmp_path / "vllm.log"
+    ) as server:
         server.model_dir = tiny_model_dir
         pushes_arrive(server, "nccl", device="cuda:0")
 
@@ -136,10 +149,15 @@ def test_two_hosts_unreachable_transfer_host_fails_within_the_timeout(remote_tp_
     namespace is its own) fails after server.transfer_timeout_s, naming both addresses and
     the port, instead of hanging. Runs last on this server: vLLM leaves the second worker's
     failed reply queued after a failed multi-worker call (see docs/troubleshooting.md)."""
-    from rlvr.weight_sync.push import WeightSync
+    from rlvr.weight_sync.merged import MergedPush
 
-    sync = WeightSync(remote_tp_server.base_url, backend="gloo", transfer_timeout_s=10,
-                      transfer_host="127.0.0.1")  # fmt: skip
+    sync = MergedPush(
+        remote_tp_server.base_url,
+        remote_tp_server.model,
+        backend="gloo",
+        transfer_timeout_s=10,
+        transfer_host="127.0.0.1",
+    )
     began = time.monotonic()
     with pytest.raises(RendezvousError) as failure:
         sync.connect(torch.nn.Linear(2, 2))
@@ -155,8 +173,15 @@ def test_zero3_two_ranks_train_push_checkpoint_and_resume(tiny_server, tmp_path)
     """`accelerate launch` with ZeRO-3 on 2 CPU processes: every rank takes part in every
     gathered push (rank 1 never talks to the server), sampler and trainer agree after each,
     a checkpoint written by both ranks resumes, and the final adapter is gathered."""
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config-file",
-                  str(ZERO3_CPU), "--num-processes", "2"]  # fmt: skip
+    accelerate = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config-file",
+        str(ZERO3_CPU),
+        "--num-processes",
+        "2",
+    ]
     env = {"DS_ACCELERATOR": "cpu"}
     extra = ["max_steps=3", "checkpoint.every=2", "batch.micro_batch_size=3"]
     first = launch(tiny_server, tmp_path, accelerate, extra, env, stop_after=2)

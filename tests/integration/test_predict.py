@@ -72,15 +72,35 @@ def test_predict_with_an_adapter_answers_as_the_merged_model(tiny_lora_server, t
     prompts = write_lines(
         tmp_path / "prompts.jsonl",
         json.dumps({"prompt": "Write a line about item 3.", "id": "a"}),
-        json.dumps({"messages": [{"role": "system", "content": "Be brief."},
-                                 {"role": "user", "content": "What is 2+2?"}], "id": "b"}),
-    )  # fmt: skip
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "What is 2+2?"},
+                ],
+                "id": "b",
+            }
+        ),
+    )
     out = tmp_path / "answers.jsonl"
     proc = run_predict(
-        "--model", tiny_lora_server.adapter, "--base-url", tiny_lora_server.base_url,
-        "--prompts", prompts, "--out", out, "-T", "0", "-t", "8", "--batch-size", "2",
-        "-S", json.dumps(tiny_lora_server.sampling_args),  # min_tokens: no empty answers
-    )  # fmt: skip
+        "--model",
+        tiny_lora_server.adapter,
+        "--base-url",
+        tiny_lora_server.base_url,
+        "--prompts",
+        prompts,
+        "--out",
+        out,
+        "-T",
+        "0",
+        "-t",
+        "8",
+        "--batch-size",
+        "2",
+        "-S",
+        json.dumps(tiny_lora_server.sampling_args),  # min_tokens: no empty answers
+    )
     assert "2 rows, 0 errored; written to" in proc.stderr
     lines = read_jsonl(out)
     assert [line["input"]["id"] for line in lines] == ["a", "b"]
@@ -117,12 +137,25 @@ def test_predict_scores_environment_rows(tiny_lora_server, shared_data: Path, tm
     problems = read_jsonl(data)[:3]
     out = tmp_path / "predictions.jsonl"
     proc = run_predict(
-        "--model", tiny_lora_server.model, "--base-url", tiny_lora_server.base_url,
-        "--env", "vf-deepscaler", "--env-args", json.dumps({"data_files": str(data)}),
-        "-n", "3", "--batch-size", "2", "-t", "16",
-        "-S", json.dumps(tiny_lora_server.sampling_args),
-        "--out", out,
-    )  # fmt: skip
+        "--model",
+        tiny_lora_server.model,
+        "--base-url",
+        tiny_lora_server.base_url,
+        "--env",
+        "vf-deepscaler",
+        "--env-args",
+        json.dumps({"data_files": str(data)}),
+        "-n",
+        "3",
+        "--batch-size",
+        "2",
+        "-t",
+        "16",
+        "-S",
+        json.dumps(tiny_lora_server.sampling_args),
+        "--out",
+        out,
+    )
     lines = read_jsonl(out)
     assert [line["example_id"] for line in lines] == [0, 1, 2]
     for line, problem in zip(lines, problems, strict=True):

@@ -23,8 +23,8 @@ def test_prefix_sharing_zero3_two_ranks_pushes_the_unshared_runs_weights(tiny_se
     from safetensors.torch import load_file
     from support import ZERO3_CPU, launch
 
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config-file",
-                  str(ZERO3_CPU), "--num-processes", "2"]  # fmt: skip
+    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
+    accelerate = [*launcher, "--config-file", str(ZERO3_CPU), "--num-processes", "2"]
     adapters, saved = [], []
     for sharing in (True, False):
         out = tmp_path / f"sharing-{sharing}"

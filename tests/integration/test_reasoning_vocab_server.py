@@ -50,10 +50,16 @@ def test_reasoning_vocab_served_model_thinks_in_reasoning_ids_only_inside_spans(
     counts = {"inside": 0, "outside": 0, "reasoning": 0, "transitions": 0}
     for prompt in ("Answer: <think>", "Answer plainly:", "x <think> y </think>"):
         body = {
-            "model": rv_server.model, "prompt": prompt, "max_tokens": 96, "n": 4,
-            "temperature": 1.0, "logprobs": 1, "return_token_ids": True, "logit_bias": bias,
+            "model": rv_server.model,
+            "prompt": prompt,
+            "max_tokens": 96,
+            "n": 4,
+            "temperature": 1.0,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "logit_bias": bias,
             "seed": 0,
-        }  # fmt: skip
+        }
         response = httpx.post(f"{rv_server.base_url}/completions", json=body, timeout=600)
         response.raise_for_status()
         for choice in response.json()["choices"]:
@@ -103,14 +109,25 @@ def test_reasoning_vocab_grpo_steps_with_pushes_keep_mismatch_kl_low(rv_server, 
     vocab = ReasoningVocab.load(rv_server.model_dir)
     cfg = load_config(
         overrides=[
-            f"model.name={rv_server.model_dir}", f"server.base_url={rv_server.base_url}",
-            f"server.served_model={rv_server.model}", "batch.batch_size=16",
-            "batch.rollouts_per_example=4", "batch.micro_batch_size=8", "batch.async_level=0",
-            "sampling.max_tokens=24", "sampling.temperature=0.8", "optim.lr=2e-2",
-            f"lora.enabled={str(lora).lower()}", "max_steps=2", "seed=0", "wandb.mode=disabled",
-            "logging.progress_bar=false", "checkpoint.every=0", f"output_dir={tmp_path / 'run'}",
+            f"model.name={rv_server.model_dir}",
+            f"server.base_url={rv_server.base_url}",
+            f"server.served_model={rv_server.model}",
+            "batch.batch_size=16",
+            "batch.rollouts_per_example=4",
+            "batch.micro_batch_size=8",
+            "batch.async_level=0",
+            "sampling.max_tokens=24",
+            "sampling.temperature=0.8",
+            "optim.lr=2e-2",
+            f"lora.enabled={str(lora).lower()}",
+            "max_steps=2",
+            "seed=0",
+            "wandb.mode=disabled",
+            "logging.progress_bar=false",
+            "checkpoint.every=0",
+            f"output_dir={tmp_path / 'run'}",
         ]
-    )  # fmt: skip
+    )
     trainer = Trainer(cfg, env=think_env(vocab))
     history = trainer.run()
     assert trainer.weights.served_name(0) == cfg.served_model  # merged pushes, also for LoRA

@@ -72,10 +72,21 @@ def served_launcher(
     port = free_port()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [VF_VLLM, "--model", str(model_dir), "--served-model-name", marker,
-             "--port", str(port), "--enforce-eager", "--dtype", "float32"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                VF_VLLM,
+                "--model",
+                str(model_dir),
+                "--served-model-name",
+                marker,
+                "--port",
+                str(port),
+                "--enforce-eager",
+                "--dtype",
+                "float32",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 300
         while "vf-vllm: serving" not in log_path.read_text():

@@ -35,12 +35,29 @@ def test_sweep_2x2_on_the_tiny_server(tiny_lora_server, shared_data: Path, tmp_p
     out = tmp_path / "sweep"
     data = str(shared_data / "deepscaler" / "preview_first803.jsonl")
     cmd = [
-        sys.executable, str(SCRIPT), "vf-deepscaler",
-        "--models", f"first={server.model},second={server.adapter}",
-        "--grid", "use_think=false,true", "--env-args", json.dumps({"data_files": data}),
-        "-n", "2", "-r", "2", "-t", "16", "-S", json.dumps(server.sampling_args),
-        "--base-url", server.base_url, "--out", str(out), "--no-progress",
-    ]  # fmt: skip
+        sys.executable,
+        str(SCRIPT),
+        "vf-deepscaler",
+        "--models",
+        f"first={server.model},second={server.adapter}",
+        "--grid",
+        "use_think=false,true",
+        "--env-args",
+        json.dumps({"data_files": data}),
+        "-n",
+        "2",
+        "-r",
+        "2",
+        "-t",
+        "16",
+        "-S",
+        json.dumps(server.sampling_args),
+        "--base-url",
+        server.base_url,
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "4 cells run, 0 already done, 0 failed" in proc.stderr

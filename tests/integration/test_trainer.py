@@ -37,7 +37,7 @@ from rlvr.rollouts.worker import RolloutWorker
 from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.trainer.grpo import Trainer
 from rlvr.trainer.optimizer import NonFiniteStepError
-from rlvr.weight_sync.push import ServerControl
+from rlvr.weight_sync.control import ServerControl
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +51,14 @@ def mean(values):
 
 def test_grpo_raises_reward_with_weights_pushed_every_step(tiny_server, tmp_path):
     out = tmp_path / "run"
-    cfg = config(tiny_server, out, "max_steps=12", "eval.every=6", "eval.num_examples=4",
-                 "wandb.mode=offline")  # fmt: skip
+    cfg = config(
+        tiny_server,
+        out,
+        "max_steps=12",
+        "eval.every=6",
+        "eval.num_examples=4",
+        "wandb.mode=offline",
+    )
     history = Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir))).run()
 
     rewards = [h["reward/mean"] for h in history]
@@ -83,7 +89,7 @@ def test_grpo_raises_reward_with_weights_pushed_every_step(tiny_server, tmp_path
         "rollouts/truncated",
         "memory/peak_gib",
     ):
-        assert key in steps[-1], key  # fmt: skip
+        assert key in steps[-1], key
     evals = [m for m in logged if "eval/reward" in m]
     assert [m["step"] for m in evals] == [6, 12]
     assert (out / "samples.jsonl").stat().st_size > 0
@@ -95,9 +101,15 @@ def test_grpo_raises_reward_with_weights_pushed_every_step(tiny_server, tmp_path
 
 
 def test_without_pushes_the_server_goes_stale_and_the_trainer_warns(tiny_server, tmp_path, caplog):
-    cfg = config(tiny_server, tmp_path / "run", "max_steps=4", "lora.enabled=false",
-                 "server.push_weights=false", "logging.mismatch_kl_warn=1e-3",
-                 "loss.beta=0.05")  # fmt: skip
+    cfg = config(
+        tiny_server,
+        tmp_path / "run",
+        "max_steps=4",
+        "lora.enabled=false",
+        "server.push_weights=false",
+        "logging.mismatch_kl_warn=1e-3",
+        "loss.beta=0.05",
+    )
     with caplog.at_level(logging.WARNING, logger="rlvr.trainer.metrics"):
         history = Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir))).run()
     kls = [h["mismatch_kl"] for h in history]
@@ -109,8 +121,13 @@ def test_without_pushes_the_server_goes_stale_and_the_trainer_warns(tiny_server,
 
 def test_resume_continues_exactly(tiny_server, tmp_path):
     env = target_share_env(target_id(tiny_server.model_dir))
-    extra = ["max_steps=6", "lora.dropout=0.1", "optim.scheduler=cosine", "optim.warmup_steps=1",
-             "loss.beta=0.01"]  # fmt: skip
+    extra = [
+        "max_steps=6",
+        "lora.dropout=0.1",
+        "optim.scheduler=cosine",
+        "optim.warmup_steps=1",
+        "loss.beta=0.01",
+    ]
     straight = Trainer(config(tiny_server, tmp_path / "a", *extra), env=env).run()
 
     first = Trainer(config(tiny_server, tmp_path / "b", *extra), env=env).run(stop_after=3)
@@ -186,8 +203,13 @@ def test_async_level_2_resumed_twice_matches_uninterrupted(tiny_server, tmp_path
     trained on: the same rewards, lags and losses. Adapter sync pins every request of a batch
     to its version; merged pushes land mid-batch, at a time the machine's load decides."""
     env = _env(tiny_server)
-    extra = ["max_steps=5", "batch.async_level=2", "checkpoint.every=1",
-             "server.lora_sync=adapter", f"lora.target_modules={ADAPTER_TARGETS}"]  # fmt: skip
+    extra = [
+        "max_steps=5",
+        "batch.async_level=2",
+        "checkpoint.every=1",
+        "server.lora_sync=adapter",
+        f"lora.target_modules={ADAPTER_TARGETS}",
+    ]
     restore_base_weights(tiny_server)  # adapters are served over the base other tests pushed
     straight = Trainer(config(tiny_server, tmp_path / "a", *extra), env=env).run()
     assert [h["rollouts/policy_lag"] for h in straight] == [0, 1, 2, 2, 2]
@@ -205,14 +227,19 @@ def test_multi_turn_requests_use_a_distinct_seed_per_turn(tiny_server, tmp_path)
     """vLLM seeds a generator per request: every turn of every rollout sends its own seed,
     and the same step sends the same seeds again (recorded in front of the server)."""
     env = multi_turn_target_env(target_id(tiny_server.model_dir), turns=3)
-    cfg = config(tiny_server, tmp_path, "batch.batch_size=8", "batch.rollouts_per_example=4",
-                 "max_steps=1")  # fmt: skip
+    cfg = config(
+        tiny_server, tmp_path, "batch.batch_size=8", "batch.rollouts_per_example=4", "max_steps=1"
+    )
     runs = []
     for _ in range(2):
         with recording_proxy(tiny_server) as (url, requests):
-            worker = RolloutWorker(env, env.get_dataset(), cfg,
-                                   lambda url=url: make_client(url, None, 300, 64),
-                                   served_name=lambda v: tiny_server.model).start()  # fmt: skip
+            worker = RolloutWorker(
+                env,
+                env.get_dataset(),
+                cfg,
+                lambda url=url: make_client(url, None, 300, 64),
+                served_name=lambda v: tiny_server.model,
+            ).start()
             try:
                 batch = worker.get(0, timeout_s=600)
             finally:
@@ -300,7 +327,8 @@ def test_a_nan_loss_stops_the_run_and_it_resumes_from_the_last_checkpoint(
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000001"]
 
     monkeypatch.setattr(grpo, "build_train_batch", real)
-    resumed = Trainer(config(tiny_server, tmp_path, *extra, "checkpoint.resume=auto"),
-                      env=_env(tiny_server))  # fmt: skip
+    resumed = Trainer(
+        config(tiny_server, tmp_path, *extra, "checkpoint.resume=auto"), env=_env(tiny_server)
+    )
     assert len(resumed.run()) == 1 and resumed.start_step == 1
     assert _trainable_finite(resumed)

@@ -57,18 +57,34 @@ def zero3_launch(script: Path) -> list[str]:
 def test_zero3_one_process_with_vf_vllm_on_the_same_gpu_via_ipc(tiny_model_dir, tmp_path):
     from rlvr.server.process import VLLMServer
 
-    flags = ["--dtype", "bfloat16", "--gpu-memory-utilization", "0.3", "--enforce-eager",
-             "--weight-transfer-backend", "ipc"]  # fmt: skip
+    flags = [
+        "--dtype",
+        "bfloat16",
+        "--gpu-memory-utilization",
+        "0.3",
+        "--enforce-eager",
+        "--weight-transfer-backend",
+        "ipc",
+    ]
     with VLLMServer(str(tiny_model_dir), extra_args=flags, log_path=tmp_path / "vllm.log") as srv:
         history_file = tmp_path / "history.json"
         overrides = [
-            f"model.name={tiny_model_dir}", f"server.base_url={srv.base_url}",
-            f"server.served_model={srv.model}", "server.backend=ipc", "model.dtype=bfloat16",
-            "model.gradient_checkpointing=true", "batch.batch_size=16",
-            "batch.rollouts_per_example=4", "batch.micro_batch_size=4", "sampling.max_tokens=16",
-            "max_steps=3", "optim.lr=1e-2", "wandb.mode=disabled", "logging.progress_bar=false",
+            f"model.name={tiny_model_dir}",
+            f"server.base_url={srv.base_url}",
+            f"server.served_model={srv.model}",
+            "server.backend=ipc",
+            "model.dtype=bfloat16",
+            "model.gradient_checkpointing=true",
+            "batch.batch_size=16",
+            "batch.rollouts_per_example=4",
+            "batch.micro_batch_size=4",
+            "sampling.max_tokens=16",
+            "max_steps=3",
+            "optim.lr=1e-2",
+            "wandb.mode=disabled",
+            "logging.progress_bar=false",
             f"output_dir={tmp_path / 'run'}",
-        ]  # fmt: skip
+        ]
         script = tmp_path / "train.py"
         script.write_text(
             TRAIN.format(

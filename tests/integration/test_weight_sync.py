@@ -28,12 +28,12 @@ def trainer_model(tiny_server):
 
 @pytest.mark.parametrize("transport", ["shm", "gloo"])
 def test_pushed_weights_are_what_vllm_serves(tiny_server, trainer_model, transport):
-    from rlvr.weight_sync.push import WeightSync
+    from rlvr.weight_sync.merged import MergedPush
 
     model, ids = trainer_model
-    with WeightSync(tiny_server.base_url, backend=transport) as sync:
+    with MergedPush(tiny_server.base_url, tiny_server.model, backend=transport) as sync:
         sync.connect(model)
-        sync.push()  # the server may hold weights from an earlier test: start from ours
+        sync.push(0)  # the server may hold weights from an earlier test: start from ours
         before = server_logprobs(tiny_server, ids)
         assert (before - trainer_logprobs(model, ids)).abs().mean() < 1e-2
 
@@ -43,7 +43,7 @@ def test_pushed_weights_are_what_vllm_serves(tiny_server, trainer_model, transpo
                 p.add_(0.2 * torch.randn_like(p))
         expected = trainer_logprobs(model, ids)
         stale = server_logprobs(tiny_server, ids)
-        seconds = sync.push()
+        seconds = sync.push(1)
         after = server_logprobs(tiny_server, ids)
 
     assert seconds > 0
@@ -57,7 +57,7 @@ DYING_TRAINER = textwrap.dedent(
     import os, sys, torch
     from transformers import AutoModelForCausalLM
     from vllm.distributed.weight_transfer.base import ModuleSource
-    from rlvr.weight_sync.push import WeightSync
+    from rlvr.weight_sync.merged import MergedPush
 
     class DiesMidway(ModuleSource):
         def __iter__(self):
@@ -70,20 +70,21 @@ DYING_TRAINER = textwrap.dedent(
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0)  # had these arrived, the model would produce garbage
-    sync = WeightSync(sys.argv[1], backend="gloo", transfer_timeout_s=30, chunk_bytes=4096)
+    sync = MergedPush(sys.argv[1], sys.argv[2], backend="gloo", transfer_timeout_s=30,
+                      chunk_bytes=4096)
     sync.connect(DiesMidway(model))
-    sync.push()
+    sync.push(0)
     """
 )
 
 
 def test_server_survives_a_trainer_dying_mid_update(tiny_server, trainer_model):
-    from rlvr.weight_sync.push import WeightSync
+    from rlvr.weight_sync.merged import MergedPush
 
     model, ids = trainer_model
-    with WeightSync(tiny_server.base_url) as sync:
+    with MergedPush(tiny_server.base_url, tiny_server.model) as sync:
         sync.connect(model)
-        sync.push()
+        sync.push(0)
     reference = server_logprobs(tiny_server, ids)
 
     dead = subprocess.run(
@@ -96,33 +97,33 @@ def test_server_survives_a_trainer_dying_mid_update(tiny_server, trainer_model):
 
     # A new trainer connects (un-pausing the server) and the old weights are still intact:
     # the worker loads only after every byte arrived.
-    with WeightSync(tiny_server.base_url) as sync:
+    with MergedPush(tiny_server.base_url, tiny_server.model) as sync:
         assert sync.resolve() == "shm"  # auto: a local server on a machine without CUDA
         sync.connect(model)
         assert (server_logprobs(tiny_server, ids) - reference).abs().max() < 1e-5
-        sync.push()
+        sync.push(0)
     assert (server_logprobs(tiny_server, ids) - reference).abs().max() < 1e-5
 
 
 def test_a_new_trainer_takes_over_an_update_a_dead_one_left_open(tiny_server, trainer_model):
-    from rlvr.weight_sync.push import WeightSync
+    from rlvr.weight_sync.merged import MergedPush
 
     model, ids = trainer_model
-    with WeightSync(tiny_server.base_url) as sync:
+    with MergedPush(tiny_server.base_url, tiny_server.model) as sync:
         sync.connect(model)
         sync.control.start_weight_update()  # ... and the trainer dies before sending
-    with WeightSync(tiny_server.base_url) as sync:
+    with MergedPush(tiny_server.base_url, tiny_server.model) as sync:
         sync.connect(model)
         with torch.no_grad():
             model.lm_head.weight.mul_(2)
-        sync.push()
+        sync.push(0)
         assert (
             server_logprobs(tiny_server, ids) - trainer_logprobs(model, ids)
         ).abs().mean() < 1e-2
 
 
 def test_control_errors_carry_the_servers_message(tiny_server):
-    from rlvr.weight_sync.push import ServerControl, ServerError
+    from rlvr.weight_sync.control import ServerControl, ServerError
 
     control = ServerControl(tiny_server.base_url, timeout_s=30)
     with pytest.raises(ServerError, match="update_weights -> 4|update_weights -> 5"):
@@ -145,21 +146,28 @@ def test_ipc_push_into_vllm_sharing_the_trainers_gpu(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlvr.server.process import VLLMServer
-    from rlvr.weight_sync.push import WeightSync
+    from rlvr.weight_sync.merged import MergedPush
 
-    flags = ["--dtype", "float32", "--gpu-memory-utilization", "0.3", "--enforce-eager",
-             "--weight-transfer-backend", "ipc"]  # fmt: skip
+    flags = [
+        "--dtype",
+        "float32",
+        "--gpu-memory-utilization",
+        "0.3",
+        "--enforce-eager",
+        "--weight-transfer-backend",
+        "ipc",
+    ]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda()
     ids = AutoTokenizer.from_pretrained(tiny_model_dir)(PROMPT + COMPLETION)["input_ids"]
     with VLLMServer(str(tiny_model_dir), extra_args=flags, log_path=tmp_path / "log") as server:
         server.model_dir = tiny_model_dir
-        with WeightSync(server.base_url, backend="ipc") as sync:
+        with MergedPush(server.base_url, server.model, backend="ipc") as sync:
             sync.connect(model)
             before = server_logprobs(server, ids)
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(0.2 * torch.randn_like(p))
-            sync.push()
+            sync.push(0)
             after = server_logprobs(server, ids)
     expected = trainer_logprobs(model.cpu(), ids)
     assert (after - expected).abs().mean() < 1e-2

@@ -73,9 +73,13 @@ def test_everything_is_on_disk_before_the_rename(tmp_path, monkeypatch):
         (tmp / "config").write_text("c")
     renamed = events.index(("replace", str(target)))
     before = {path.replace(str(tmp), str(target)) for _, path in events[:renamed]}
-    assert before == {str(target), str(target / "sub"), str(target / "sub" / "weights"),
-                      str(target / "config")}  # fmt: skip
-    assert events[renamed + 1:] == [("fsync", str(tmp_path))]  # fmt: skip
+    assert before == {
+        str(target),
+        str(target / "sub"),
+        str(target / "sub" / "weights"),
+        str(target / "config"),
+    }
+    assert events[renamed + 1 :] == [("fsync", str(tmp_path))]
 
     events.clear()
     atomic_write_text(tmp_path / "state.json", "{}")

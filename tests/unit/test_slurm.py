@@ -127,9 +127,13 @@ def slurm(tmp_path: Path):
 
     def run(script: str, *args: str, **env: str):
         proc = subprocess.run(
-            ["bash", str(ROOT / "slurm" / script), *args], env={**base, **env},
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            ["bash", str(ROOT / "slurm" / script), *args],
+            env={**base, **env},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         log.unlink(missing_ok=True)
         return proc, calls
@@ -147,9 +151,14 @@ def of(calls: list[dict], tool: str) -> list[dict]:
 
 def test_slurm_multinode_puts_the_server_first_and_ranks_each_trainer_node(slurm, tmp_path):
     proc, calls = slurm(
-        "train_multinode.sbatch", "--config", CONFIG, "optim.lr=2e-5",
-        SLURM_JOB_NODELIST="gpu[01-03]", SLURM_GPUS_ON_NODE="4", NCCL_SOCKET_IFNAME="ib0",
-    )  # fmt: skip
+        "train_multinode.sbatch",
+        "--config",
+        CONFIG,
+        "optim.lr=2e-5",
+        SLURM_JOB_NODELIST="gpu[01-03]",
+        SLURM_GPUS_ON_NODE="4",
+        NCCL_SOCKET_IFNAME="ib0",
+    )
     assert proc.returncode == 0, proc.stderr
 
     (server, stopped) = of(calls, "vf-vllm")
@@ -158,14 +167,16 @@ def test_slurm_multinode_puts_the_server_first_and_ranks_each_trainer_node(slurm
     assert option(argv, "--model") == "Qwen/Qwen2.5-7B-Instruct"  # the config's model.name
     assert (option(argv, "--host"), option(argv, "--port")) == ("0.0.0.0", "8000")
     assert (option(argv, "--tensor-parallel-size"), option(argv, "--data-parallel-size")) == (
-        "1", "4",
-    )  # fmt: skip
+        "1",
+        "4",
+    )
     assert [c["argv"][-1] for c in of(calls, "curl")] == ["http://gpu01:8000/v1/models"]
 
     trainers = sorted(of(calls, "accelerate"), key=lambda c: c["procid"])
     assert [(t["node"], option(t["argv"], "--machine_rank")) for t in trainers] == [
-        ("gpu02", "0"), ("gpu03", "1"),
-    ]  # fmt: skip
+        ("gpu02", "0"),
+        ("gpu03", "1"),
+    ]
     for trainer in trainers:
         argv = trainer["argv"]
         assert argv[0] == "launch" and option(argv, "--config_file") == "configs/zero3.yaml"
@@ -177,9 +188,13 @@ def test_slurm_multinode_puts_the_server_first_and_ranks_each_trainer_node(slurm
         assert option(argv, "--deepspeed_multinode_launcher") == "standard"
         script = argv.index("scripts/train.py")
         assert argv[script + 1 :] == [
-            "--config", CONFIG, "optim.lr=2e-5", "model.name=Qwen/Qwen2.5-7B-Instruct",
-            "server.base_url=http://gpu01:8000/v1", "server.transfer_host=gpu02",
-        ]  # fmt: skip
+            "--config",
+            CONFIG,
+            "optim.lr=2e-5",
+            "model.name=Qwen/Qwen2.5-7B-Instruct",
+            "server.base_url=http://gpu01:8000/v1",
+            "server.transfer_host=gpu02",
+        ]
         # shared caches under the checkout, compile caches node-local, NCCL settings passed on
         assert trainer["env"]["HF_HOME"] == str(ROOT / ".cache" / "huggingface")
         assert trainer["env"]["RLVR_CACHE"] == str(ROOT / ".cache" / "rlvr")
@@ -195,11 +210,18 @@ def test_slurm_multinode_puts_the_server_first_and_ranks_each_trainer_node(slurm
 
 def test_slurm_multinode_settings_reach_server_and_trainers(slurm):
     proc, calls = slurm(
-        "train_multinode.sbatch", "--config", CONFIG,
-        SLURM_JOB_NODELIST="n1,n2", GPUS_PER_NODE="8", SERVER_TP="2", SERVER_DP="2",
-        MODEL="org/other", TRANSFER_HOST="10.1.0.2", SERVER_PORT="8100",
+        "train_multinode.sbatch",
+        "--config",
+        CONFIG,
+        SLURM_JOB_NODELIST="n1,n2",
+        GPUS_PER_NODE="8",
+        SERVER_TP="2",
+        SERVER_DP="2",
+        MODEL="org/other",
+        TRANSFER_HOST="10.1.0.2",
+        SERVER_PORT="8100",
         VLLM_ARGS="--max-model-len 8192",
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     server = of(calls, "vf-vllm")[0]["argv"]
     assert option(server, "--model") == "org/other" and option(server, "--port") == "8100"
@@ -254,10 +276,14 @@ def test_slurm_server_that_dies_stops_the_job_with_its_log(slurm, tmp_path):
 
 def test_slurm_single_node_splits_the_visible_gpus(slurm):
     proc, calls = slurm(
-        "train_single_node.sbatch", "--config", CONFIG,
-        SLURM_JOB_NODELIST="gpu07", GPUS_PER_NODE="4", CUDA_VISIBLE_DEVICES="4,5,6,7",
+        "train_single_node.sbatch",
+        "--config",
+        CONFIG,
+        SLURM_JOB_NODELIST="gpu07",
+        GPUS_PER_NODE="4",
+        CUDA_VISIBLE_DEVICES="4,5,6,7",
         SERVER_GPUS="1",
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     server, stopped = of(calls, "vf-vllm")
     assert server["env"]["CUDA_VISIBLE_DEVICES"] == "4" and stopped["stopped"]
@@ -267,35 +293,60 @@ def test_slurm_single_node_splits_the_visible_gpus(slurm):
     assert trainer["env"]["CUDA_VISIBLE_DEVICES"] == "5,6,7"
     assert option(trainer["argv"], "--num_processes") == "3"
     assert trainer["argv"][-2:] == [
-        "server.base_url=http://127.0.0.1:8000/v1", "server.transfer_host=127.0.0.1",
-    ]  # fmt: skip
+        "server.base_url=http://127.0.0.1:8000/v1",
+        "server.transfer_host=127.0.0.1",
+    ]
     assert not of(calls, "srun")
-    proc, _ = slurm("train_single_node.sbatch", "--config", CONFIG,
-                    SLURM_JOB_NODELIST="gpu[07-08]", GPUS_PER_NODE="4")  # fmt: skip
+    proc, _ = slurm(
+        "train_single_node.sbatch",
+        "--config",
+        CONFIG,
+        SLURM_JOB_NODELIST="gpu[07-08]",
+        GPUS_PER_NODE="4",
+    )
     assert proc.returncode == 2 and "this job runs on 1 node, got 2" in proc.stderr
-    proc, _ = slurm("train_single_node.sbatch", "--config", CONFIG,
-                    SLURM_JOB_NODELIST="gpu07", GPUS_PER_NODE="2", SERVER_GPUS="2")  # fmt: skip
+    proc, _ = slurm(
+        "train_single_node.sbatch",
+        "--config",
+        CONFIG,
+        SLURM_JOB_NODELIST="gpu07",
+        GPUS_PER_NODE="2",
+        SERVER_GPUS="2",
+    )
     assert proc.returncode == 2 and "SERVER_GPUS=2 leaves none of the node's 2 GPUs" in proc.stderr
 
 
 def test_slurm_sft_trains_on_every_node(slurm):
     proc, calls = slurm(
-        "sft.sbatch", "--config", SFT_CONFIG, "train.max_steps=10",
-        SLURM_JOB_NODELIST="gpu[01-02]", SLURM_GPUS_PER_NODE="h100:8",
-    )  # fmt: skip
+        "sft.sbatch",
+        "--config",
+        SFT_CONFIG,
+        "train.max_steps=10",
+        SLURM_JOB_NODELIST="gpu[01-02]",
+        SLURM_GPUS_PER_NODE="h100:8",
+    )
     assert proc.returncode == 0, proc.stderr
     assert not of(calls, "vf-vllm")
     trainers = sorted(of(calls, "accelerate"), key=lambda c: c["procid"])
     assert [(t["node"], option(t["argv"], "--machine_rank")) for t in trainers] == [
-        ("gpu01", "0"), ("gpu02", "1"),
-    ]  # fmt: skip
+        ("gpu01", "0"),
+        ("gpu02", "1"),
+    ]
     for trainer in trainers:
         argv = trainer["argv"]
         assert option(argv, "--num_processes") == "16" and option(argv, "--num_machines") == "2"
         assert option(argv, "--main_process_ip") == "gpu01"
         assert argv[argv.index("scripts/sft.py") + 1 :] == [
-            "--config", SFT_CONFIG, "train.max_steps=10",
-        ]  # fmt: skip
-    proc, calls = slurm("sft.sbatch", "--config", SFT_CONFIG, "train.epochs=0",
-                        SLURM_JOB_NODELIST="gpu01", GPUS_PER_NODE="1")  # fmt: skip
+            "--config",
+            SFT_CONFIG,
+            "train.max_steps=10",
+        ]
+    proc, calls = slurm(
+        "sft.sbatch",
+        "--config",
+        SFT_CONFIG,
+        "train.epochs=0",
+        SLURM_JOB_NODELIST="gpu01",
+        GPUS_PER_NODE="1",
+    )
     assert proc.returncode != 0 and "config error: train.epochs=0" in proc.stderr

@@ -374,13 +374,13 @@ async def _zeroed_by(rubric: DeepScaleRRubric, item: Item, percent: bool) -> str
 
 
 async def score(rubric: DeepScaleRRubric, items: Sequence[Item]) -> list[Result]:
-    """Each item's reward from the rubric (``math_reward``, with the problem as the prompt),
+    """Each item's reward from the rubric (``score_reply``, with the problem as the prompt),
     the rule that zeroed it (for honest forms) and whether the think format cut it."""
 
     async def one(item: Item) -> Result:
         completion = [{"role": "assistant", "content": item.reply}]
         prompt = [{"role": "user", "content": item.question}]
-        reward = await rubric.math_reward(completion, item.gold, {}, prompt)
+        reward = await rubric.score_reply(completion, item.gold, prompt)
         zeroed = None
         if item.form and reward == 0:  # which rule zeroed this honest reply
             zeroed = await _zeroed_by(rubric, item, asks_percent(item.question))

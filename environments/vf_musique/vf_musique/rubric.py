@@ -43,7 +43,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,7 @@ from .answers import AnswerContext, is_refusal, matching_gold
 from .dataset import UNANSWERABLE
 from .hops import content_terms, distinct_searches, few_searches, searched_missing_hop
 from .messages import ParsedToolCall, tool_calls
+from .outcome_rubric import OutcomeRubric
 from .replies import get_field, message_text
 from .scoring import (
     best_over_golds,
@@ -238,7 +239,16 @@ def check_weights(weights: Mapping[str, float]) -> dict[str, float]:
     return dict(weights)
 
 
-class MuSiQueRubric(vf.Rubric):
+@dataclass(frozen=True)
+class ScoredRollout:
+    """The outcome of one rollout: every rubric term (`score_components`) and whether its row
+    is answerable."""
+
+    components: Mapping[str, float]
+    answerable: bool
+
+
+class MuSiQueRubric(OutcomeRubric[ScoredRollout]):
     """combined_reward (weight 1) plus every component as a zero-weight metric."""
 
     METRICS = (
@@ -266,22 +276,23 @@ class MuSiQueRubric(vf.Rubric):
         self,
         reward_weights: Mapping[str, float] | None = None,
         top_n: int = DEFAULT_TOP_N,
-        **kwargs: Any,
+        parser: vf.Parser | None = None,
     ) -> None:
-        super().__init__(**kwargs)
+        metrics = {name: _component(name) for name in self.METRICS}
+        scores = {"combined_reward": self.combined_reward, **metrics}
+        super().__init__(scores, {"combined_reward": 1.0}, parser)
         self.reward_weights = check_weights(reward_weights or DEFAULT_WEIGHTS)
         self.top_n = top_n
-        self.add_reward_func(self.combined_reward, weight=1.0)
-        for name in self.METRICS:
-            self.add_metric(self._metric(name))
 
-    def _metric(self, name: str):
-        async def metric(completion: Any, info: dict[str, Any]) -> float:
-            return score_components(completion, info, self.top_n)[name]
+    async def read_outcome(self, state: vf.State) -> ScoredRollout:
+        """Scores the completion and the row's `info` (never live rollout state)."""
+        info = state.get("info", {})
+        components = score_components(state["completion"], info, self.top_n)
+        return ScoredRollout(components, bool(info.get("answerable", True)))
 
-        metric.__name__ = name
-        return metric
+    def combined_reward(self, rollout: ScoredRollout) -> float:
+        return combine(rollout.components, self.reward_weights, rollout.answerable)
 
-    async def combined_reward(self, completion: Any, info: dict[str, Any]) -> float:
-        components = score_components(completion, info, self.top_n)
-        return combine(components, self.reward_weights, bool(info.get("answerable", True)))
+
+def _component(name: str) -> Callable[[ScoredRollout], float]:
+    return lambda rollout: rollout.components[name]

@@ -12,14 +12,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import verifiers as vf
 
 from .env import RECORD_KEY
+from .outcome_rubric import OutcomeRubric
 from .session import normalized, verdict
 
 LOSSES = ("forfeit", "aborted")
+
+
+@dataclass(frozen=True)
+class GameOutcome:
+    """One rollout's game from the model seat's view; all zero when no game was recorded as
+    ended."""
+
+    ended_by: str | None = None
+    result: str = "loss"
+    returned: float = 0.0
+    """The seat's return mapped into [0, 1] by the game's utility range (a finished game only)."""
+    replies: int = 0
+    legal_replies: int = 0
+    illegal_attempts: int = 0
+    model_moves: int = 0
+    game_length: int = 0
+    """Player (non-chance) moves in the whole game, random opening included."""
 
 
 def _record(state: vf.State) -> dict[str, Any] | None:
@@ -36,72 +56,63 @@ def result(record: dict[str, Any] | None) -> str:
     return verdict(record["returns"], record["seat"], record["min_utility"], record["max_utility"])
 
 
-class OpenSpielRubric(vf.Rubric):
+def game_outcome(record: dict[str, Any] | None) -> GameOutcome:
+    """The outcome of an ended game's record (None: no game ended)."""
+    if record is None:
+        return GameOutcome()
+    finished = record["ended_by"] not in (*LOSSES, "turn_limit")
+    returned = (
+        normalized(record["returns"][record["seat"]], record["min_utility"], record["max_utility"])
+        if finished
+        else 0.0
+    )
+    return GameOutcome(
+        ended_by=record["ended_by"],
+        result=result(record),
+        returned=returned,
+        replies=record["replies"],
+        legal_replies=record["legal_replies"],
+        illegal_attempts=record["illegal_attempts"],
+        model_moves=record["model_moves"],
+        game_length=record["game_length"],
+    )
+
+
+def legal_rate(game: GameOutcome) -> float:
+    """Legal replies / replies the environment answered; 0 without replies or when aborted."""
+    if game.replies == 0 or game.ended_by == "aborted":
+        return 0.0
+    return game.legal_replies / game.replies
+
+
+METRICS: dict[str, Callable[[GameOutcome], float]] = {
+    "legal_rate": legal_rate,
+    "win": lambda g: float(g.result == "win"),
+    "draw": lambda g: float(g.result == "draw"),
+    "loss": lambda g: float(g.result == "loss"),
+    "unfinished": lambda g: float(g.result == "unfinished"),
+    "forfeit": lambda g: float(g.ended_by == "forfeit"),
+    "illegal_attempts": lambda g: float(g.illegal_attempts),
+    "model_moves": lambda g: float(g.model_moves),
+    "game_length": lambda g: float(g.game_length),
+}
+"""Every logged value but `outcome` (which depends on the rubric's truncation reward)."""
+
+
+class OpenSpielRubric(OutcomeRubric[GameOutcome]):
     """Reward = outcome or legal_rate (per `reward_mode`); the rest are weight-0 metrics."""
 
     def __init__(self, reward_mode: str, parser: vf.Parser, truncation_reward: float = 0.0):
-        super().__init__(parser=parser)
+        reward = "outcome" if reward_mode == "outcome" else "legal_rate"
+        super().__init__({"outcome": self.outcome_score, **METRICS}, {reward: 1.0}, parser)
         self.truncation_reward = truncation_reward
-        metrics = [
-            self.outcome,
-            self.legal_rate,
-            self.win,
-            self.draw,
-            self.loss,
-            self.unfinished,
-            self.forfeit,
-            self.illegal_attempts,
-            self.model_moves,
-            self.game_length,
-        ]
-        reward = self.outcome if reward_mode == "outcome" else self.legal_rate
-        for func in metrics:
-            if func == reward:
-                self.add_reward_func(func, 1.0)
-            else:
-                self.add_metric(func)
 
-    def outcome(self, state: vf.State) -> float:
-        record = _record(state)
-        if record is None or record["ended_by"] in LOSSES:
-            return 0.0
-        if record["ended_by"] == "turn_limit":
+    async def read_outcome(self, state: vf.State) -> GameOutcome:
+        return game_outcome(_record(state))
+
+    def outcome_score(self, game: GameOutcome) -> float:
+        """The seat's mapped return; 0 for a loss by forfeit or abort (and no game), the
+        truncation reward for a game cut by the turn limit."""
+        if game.ended_by == "turn_limit":
             return self.truncation_reward
-        return normalized(
-            record["returns"][record["seat"]], record["min_utility"], record["max_utility"]
-        )
-
-    def legal_rate(self, state: vf.State) -> float:
-        record = _record(state)
-        if record is None or record["replies"] == 0 or record["ended_by"] == "aborted":
-            return 0.0
-        return record["legal_replies"] / record["replies"]
-
-    def win(self, state: vf.State) -> float:
-        return float(result(_record(state)) == "win")
-
-    def draw(self, state: vf.State) -> float:
-        return float(result(_record(state)) == "draw")
-
-    def loss(self, state: vf.State) -> float:
-        return float(result(_record(state)) == "loss")
-
-    def unfinished(self, state: vf.State) -> float:
-        return float(result(_record(state)) == "unfinished")
-
-    def forfeit(self, state: vf.State) -> float:
-        record = _record(state)
-        return float(record is not None and record["ended_by"] == "forfeit")
-
-    def illegal_attempts(self, state: vf.State) -> float:
-        record = _record(state)
-        return float(record["illegal_attempts"]) if record else 0.0
-
-    def model_moves(self, state: vf.State) -> float:
-        record = _record(state)
-        return float(record["model_moves"]) if record else 0.0
-
-    def game_length(self, state: vf.State) -> float:
-        """Player (non-chance) moves in the whole game, random opening included."""
-        record = _record(state)
-        return float(record["game_length"]) if record else 0.0
+        return game.returned

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 
 import verifiers as vf
 
+from vf_planner.outcome_rubric import OutcomeRubric
 from vf_planner.pipeline import Outcome, PlannerPipeline, outcome_from_state
 
 
@@ -65,6 +66,15 @@ def reward_components(outcome: Outcome) -> dict[str, float]:
     }
 
 
+def _component(name: str) -> Callable[[Outcome], float]:
+    return lambda o: reward_components(o)[name]
+
+
+TERMS: dict[str, Callable[[Outcome], float]] = {
+    name: _component(name) for name in ("correct", "efficiency_bonus", "independence_bonus")
+}
+"""The reward's terms (weighted by `RewardWeights`), logged first."""
+
 # Logged with weight 0, so every input of the reward can be inspected per rollout.
 METRICS: dict[str, Callable[[Outcome], float]] = {
     "decomposed": lambda o: float(o.decomposed),
@@ -82,38 +92,24 @@ METRICS: dict[str, Callable[[Outcome], float]] = {
 }
 
 
-class PlannerRubric(vf.Rubric):
+class PlannerRubric(OutcomeRubric[Outcome]):
     """Runs the worker pipeline once per rollout and scores its outcome."""
 
     def __init__(self, pipeline: PlannerPipeline, weights: RewardWeights) -> None:
-        super().__init__(parser=pipeline.parser)
-        self.pipeline = pipeline
-        self.weights_config = weights
         terms = {
             "correct": weights.correctness,
             "efficiency_bonus": weights.token,
             "independence_bonus": weights.independence,
         }
-        for name, weight in terms.items():
-            self.add_reward_func(self._scorer(name, self._component(name)), weight)
-        for name, read in METRICS.items():
-            self.add_metric(self._scorer(name, read))
+        super().__init__({**TERMS, **METRICS}, terms, parser=pipeline.parser)
+        self.pipeline = pipeline
+        self.weights_config = weights
 
-    @staticmethod
-    def _component(name: str) -> Callable[[Outcome], float]:
-        return lambda o: reward_components(o)[name]
-
-    async def outcome(self, state: vf.State) -> Outcome:
-        """The rollout's pipeline outcome, computed on first use and kept in state["planner"]."""
+    async def read_outcome(self, state: vf.State) -> Outcome:
+        """The pipeline's outcome, kept in state["planner"] (saved with `-C planner`); a state
+        that already holds one (a saved result) is not run again."""
         saved = outcome_from_state(state)
         if saved is None:
             saved = await self.pipeline.run(state)
             state["planner"] = asdict(saved)
         return saved
-
-    def _scorer(self, name: str, read: Callable[[Outcome], float]) -> Callable:
-        async def score(state: vf.State) -> float:
-            return float(read(await self.outcome(state)))
-
-        score.__name__ = name
-        return score

@@ -1,6 +1,8 @@
-"""The GRPO run's configuration, `Config`: the environment, generation and batching, the loss,
-evaluation, logging and the vf-vllm server, beside the shared sections (rlvr.config.sections).
-`Config.validate` holds the checks that span sections."""
+"""The GRPO run's configuration, `Config`, and the sections only GRPO has.
+
+Those are the environment, generation and batching, the loss, evaluation, logging and the
+vf-vllm server, beside the shared sections (rlvr.config.sections). `Config.validate` holds the
+checks that span sections."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from rlvr.config.sections import (
 
 @dataclass
 class EnvConfig:
+    """`env.*`: which verifiers environment to train on, and its arguments."""
+
     id: str = "vf-deepscaler"
     """Environment id, as for `verifiers.load_environment` (module `vf_x` for `vf-x`)."""
     args: dict[str, Any] = field(default_factory=dict)
@@ -28,6 +32,8 @@ class EnvConfig:
 
 @dataclass
 class BatchConfig:
+    """`batch.*`: the size of a step, its micro-batches and the off-policy lag."""
+
     rollouts_per_example: int = 8
     """Group size: rollouts of the same prompt whose rewards are compared."""
     batch_size: int = 64
@@ -75,6 +81,8 @@ class BatchConfig:
 
 @dataclass
 class SamplingConfig:
+    """`sampling.*`: the sampling arguments every rollout request carries."""
+
     temperature: float = 1.0
     """Sampling temperature; the trainer divides its logits by the same value."""
     top_p: float = 1.0
@@ -98,6 +106,8 @@ class SamplingConfig:
 
 @dataclass
 class LossConfig:
+    """`loss.*`: advantages and the policy-gradient loss."""
+
     scale_rewards: bool = True
     """Divide group-relative advantages by the group's reward std (GRPO); False = Dr. GRPO."""
     drop_zero_variance: bool = False
@@ -115,6 +125,8 @@ class LossConfig:
 
 @dataclass
 class EvalConfig:
+    """`eval.*`: periodic evaluation on the environment's eval set."""
+
     every: int = 0
     """Evaluate on the environment's eval set every N steps (0: never); also at the end."""
     num_examples: int = 32
@@ -124,6 +136,8 @@ class EvalConfig:
 
 @dataclass
 class LoggingConfig:
+    """`logging.*`: what is logged per step besides the metrics."""
+
     samples_per_step: int = 4
     """Rows of the sample-rollout table logged per step (0: none)."""
     table_every: int = 10
@@ -137,6 +151,8 @@ class LoggingConfig:
 
 @dataclass
 class ServerConfig:
+    """`server.*`: the vf-vllm server, and how weights reach it."""
+
     base_url: str = "http://127.0.0.1:8000/v1"
     api_key: str | None = None
     served_model: str | None = None
@@ -189,6 +205,8 @@ class ServerConfig:
 
 @dataclass
 class Config:
+    """A GRPO run (scripts/train.py): every section, validated as a whole by `validate`."""
+
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -219,31 +237,54 @@ class Config:
         for name in ("micro_batch_size", "micro_batch_tokens"):
             value = getattr(b, name)
             require(value is None or value >= 1, f"batch.{name}", value, "must be >= 1 or null")
-        require(bool(b.micro_batch_size or b.micro_batch_tokens), "batch.micro_batch_tokens", None,
-                 "set it or batch.micro_batch_size: nothing would bound a micro-batch")  # fmt: skip
+        require(
+            bool(b.micro_batch_size or b.micro_batch_tokens),
+            "batch.micro_batch_tokens",
+            None,
+            "set it or batch.micro_batch_size: nothing would bound a micro-batch",
+        )
         require(b.async_level >= 0, "batch.async_level", b.async_level, "must be >= 0")
-        require(0 <= b.max_errored_frac <= 1, "batch.max_errored_frac", b.max_errored_frac,
-                 "must be between 0 and 1")  # fmt: skip
-        require(b.max_prompt_len < b.max_seq_len, "batch.max_prompt_len", b.max_prompt_len,
-                 f"must be below batch.max_seq_len ({b.max_seq_len})")  # fmt: skip
+        require(
+            0 <= b.max_errored_frac <= 1,
+            "batch.max_errored_frac",
+            b.max_errored_frac,
+            "must be between 0 and 1",
+        )
+        require(
+            b.max_prompt_len < b.max_seq_len,
+            "batch.max_prompt_len",
+            b.max_prompt_len,
+            f"must be below batch.max_seq_len ({b.max_seq_len})",
+        )
         require(self.max_steps >= 1, "max_steps", self.max_steps)
         self.optim.validate()
         require(self.sampling.temperature > 0, "sampling.temperature", self.sampling.temperature)
-        require(self.sampling.max_tokens is None or self.sampling.max_tokens >= 1,
-                 "sampling.max_tokens", self.sampling.max_tokens)  # fmt: skip
+        require(
+            self.sampling.max_tokens is None or self.sampling.max_tokens >= 1,
+            "sampling.max_tokens",
+            self.sampling.max_tokens,
+        )
         self._check_sampling_filters()
-        require(self.server.transfer_timeout_s > 0, "server.transfer_timeout_s",
-                 self.server.transfer_timeout_s)  # fmt: skip
+        require(
+            self.server.transfer_timeout_s > 0,
+            "server.transfer_timeout_s",
+            self.server.transfer_timeout_s,
+        )
         probe_max = self.server.probe_kl_max
         require(probe_max is None or probe_max > 0, "server.probe_kl_max", probe_max)
         noise = self.server.probe_noise
         require(noise is None or 0 < noise < float("inf"), "server.probe_noise", noise)
-        require(0 <= self.server.transfer_port < 65536, "server.transfer_port",
-                 self.server.transfer_port, "must be a port number (0: any free port)")  # fmt: skip
+        require(
+            0 <= self.server.transfer_port < 65536,
+            "server.transfer_port",
+            self.server.transfer_port,
+            "must be a port number (0: any free port)",
+        )
         self.distributed.validate()
         low, high = self.loss.ratio_mask_low, self.loss.ratio_mask_high
-        require(0 <= low < 1 < high, "loss.ratio_mask_low/high", (low, high),
-                 "need 0 <= low < 1 < high")  # fmt: skip
+        require(
+            0 <= low < 1 < high, "loss.ratio_mask_low/high", (low, high), "need 0 <= low < 1 < high"
+        )
         require(self.loss.beta >= 0, "loss.beta", self.loss.beta)
         self.model.validate()
         self.lora.validate()

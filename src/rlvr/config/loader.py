@@ -31,6 +31,7 @@ class ConfigError(ValueError):
 
 
 def require(ok: bool, name: str, value: Any, why: str = "must be positive") -> None:
+    """Raise ConfigError naming the dotted field `name` and its value unless `ok`."""
     if not ok:
         raise ConfigError(f"{name}={value!r}: {why}")
 
@@ -175,10 +176,12 @@ def load_config(
 
 
 def to_dict(config: Any) -> dict:
+    """Return the config as plain nested dicts (the form saved and printed)."""
     return dataclasses.asdict(config)
 
 
 def to_yaml(config: Any) -> str:
+    """Return the config as YAML, fields in declaration order."""
     return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=False)
 
 

@@ -1,5 +1,7 @@
-"""The typed sections both trainers share: model, LoRA, optimizer, checkpoints, W&B and the
-process group. A section checks its own values in `validate()`; the config holding it calls that.
+"""The typed sections both trainers share, each checking its own values in `validate()`.
+
+They are model, LoRA, optimizer, checkpoints, W&B and the process group; the config holding a
+section calls its `validate()`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from rlvr.config.loader import require
 
 @dataclass
 class ModelConfig:
+    """`model.*`: which model to load, its dtype, and its optional reasoning vocabulary."""
+
     name: str = "smollm2-135m"
     """`smollm2-135m` (embedded default), a local directory, or a Hugging Face id."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -32,11 +36,19 @@ class ModelConfig:
     """Closes a think span."""
 
     def validate(self) -> None:
-        require(self.reasoning_vocab_size >= -1, "model.reasoning_vocab_size",
-                 self.reasoning_vocab_size, "must be -1 (all), 0 (off) or a count")  # fmt: skip
+        require(
+            self.reasoning_vocab_size >= -1,
+            "model.reasoning_vocab_size",
+            self.reasoning_vocab_size,
+            "must be -1 (all), 0 (off) or a count",
+        )
         start, end = self.reasoning_start, self.reasoning_end
-        require(delimiters_ok(start, end), "model.reasoning_start/end", (start, end),
-                 "must be non-empty and neither may contain the other")  # fmt: skip
+        require(
+            delimiters_ok(start, end),
+            "model.reasoning_start/end",
+            (start, end),
+            "must be non-empty and neither may contain the other",
+        )
 
 
 def delimiters_ok(start: str, end: str) -> bool:
@@ -46,6 +58,8 @@ def delimiters_ok(start: str, end: str) -> bool:
 
 @dataclass
 class LoraConfig:
+    """`lora.*`: whether the policy trains a LoRA adapter, and its shape."""
+
     enabled: bool = True
     rank: int = 16
     alpha: float = 32.0
@@ -70,6 +84,8 @@ class LoraConfig:
 
 @dataclass
 class OptimConfig:
+    """`optim.*`: the optimizer and its learning-rate schedule."""
+
     lr: float = 1e-5
     scheduler: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = 0
@@ -87,6 +103,8 @@ class OptimConfig:
 
 @dataclass
 class CheckpointConfig:
+    """`checkpoint.*`: how often checkpoints are saved and how many are kept."""
+
     every: int = 50
     """Save every N steps (0: only at the end)."""
     keep_last: int = 2
@@ -100,6 +118,8 @@ class CheckpointConfig:
 
 @dataclass
 class WandbConfig:
+    """`wandb.*`: where metrics are logged (offline unless a key is set)."""
+
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"
     """auto: online when WANDB_API_KEY is set, offline otherwise."""
     project: str = "rlvr"
@@ -110,6 +130,8 @@ class WandbConfig:
 
 @dataclass
 class DistributedConfig:
+    """`distributed.*`: the trainer ranks' process group."""
+
     timeout_s: float = 7200.0
     """Timeout of the trainer ranks' process group. Ranks other than 0 wait in a collective
     while rank 0 generates a step's rollouts or evaluates, so this bounds one generation or

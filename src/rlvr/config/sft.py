@@ -1,5 +1,7 @@
-"""The supervised fine-tuning run's configuration, `SFTConfig` (scripts/sft.py): the data
-files and their format, the training loop, beside the shared sections (rlvr.config.sections)."""
+"""The supervised fine-tuning run's configuration, `SFTConfig` (scripts/sft.py).
+
+Its own sections are the data files and their format and the training loop, beside the shared
+sections (rlvr.config.sections)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from rlvr.config.sections import (
 
 @dataclass
 class SFTDataConfig:
+    """`data.*`: the SFT rows, their validation split and length limit."""
+
     train_files: list[str] = field(default_factory=list)
     """Training data: .jsonl, .json or .parquet files, read with `datasets` (required)."""
     validation_file: str | None = None
@@ -52,6 +56,8 @@ class SFTDataConfig:
 
 @dataclass
 class SFTTrainConfig:
+    """`train.*`: epochs, steps and batch sizes of an SFT run."""
+
     epochs: int = 1
     """Passes over the training rows (unless max_steps is set)."""
     max_steps: int | None = None
@@ -89,10 +95,18 @@ class SFTConfig:
         d, t = self.data, self.train
         require(bool(d.train_files), "data.train_files", d.train_files, "name at least one file")
         require(d.max_seq_len >= 2, "data.max_seq_len", d.max_seq_len, "must be at least 2")
-        require(d.validation_holdout >= 0, "data.validation_holdout", d.validation_holdout,
-                 "must be >= 0")  # fmt: skip
-        require(not (d.validation_file and d.validation_holdout), "data.validation_holdout",
-                 d.validation_holdout, "cannot be combined with data.validation_file")  # fmt: skip
+        require(
+            d.validation_holdout >= 0,
+            "data.validation_holdout",
+            d.validation_holdout,
+            "must be >= 0",
+        )
+        require(
+            not (d.validation_file and d.validation_holdout),
+            "data.validation_holdout",
+            d.validation_holdout,
+            "cannot be combined with data.validation_file",
+        )
         if d.max_examples is not None:
             require(d.max_examples >= 1, "data.max_examples", d.max_examples)
         require(t.epochs >= 1, "train.epochs", t.epochs)

@@ -23,9 +23,8 @@ from typing import Any
 from rlvr.atomic import atomic_write_text
 from rlvr.testing import Policy
 
-# SmolLM2-135M-Instruct rarely boxes an answer unless the question itself asks (measured on
-# 160 rollouts at temperature 1: 4% of replies boxed with the system prompt alone, 20-32% with
-# this suffix; 2-4% correct)
+# SmolLM2-135M-Instruct rarely boxes an answer unless the question itself asks (measured:
+# docs/benchmarks.md, "Does it learn?")
 QUESTION = "What is {a} {op} {b}? Give only the number, in \\boxed{{}}."
 QUESTION_RE = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
 
@@ -38,8 +37,9 @@ def arithmetic_splits(held_out: int, seed: int = 0) -> tuple[list[dict], list[di
     random.Random(seed).shuffle(problems)
     if not 0 < held_out < len(problems):
         raise ValueError(f"held-out problems must be between 1 and {len(problems) - 1}")
-    rows = [{"problem": QUESTION.format(a=a, op=op, b=b), "answer": str(r)}
-            for a, op, b, r in problems]  # fmt: skip
+    rows = [
+        {"problem": QUESTION.format(a=a, op=op, b=b), "answer": str(r)} for a, op, b, r in problems
+    ]
     return rows[held_out:], rows[:held_out]
 
 
@@ -67,6 +67,7 @@ def solver(seed: int) -> Policy:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Write train.jsonl and heldout.jsonl for vf-deepscaler to the given directory."""
     parser = argparse.ArgumentParser(description="Write the arithmetic splits for vf-deepscaler.")
     parser.add_argument("out", type=Path, help="directory for train.jsonl and heldout.jsonl")
     parser.add_argument("--held-out", type=int, default=40, help="held-out problems")

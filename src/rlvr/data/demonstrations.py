@@ -97,9 +97,14 @@ def play(
     `where` (`example 3, rollout 2`) names a rollout in errors."""
     inputs = [row for row in rows for _ in range(rollouts_per_example)]
     outputs = generate_saved(
-        env, inputs, client=client, model=model, sampling_args=sampling_args or {},
-        max_concurrent=max_concurrent, progress=progress,
-    )  # fmt: skip
+        env,
+        inputs,
+        client=client,
+        model=model,
+        sampling_args=sampling_args or {},
+        max_concurrent=max_concurrent,
+        progress=progress,
+    )
     seen: dict[int, int] = {}
     played = []
     for output in outputs:
@@ -161,9 +166,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--min-reward", type=float, default=1.0, help="keep reward >= this")
     parser.add_argument(
-        "--require", type=parse_requirement, action="append", default=[], metavar="METRIC>=VALUE",
+        "--require",
+        type=parse_requirement,
+        action="append",
+        default=[],
+        metavar="METRIC>=VALUE",
         help="keep only rollouts whose metric meets this (repeatable; >=, <=, ==, >, <)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", type=Path, required=True, help="SFT rows: .jsonl or .parquet")
     args = parser.parse_args(argv)
     if args.policy and (args.base_url or args.server_args):
@@ -172,6 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> Written:
+    """Play the environment's rows with the chosen policy or server and write the kept rows."""
     import verifiers as vf
 
     from rlvr.testing import ScriptedClient

@@ -266,9 +266,14 @@ def plot_estimate_bars(
                 values += [estimate.low, estimate.high]
             text = f"{estimate.mean:.3f}" + ("" if estimate.low is not None else "\nno CI")
             ax.annotate(
-                text, (x, top), xytext=(0, 3), textcoords="offset points", ha="center",
-                va="bottom", fontsize="x-small",
-            )  # fmt: skip
+                text,
+                (x, top),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize="x-small",
+            )
             values.append(estimate.mean)
     handles = [Patch(color=f"C{i}", label=name) for i, name in enumerate(series)]
     low, high = min(values), max(values)

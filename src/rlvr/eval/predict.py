@@ -185,9 +185,13 @@ def predict(
     progress bar) and return the output lines in row order. A row whose rollout errored keeps
     its line, with the error. `echo[i]` is written as `input` on the line of example id i."""
     outputs = generate_saved(
-        env, rows, client=client, model=model, sampling_args=sampling_args,
+        env,
+        rows,
+        client=client,
+        model=model,
+        sampling_args=sampling_args,
         max_concurrent=batch_size,
-    )  # fmt: skip
+    )
     lines = []
     for output in outputs:
         line = output_row(output, scored)
@@ -224,9 +228,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("-t", "--max-tokens", type=positive_int)
     parser.add_argument("--seed", type=int, help="sampling seed of every request")
     parser.add_argument(
-        "-S", "--sampling-args", type=json_object, default={},
+        "-S",
+        "--sampling-args",
+        type=json_object,
+        default={},
         help='more sampling fields, e.g. \'{"extra_body": {"top_k": 20}}\'',
-    )  # fmt: skip
+    )
     parser.add_argument("--base-url", help="use this running server (serving --model)")
     parser.add_argument("--server-args", default="", help="extra vf-vllm flags")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
@@ -237,6 +244,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def sampling_args(args: argparse.Namespace) -> dict:
+    """Return the sampling arguments of the command line: -S, then the flags that were given."""
     flags = {
         "temperature": args.temperature,
         "top_p": args.top_p,
@@ -275,9 +283,11 @@ def main() -> None:
             rows = environment_rows(env, args.num_rows, args.split)
         log = args.out.with_name(args.out.name + ".vf-vllm.log")
         with serve(
-            args.model, base_url=args.base_url, server_args=shlex.split(args.server_args),
+            args.model,
+            base_url=args.base_url,
+            server_args=shlex.split(args.server_args),
             log_path=log,
-        ) as endpoint:  # fmt: skip
+        ) as endpoint:
             print(f"predicting {len(rows)} rows with {endpoint.model}", file=sys.stderr)
             client = make_client(
                 endpoint.base_url, None, args.timeout, args.batch_size, training=False

@@ -350,15 +350,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="vf-eval -o directories")
     parser.add_argument("--names", help="comma-separated run names (default: the RUN_DIRs)")
     parser.add_argument(
-        "--threshold", type=float, default=1.0,
+        "--threshold",
+        type=float,
+        default=1.0,
         help="a rollout succeeds for pass@k when reward >= this (default 1.0)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", type=Path, help="also write the Markdown report here")
     parser.add_argument("--json", type=Path, help="write the report's numbers as JSON here")
     parser.add_argument(
-        "--export-sft", type=Path, metavar="FILE",
+        "--export-sft",
+        type=Path,
+        metavar="FILE",
         help="write rollouts with reward >= --min-reward (errored ones skipped) as chat JSONL",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--min-reward", type=float, help="reward bar of --export-sft (default: --threshold)"
     )

@@ -1,2 +1,3 @@
-"""Loading models and tokenizers (hub id, local dir, embedded default), the policy with LoRA,
-the chat template, publishing checkpoints, and the tiny test model."""
+"""Models and tokenizers: loading, the policy with LoRA, chat template, publishing, tiny model.
+
+Models load from a hub id, a local dir or the embedded default."""

@@ -1,6 +1,7 @@
-"""The `rlvr-merge-adapter` command: merge a trained LoRA adapter into its base model
-(`rlvr.model.policy.merge_adapter`) and optionally publish it with a generated model card
-(`rlvr.model.publish`)."""
+"""The `rlvr-merge-adapter` command: a LoRA adapter merged into its base model, optionally pushed.
+
+Merging is `rlvr.model.policy.merge_adapter`; publishing with a generated model card is
+`rlvr.model.publish`."""
 
 from __future__ import annotations
 
@@ -22,14 +23,17 @@ from rlvr.model.publish import (
 
 
 def parse_args() -> argparse.Namespace:
+    """Return the command line of `rlvr-merge-adapter`, hub-only flags checked."""
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("adapter", help="adapter directory (adapter_config.json inside)")
     parser.add_argument("out", help="directory for the merged model")
     parser.add_argument("--base", default=None, help="base model (default: the adapter's own)")
     parser.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
         help="dtype of the merged weights (auto: float32)",
-    )  # fmt: skip
+    )
     parser.add_argument("--push-to-hub", metavar="REPO", help="Hub model id, e.g. you/model")
     parser.add_argument("--private", action="store_true", help="create the Hub repo private")
     parser.add_argument("--eval-report", type=Path, help="Markdown report for the model card")
@@ -38,8 +42,11 @@ def parse_args() -> argparse.Namespace:
     )
     args = parser.parse_args()
     if not args.push_to_hub:
-        for flag, given in (("--private", args.private), ("--eval-report", args.eval_report),
-                            ("--dry-run", args.dry_run)):  # fmt: skip
+        for flag, given in (
+            ("--private", args.private),
+            ("--eval-report", args.eval_report),
+            ("--dry-run", args.dry_run),
+        ):
             if given:
                 parser.error(f"{flag} goes with --push-to-hub")
     return args

@@ -28,6 +28,7 @@ def cache_root() -> Path:
 
 
 def is_embedded(name: str) -> bool:
+    """Return whether `name` names the embedded default model."""
     return name.lower() in EMBEDDED_ALIASES
 
 

@@ -250,8 +250,13 @@ def load_policy(
     plan = None
     if budget is not None:  # refuse a step that cannot fit; choose checkpointing for it
         reference_copy = keep_reference and not lora_cfg.enabled
-        plan = plan_memory(model, model_cfg.gradient_checkpointing, budget, accelerator,
-                           reference_copy=reference_copy)  # fmt: skip
+        plan = plan_memory(
+            model,
+            model_cfg.gradient_checkpointing,
+            budget,
+            accelerator,
+            reference_copy=reference_copy,
+        )
     checkpointing = plan.checkpointing if plan else bool(model_cfg.gradient_checkpointing)
     if checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})

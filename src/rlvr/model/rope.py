@@ -99,7 +99,7 @@ def check_trainer_rope(config: Any, model_name: str, max_seq_len: int) -> None:
 
 def check_served_rope(config: Any, model_name: str, control: Any, base_url: str) -> None:
     """Raise ConfigError when the server at `base_url` (its `control`, see
-    `rlvr.weight_sync.push.ServerControl`) serves a LongRoPE model with the long factors (a
+    `rlvr.weight_sync.control.ServerControl`) serves a LongRoPE model with the long factors (a
     `max_model_len` beyond the original context, or one it does not say: vLLM's default is the
     model's full context) while the trainer uses the short ones (`check_trainer_rope` let
     it through)."""

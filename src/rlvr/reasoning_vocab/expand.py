@@ -61,9 +61,11 @@ def main() -> None:
     parser.add_argument("--start", default="<think>", help="opens a think span")
     parser.add_argument("--end", default="</think>", help="closes a think span")
     parser.add_argument(
-        "--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
         help="dtype of the written weights (default: the checkpoint's)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     cfg = ModelConfig(
         name=args.model,

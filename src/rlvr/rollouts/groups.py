@@ -55,8 +55,11 @@ def results(
             "%s: %d of %d rollouts have a reward that is not a finite number (%s); they count "
             "as errored rollouts (rollouts/errored) and never train, and the group gets no "
             "loss when more than batch.max_errored_frac of it errored",
-            where, len(bad), len(states), ", ".join(map(repr, bad)),
-        )  # fmt: skip
+            where,
+            len(bad),
+            len(states),
+            ", ".join(map(repr, bad)),
+        )
     return rollouts, errors
 
 

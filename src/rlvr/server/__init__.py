@@ -1,2 +1,3 @@
-"""vf-vllm: the launcher, the CPU weight-transfer engine registered as a vLLM plugin, and
-serving a model for evaluation."""
+"""vf-vllm, the inference server: launcher, CPU weight-transfer engine, plugin, serving a model.
+
+The CPU engine is registered as a vLLM plugin; `serve_model` serves a model for evaluation."""

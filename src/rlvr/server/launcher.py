@@ -49,6 +49,7 @@ class Stopped(Exception):
 
 
 def has_cuda() -> bool:
+    """Return whether torch sees a CUDA device (False when torch is not installed)."""
     try:
         import torch
 
@@ -58,6 +59,7 @@ def has_cuda() -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Return vf-vllm's parser; arguments it does not know pass through to vLLM."""
     parser = argparse.ArgumentParser(
         prog="vf-vllm",
         description=(
@@ -96,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def port_in_use(host: str, port: int) -> bool:
+    """Return whether `port` on `host` cannot be bound now (so vLLM would fail late)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -106,6 +109,7 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def has_flag(passthrough: list[str], flag: str) -> bool:
+    """Return whether `flag` appears in `passthrough`, as `--flag` or `--flag=value`."""
     return any(a == flag or a.startswith(flag + "=") for a in passthrough)
 
 
@@ -203,6 +207,7 @@ def lora_defaults(passthrough: list[str]) -> list[str]:
 
 
 def weight_backend(cmd: list[str]) -> str:
+    """Return the backend named in the command's `--weight-transfer-config`."""
     return json.loads(cmd[cmd.index("--weight-transfer-config") + 1])["backend"]
 
 
@@ -242,6 +247,7 @@ def cpu_thread_binding(workers: int, cores: list[int]) -> str:
 
 
 def engine_env(cuda: bool, backend: str, workers: int = 1, lora: bool = False) -> dict[str, str]:
+    """Return the environment the vLLM engine runs with (dev routes on, backend needs)."""
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if lora:  # /v1/load_lora_adapter: how the trainer pushes an adapter (rlvr.weight_sync.adapter)
@@ -259,6 +265,7 @@ def engine_env(cuda: bool, backend: str, workers: int = 1, lora: bool = False) -
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float, api_key: str | None) -> None:
+    """Return once `url` answers 200; LaunchError if the engine exits or `timeout` passes."""
     deadline = time.monotonic() + timeout
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() < deadline:
@@ -291,6 +298,7 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
 
 
 def pump(stream, tail: collections.deque[str]) -> None:
+    """Copy the engine's output to stdout line by line, keeping the last lines in `tail`."""
     for line in iter(stream.readline, ""):
         tail.append(line)
         sys.stdout.write(line)
@@ -298,6 +306,7 @@ def pump(stream, tail: collections.deque[str]) -> None:
 
 
 def run(argv: list[str] | None = None) -> int:
+    """Start the vLLM engine for `argv`, serve until it exits and return its exit code."""
     args, passthrough = build_parser().parse_known_args(argv)
     if port_in_use(args.host, args.port):
         raise LaunchError(f"port {args.port} on {args.host} is already in use; pick --port")
@@ -341,6 +350,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def serve(args, cmd: list[str], proc: subprocess.Popen, tail: collections.deque[str]) -> int:
+    """Wait for the engine to be ready, announce it, and return its exit code when it stops."""
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     base = f"http://{host}:{args.port}"
     try:
@@ -356,6 +366,7 @@ def serve(args, cmd: list[str], proc: subprocess.Popen, tail: collections.deque[
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The `vf-vllm` command: exit with the engine's code, or 2 with a one-line error."""
     try:
         sys.exit(run(argv))
     except (LaunchError, FileNotFoundError) as e:

@@ -45,6 +45,7 @@ class PackedUpdateInfo(WeightTransferUpdateInfo):
 
 
 def nbytes(meta: ParamMeta) -> int:
+    """Return the size in bytes of the parameter `meta` describes."""
     numel = 1
     for dim in meta.shape:
         numel *= dim

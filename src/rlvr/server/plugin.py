@@ -1,7 +1,8 @@
-"""vLLM general plugin (entry point group `vllm.general_plugins`): runs in every vLLM process,
-so our `cpu` weight-transfer engine exists on CPU workers before the model loads, the
-reasoning-vocabulary tokenizer mode is known (`rlvr.reasoning_vocab.vllm`), and the
-CPU-only idle-spin cap below is in place in the worker."""
+"""Registers rlvr's additions in every vLLM process, before the model loads.
+
+It is vLLM's general plugin (entry point group `vllm.general_plugins`), so our `cpu`
+weight-transfer engine exists on CPU workers, the reasoning-vocabulary tokenizer mode is known
+(`rlvr.reasoning_vocab.vllm`), and the CPU-only idle-spin cap below is in place in the worker."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ DEFAULT_CPU_IDLE_SPIN_S = 0.005
 
 
 def register() -> None:
+    """Register our weight-transfer engines and tokenizer mode; cap idle spinning on a CPU."""
     from vllm.distributed.weight_transfer.factory import (
         WeightTransferEngineFactory,
         WeightTransferTrainerFactory,
@@ -60,9 +62,9 @@ def cap_idle_spin(limit_s: float) -> None:
 
     vLLM's message-queue readers spin for a full second after every message before they
     sleep on a socket. On a GPU host that costs one spare core; on a CPU host the spinning
-    worker takes a core from whoever shares the machine: measured on 2 cores, the trainer's
-    weight packing ran 15x slower for the second after each update and a push took 1.6 s
-    instead of 0.6 s. Between decode steps a few milliseconds of spinning are plenty.
+    worker takes a core from whoever shares the machine, and the trainer's weight packing
+    slows down right after each update (measured: docs/weight-transfer.md, "Weight-transfer
+    engine"). Between decode steps a few milliseconds of spinning are plenty.
     """
     from vllm.distributed.device_communicators import shm_broadcast
 

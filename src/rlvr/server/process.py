@@ -1,5 +1,6 @@
-"""Run vf-vllm as a child process from Python (tests, benchmarks, the demo, the trainer's
-examples): start it, wait until it serves, and stop its whole process tree."""
+"""Runs vf-vllm as a child process: start it, wait until it serves, stop its whole tree.
+
+Used from Python by tests, benchmarks, the demo and the trainer's examples."""
 
 from __future__ import annotations
 

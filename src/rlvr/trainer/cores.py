@@ -3,11 +3,11 @@
 vLLM's CPU worker binds its threads to fixed cores (`VLLM_CPU_OMP_THREADS_BIND`; by default
 every core but the last, which it leaves to its front end). A trainer whose torch threads
 spread over all cores then shares one with the busy worker whenever generation runs ahead
-(`batch.async_level` >= 1), and every parallel region waits for its slowest thread: on two
-cores that made forward/backward 1.5x slower than with generation stopped, so overlap won
-little. Pinned to the other cores (`batch.trainer_cores`), the trainer computes with fewer
-threads but at full speed on each, while generation proceeds beside it; bench/train_step.py
-measures the three ways (no overlap, shared cores, disjoint cores) in one run.
+(`batch.async_level` >= 1), and every parallel region waits for its slowest thread. Pinned
+to the other cores (`batch.trainer_cores`), the trainer computes with fewer threads but at full
+speed on each, while generation proceeds beside it. Which wins depends on the machine:
+bench/train_step.py measures the three ways (no overlap, shared cores, disjoint cores) in one
+run, and docs/benchmarks.md has what it measured.
 """
 
 from __future__ import annotations

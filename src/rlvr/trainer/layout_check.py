@@ -59,8 +59,12 @@ def probe_samples(vocab_size: int) -> list[Sample]:
         return torch.randint(0, vocab_size, (n,), generator=g).tolist()
 
     prompt, reply = tokens(12), tokens(3)
-    sequences = [prompt + reply + tokens(6), prompt + reply + tokens(4), prompt + tokens(7),
-                 tokens(9) + tokens(5)]  # fmt: skip
+    sequences = [
+        prompt + reply + tokens(6),
+        prompt + reply + tokens(4),
+        prompt + tokens(7),
+        tokens(9) + tokens(5),
+    ]
     return [Sample(ids, [0] + [1] * (len(ids) - 1), [0.0] * len(ids)) for ids in sequences]
 
 
@@ -154,7 +158,13 @@ def check_shared_layouts(
             "sample follows another (%.3g on the first sample of a row; allowed: %g for %s, or "
             "%g times that), so it does not honour the layout's attention mask. Every sample is "
             "forwarded on its own (see docs/troubleshooting.md).",
-            name, model_class.__name__, "folded" if name == "prefix_sharing" else "packed",
-            error.shared, error.control, floor, compute_dtype, CONTROL_RATIO,
-        )  # fmt: skip
+            name,
+            model_class.__name__,
+            "folded" if name == "prefix_sharing" else "packed",
+            error.shared,
+            error.control,
+            floor,
+            compute_dtype,
+            CONTROL_RATIO,
+        )
     return dataclasses.replace(batch, **{name: False for name in failed})

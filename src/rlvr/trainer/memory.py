@@ -1,9 +1,8 @@
 """How much memory a training step needs, checked against the machine before the first step,
 and the peak each step actually reached.
 
-A run whose micro-batch does not fit used to die in the kernel's OOM killer with nothing but
-`Killed` (issue 22: 16 rows x 570 tokens of SmolLM2-135M + LoRA, no gradient checkpointing,
-18.7 GB resident on a 24 GB machine). `plan_memory` estimates the peak of a step for the loaded
+A run whose micro-batch does not fit would die in the kernel's OOM killer with nothing but
+`Killed`. `plan_memory` estimates the peak of a step for the loaded
 model, the largest micro-batch the batch settings allow (in token slots, see
 `rlvr.trainer.micro_batches`) and the dtype, compares it with what the device has free, switches
 gradient checkpointing on when the step only fits with it (unless the user chose), and refuses
@@ -33,11 +32,11 @@ What the estimate counts, per rank (`MemoryEstimate`):
 - runtime (CPU only): the interpreter and libraries (`CPU_RUNTIME_BYTES`).
 
 Activations are scaled by `ACTIVATION_MARGIN` (backward's transient gradients and the small
-tensors the formula leaves out). The constants are fitted to `bench/train_memory.py` (SmolLM2,
-LoRA, 570 to 3990 tokens): the estimate is 0-15% above the measured peak when every token is
-a loss token, and further above it when fewer are. The check compares what the step adds to what the
-process already holds with what is free now: on the CPU the loaded weights are resident
-already, on a GPU they are not there yet. Ranks sharing a CPU share its free memory.
+tensors the formula leaves out). The constants are fitted to `bench/train_memory.py` so that the
+estimate stays above the measured peak (docs/training.md#memory has the numbers). The check
+compares what the step adds to what the process already holds with what is free now: on the CPU
+the loaded weights are resident already, on a GPU they are not there yet. Ranks sharing a CPU
+share its free memory.
 """
 
 from __future__ import annotations
@@ -65,9 +64,9 @@ HEAP_RETENTION = {False: 0.8, True: 0.5}
 of the activations of every layer (whether checkpointing recomputes them or not), without and
 with checkpointing. glibc serves tensors below its mmap threshold from its heap and raises that
 threshold (up to 32 MiB) each time it frees a larger mapped block, so after the first step a
-micro-batch's per-layer tensors come from a heap that fragments and seldom shrinks. Measured on
-SmolLM2 (570-2280 tokens): 0.4-0.8 of the activations above the live tensors; fixing the
-threshold (MALLOC_MMAP_THRESHOLD_) returns it, but costs 40-70% more step time."""
+micro-batch's per-layer tensors come from a heap that fragments and seldom shrinks. Fixing the
+threshold (MALLOC_MMAP_THRESHOLD_) would return the memory but slows every step, so the
+estimate counts it instead (fitted with `bench/train_memory.py`)."""
 
 CPU_RUNTIME_BYTES = int(0.75 * GIB)
 """Resident memory of a trainer process before it loads a model (python, torch,

@@ -61,9 +61,13 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
         positions[r, start:] = torch.arange(width - start)
     packed = any(len(row) > 1 for row in rows)
     return MicroBatch(
-        ids, mask[:, 1:], logprobs[:, 1:], advantages[:, 1:], attention,
+        ids,
+        mask[:, 1:],
+        logprobs[:, 1:],
+        advantages[:, 1:],
+        attention,
         positions if packed else None,
-    )  # fmt: skip
+    )
 
 
 def slot_count(rows: list[Row]) -> int:

@@ -104,8 +104,9 @@ def ignore_gradient_accumulation(accelerator: Any) -> None:
         "ignoring gradient_accumulation_steps=%s (ACCELERATE_GRADIENT_ACCUMULATION_STEPS=%s "
         "in the environment): the trainer accumulates each step's micro-batches itself, "
         "normalised by the step's token count; unset the variable to silence this warning",
-        steps, os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
-    )  # fmt: skip
+        steps,
+        os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
+    )
     accelerator.gradient_accumulation_steps = 1
 
 
@@ -226,10 +227,13 @@ class Optimization:
         """What was not finite: the norm and the first parameter whose gradient has a NaN or
         an infinity (looked for only now, on the way to an error)."""
         first = next(
-            (n for n, p in self.named_params
-             if p.grad is not None and not torch.isfinite(p.grad).all()),
+            (
+                n
+                for n, p in self.named_params
+                if p.grad is not None and not torch.isfinite(p.grad).all()
+            ),
             None,
-        )  # fmt: skip
+        )
         if first is None:
             return f"the gradient norm is {norm} (every gradient is finite: their norm overflowed)"
         return f"the gradient norm is {norm} (first non-finite gradient: {first})"

@@ -39,7 +39,7 @@ per-position rule all stay on the unshared [samples, longest - 1] grid of
 
 When it pays. Folding saves the shared tokens' forward and backward but attends over the
 folded row's full width (the dense mask computes every W x W score, read or not), and with
-sdpa forfeits the causal fast path: on a CPU a masked pass costs about 1.5x an unmasked one.
+sdpa forfeits the causal fast path, which on a CPU costs more than a little saved work.
 A sample joins a row only when it shares at least `MIN_SHARED_FRACTION` of its tokens with
 it, and a step whose fold saves less than `MIN_SAVED_FRACTION` of its tokens keeps the
 unshared layout (bench/train_step.py --parts prefix measures both sides; docs/training.md has the
@@ -74,10 +74,9 @@ MIN_SHARED_FRACTION = 0.25
 a sample that shares little adds the W x W attention of a wider row for few saved tokens."""
 
 MIN_SAVED_FRACTION = 0.5
-"""Below this share of a step's tokens saved by folding, the step keeps the unshared layout.
-Measured on 2 CPU cores (SmolLM2, LoRA, sdpa): the mask alone makes a pass about 1.5x slower
-than causal attention without one (same tokens), so folding 78% away gave 2.9x, 73% 2.3x and
-40% a slowdown (0.69x); see docs/training.md."""
+"""Below this share of a step's tokens saved by folding, the step keeps the unshared layout:
+the dense mask makes a folded pass slower per token than causal attention without one, so a
+fold that saves little is a slowdown (docs/training.md#shared-prefix-training has the numbers)."""
 
 TREE_ATTENTION = ("sdpa", "flex_attention")
 """Attention implementations that take the tree's mask: a dense boolean mask (sdpa) or a block
@@ -214,8 +213,11 @@ class FoldedMicroBatch(MicroBatch):
 
     def model_inputs(self) -> dict[str, Any]:
         mask = tree_attention_mask(self.scope_end, self.attention)
-        return {"input_ids": self.tree_ids, "position_ids": self.tree_positions,
-                "attention_mask": mask}  # fmt: skip
+        return {
+            "input_ids": self.tree_ids,
+            "position_ids": self.tree_positions,
+            "attention_mask": mask,
+        }
 
     def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
         return hidden.flatten(0, 1)[self.hidden_index[select]]

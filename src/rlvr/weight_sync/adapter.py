@@ -50,13 +50,13 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from rlvr.atomic import atomic_directory
 from rlvr.model.policy import save_adapter, trainable_state
-from rlvr.weight_sync.push import ServerControl, ServerError, server_host
+from rlvr.weight_sync.base import WeightPush
+from rlvr.weight_sync.control import ServerControl, ServerError, server_host
 from rlvr.weight_sync.rendezvous import LOOPBACK
 from rlvr.weight_sync.vllm_lora import lora_serving_problem
 
@@ -79,11 +79,10 @@ def adapter_sync_problem(model: torch.nn.Module, max_lora_rank: int | None) -> s
     return lora_serving_problem(config.to_dict(), max_lora_rank)
 
 
-class AdapterSync:
+class AdapterPush(WeightPush):
     """Pushes a PEFT model's trained adapter into one vf-vllm, one served name per weight
-    version (`served_name`). The same interface as `WeightSync` (connect, push, release,
-    close): every rank calls `push` together (the adapter is gathered from ZeRO-3 shards on
-    all of them); rank 0 writes and talks to the server."""
+    version (`served_name`). Every rank calls `push` together (the adapter is gathered from
+    ZeRO-3 shards on all of them); rank 0 writes and talks to the server."""
 
     def __init__(
         self,
@@ -99,17 +98,10 @@ class AdapterSync:
         self.local = server_host(base_url) in LOOPBACK
         self.directory = root / f"{adapter_name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.model: torch.nn.Module | None = None
-        self.version = -1
-        """The weight version of the last push (-1: none yet)."""
-        self.backend = "adapter"
-        self.meeting = None
         self._loaded: dict[int, Path] = {}
         """Version -> its files on this host, for every version the server has loaded; read by
         the rollout worker's thread (`served_name`), hence the lock."""
         self._lock = threading.Lock()
-
-    def resolve(self) -> str:
-        return self.backend
 
     def name(self, version: int) -> str:
         """The name weight `version` is loaded under (when it was pushed)."""
@@ -124,10 +116,15 @@ class AdapterSync:
         with self._lock:
             pushed = [v for v in self._loaded if v <= version]
         if not pushed:
-            raise KeyError(f"no adapter version <= {version} is loaded (pushed: {self.version})")
+            raise KeyError(f"no adapter version <= {version} is loaded (pushed: {self._newest()})")
         return max(pushed)
 
-    def connect(self, model: torch.nn.Module, backend: str | None = None) -> None:
+    def _newest(self) -> int:
+        """The newest version loaded (-1: none; always -1 on ranks other than 0)."""
+        with self._lock:
+            return max(self._loaded, default=-1)
+
+    def connect(self, model: torch.nn.Module) -> None:
         """Remember the model; rank 0 un-pauses a server that a dead trainer left paused and
         unloads the versions it left (a resumed run loads the same names again)."""
         self.model = model
@@ -140,31 +137,31 @@ class AdapterSync:
         for card in self.control.get("/v1/models").get("data", []):
             if pattern.fullmatch(card.get("id", "")):
                 self.control.post("/v1/unload_lora_adapter", json={"lora_name": card["id"]})
-                log.warning("unloaded adapter %r, left on the server by an earlier trainer",
-                            card["id"])  # fmt: skip
+                log.warning(
+                    "unloaded adapter %r, left on the server by an earlier trainer", card["id"]
+                )
 
-    def push(self, version: int | None = None) -> float:
-        """Write the current adapter and load it as weight `version` (default: one more than
-        the last push); returns the seconds the push took. Nothing is paused: requests of
-        older versions go on with their own adapters."""
+    def push(self, version: int) -> float:
+        """Write the current adapter and load it as weight `version`; returns the seconds the
+        push took. Nothing is paused: requests of older versions go on with their own
+        adapters."""
         if self.model is None:
-            raise RuntimeError("AdapterSync.push() before connect()")
+            raise RuntimeError("AdapterPush.push() before connect()")
         start = time.perf_counter()
         state = trainable_state(self.model)
-        self.version = self.version + 1 if version is None else version
         if self.rank != 0:
             return time.perf_counter() - start
-        local, path = self._write(state)
-        name = self.name(self.version)
+        local, path = self._write(state, version)
+        name = self.name(version)
         self.control.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
         with self._lock:
-            self._loaded[self.version] = local
+            self._loaded[version] = local
         return time.perf_counter() - start
 
     def release(self, in_use: Iterable[int]) -> None:
         """Unload every version but the newest and those serving a version in `in_use` (what
         running batches and evaluations request), and delete their files."""
-        self._unload(keep={self.version} | {self._serving(v) for v in in_use})
+        self._unload(keep={self._newest()} | {self._serving(v) for v in in_use})
 
     def _unload(self, keep: set[int]) -> None:
         with self._lock:
@@ -174,10 +171,10 @@ class AdapterSync:
             self.control.post("/v1/unload_lora_adapter", json={"lora_name": self.name(version)})
         self._drop_files([path for _, path in gone])
 
-    def _write(self, state: dict[str, torch.Tensor]) -> tuple[Path, str]:
-        """The adapter of this version, complete, in a directory the server reads: its path
-        here and as the server sees it."""
-        local = self.directory / f"v{self.version:06d}"
+    def _write(self, state: dict[str, torch.Tensor], version: int) -> tuple[Path, str]:
+        """The adapter of `version`, complete, in a directory the server reads: its path here
+        and as the server sees it."""
+        local = self.directory / f"v{version:06d}"
         with atomic_directory(local) as tmp:
             save_adapter(self.model, state, tmp)
         if self.local:
@@ -207,9 +204,3 @@ class AdapterSync:
             finally:
                 shutil.rmtree(self.directory, ignore_errors=True)
         self.control.close()
-
-    def __enter__(self) -> AdapterSync:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -5,34 +5,37 @@ that it can serve this policy: the same vocabulary (a reasoning vocabulary needs
 directory served, `check_served_vocabulary`) and logprobs of the sampled distribution
 (`check_served_logprobs`). It then chooses the push (`choose_push`): the LoRA adapter, served
 by vLLM on its frozen base (`rlvr.weight_sync.adapter`), or the transfer of merged weights
-(`rlvr.weight_sync.push`, streamed by `rlvr.weight_sync.merged_stream`), and tells the other
+(`rlvr.weight_sync.merged`, streamed by `rlvr.weight_sync.merged_stream`), and tells the other
 ranks, which then connect with it (they only join the trainer-side gathers of ZeRO-3 shards).
+Either way the trainer gets a `rlvr.weight_sync.base.WeightPush` and never asks which.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr.config import Config, ConfigError
 from rlvr.rollouts.request_args import SamplingFilterError, check_logprobs_mode
+from rlvr.weight_sync.base import WeightPush
+from rlvr.weight_sync.control import ServerControl
 from rlvr.weight_sync.probe import PushProbe, probe_ids
+
+if TYPE_CHECKING:  # imports vLLM: loaded when a trainer connects
+    from rlvr.weight_sync.merged import MergedPush
 
 
 @dataclass
 class Connection:
-    """What the trainer keeps of the server: `sync` pushes weights (a `WeightSync` for merged
-    weights or an `AdapterSync`; both hold the server's `control`), `push` names the way
-    (`adapter` or the merged transfer's backend), `probe` checks pushes (None: not probed)."""
+    """What the trainer keeps of the server: `weights` pushes them, `control` is the server's
+    HTTP client, `way` names how weights travel (`adapter`, or the merged transfer: `shm`,
+    `gloo`, `nccl`, `ipc`), `probe` checks pushes (None: not probed)."""
 
-    sync: Any
-    push: str
+    weights: WeightPush
+    control: ServerControl
+    way: str
     probe: PushProbe | None
-
-    @property
-    def control(self) -> Any:
-        return self.sync.control
 
 
 def connect(
@@ -50,13 +53,46 @@ def connect(
     """Rank 0 picks how weights reach the server (asking it how it runs) and tells the
     others; all ranks then connect together. `model` is the (wrapped) policy, `say` prints
     on the main process."""
-    from rlvr.weight_sync.adapter import AdapterSync
+    from rlvr.weight_sync.adapter import AdapterPush
     from rlvr.weight_sync.merged_stream import MergedWeightSource
-    from rlvr.weight_sync.push import WeightSync
 
     server, rank = cfg.server, accelerator.process_index
-    merged = WeightSync(
+    merged = merged_push(cfg, rank)
+    control, unwrapped = merged.control, accelerator.unwrap_model(model)
+    way = None
+    if accelerator.is_main_process:
+        check_served_vocabulary(control, reasoning_vocab, cfg)
+        check_served_logprobs(control, cfg)
+        way = choose_push(merged, cfg, unwrapped, env, say)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        way = broadcast_object_list([way])[0]
+    if way == "adapter":
+        weights = AdapterPush(control, server.base_url, server.adapter_name, rank)
+        weights.connect(unwrapped)
+        requested = f"{weights.name(start_step)!r}, one name per weight version"
+    else:
+        weights = merged
+        weights.connect(MergedWeightSource(unwrapped, dtype=compute_dtype), way)
+        requested = repr(cfg.served_model)
+    say(f"weight push: {way}; rollouts request model {requested}")
+    probe = None
+    if server.push_probe:
+        ids = probe_ids(tokenizer, reasoning_vocab)
+        probe = PushProbe(ids, server.probe_kl_max, server.probe_noise)
+    return Connection(weights, control, way, probe)
+
+
+def merged_push(cfg: Config, rank: int) -> MergedPush:
+    """The merged-weight push `cfg.server` describes, not yet connected (it holds the server's
+    `control`, which start-up asks first, whichever way the weights then travel)."""
+    from rlvr.weight_sync.merged import MergedPush
+
+    server = cfg.server
+    return MergedPush(
         server.base_url,
+        cfg.served_model,
         backend=server.backend,
         api_key=server.api_key,
         timeout_s=server.timeout_s,
@@ -65,30 +101,6 @@ def connect(
         transfer_port=server.transfer_port,
         rank=rank,
     )
-    unwrapped = accelerator.unwrap_model(model)
-    push = None
-    if accelerator.is_main_process:
-        check_served_vocabulary(merged.control, reasoning_vocab, cfg)
-        check_served_logprobs(merged.control, cfg)
-        push = choose_push(merged, cfg, unwrapped, env, say)
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        push = broadcast_object_list([push])[0]
-    if push == "adapter":
-        sync = AdapterSync(merged.control, server.base_url, server.adapter_name, rank)
-        sync.connect(unwrapped)
-        requested = f"{sync.name(start_step)!r}, one name per weight version"
-    else:
-        sync = merged
-        sync.connect(MergedWeightSource(unwrapped, dtype=compute_dtype), push)
-        requested = repr(cfg.served_model)
-    say(f"weight push: {push}; rollouts request model {requested}")
-    probe = None
-    if server.push_probe:
-        ids = probe_ids(tokenizer, reasoning_vocab)
-        probe = PushProbe(ids, server.probe_kl_max, server.probe_noise)
-    return Connection(sync, push, probe)
 
 
 def check_served_vocabulary(control: Any, reasoning_vocab: Any, cfg: Config) -> None:

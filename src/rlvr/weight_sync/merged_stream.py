@@ -53,7 +53,7 @@ def hf_name(peft_name: str) -> str | None:
 @dataclass(frozen=True)
 class TensorMeta:
     """Name, dtype and full (Hugging Face) shape of one streamed tensor: what vLLM's
-    `ParamMeta` declares (rlvr.weight_sync.push converts), without importing vLLM here."""
+    `ParamMeta` declares (rlvr.weight_sync.merged converts), without importing vLLM here."""
 
     name: str
     dtype: torch.dtype

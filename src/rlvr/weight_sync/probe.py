@@ -64,7 +64,7 @@ import torch
 from rlvr.reasoning_vocab.mapping import ReasoningVocab
 
 if TYPE_CHECKING:
-    from rlvr.weight_sync.push import ServerControl
+    from rlvr.weight_sync.control import ServerControl
 
 PROBE_TEXT = (
     "Question: A farmer has 17 sheep and buys 23 more. How many sheep does he have now?\n"

@@ -99,14 +99,27 @@ def test_command_line_shortcuts_and_overrides(tmp_path):
     from rlvr.config.cli import config_from_argv, parse_args
 
     path, overrides = parse_args(
-        ["--config", "run.yaml", "--env", "vf-musique", "optim.lr=1e-5", "--batch.async_level", "0",
-         "--model=smollm2-135m", "--output-dir", "out"]
-    )  # fmt: skip
+        [
+            "--config",
+            "run.yaml",
+            "--env",
+            "vf-musique",
+            "optim.lr=1e-5",
+            "--batch.async_level",
+            "0",
+            "--model=smollm2-135m",
+            "--output-dir",
+            "out",
+        ]
+    )
     assert path == "run.yaml"
     assert overrides == [
-        "env.id=vf-musique", "optim.lr=1e-5", "batch.async_level=0", "model.name=smollm2-135m",
+        "env.id=vf-musique",
+        "optim.lr=1e-5",
+        "batch.async_level=0",
+        "model.name=smollm2-135m",
         "output_dir=out",
-    ]  # fmt: skip
+    ]
     config = config_from_argv(["--env", "vf-openspiel", "lora.rank=8"])
     assert config.env.id == "vf-openspiel" and config.lora.rank == 8
     with pytest.raises(SystemExit, match="unknown config key lora.rnk"):

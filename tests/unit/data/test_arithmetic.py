@@ -32,9 +32,22 @@ def test_solver_demonstrations_score_correct_and_keep_the_system_prompt(tmp_path
     data = write_jsonl(tmp_path / "train.jsonl", train[:12])
     out = tmp_path / "demos.jsonl"
     env_args = {"data_files": str(data), "system_prompt": SYSTEM}
-    written = run(parse_args(["--env", "vf-deepscaler", "--env-args", json.dumps(env_args),
-                              "--policy", "rlvr.data.arithmetic:solver", "--min-reward", "1",
-                              "--out", str(out)]))  # fmt: skip
+    written = run(
+        parse_args(
+            [
+                "--env",
+                "vf-deepscaler",
+                "--env-args",
+                json.dumps(env_args),
+                "--policy",
+                "rlvr.data.arithmetic:solver",
+                "--min-reward",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+    )
     assert (written.kept, written.total, written.mean_reward) == (12, 12, 1.0)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     first = rows[0]["messages"]

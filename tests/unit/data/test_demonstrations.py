@@ -37,9 +37,20 @@ def demos(tmp_path: Path, *extra: str, name: str = "demos.jsonl") -> tuple[Path,
     """`rlvr-demos` on 24 tic-tac-toe games played by the quiet random mover."""
     out = tmp_path / name
     args = parse_args(
-        ["--env", "vf-openspiel", "--env-args", json.dumps(TIC_TAC_TOE),
-         "--policy", "vf_openspiel.scripted:quiet_mover", "--seed", "3", "--out", str(out), *extra]
-    )  # fmt: skip
+        [
+            "--env",
+            "vf-openspiel",
+            "--env-args",
+            json.dumps(TIC_TAC_TOE),
+            "--policy",
+            "vf_openspiel.scripted:quiet_mover",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     return out, run(args)
 
 
@@ -88,8 +99,9 @@ def test_metric_requirements_filter_too(tmp_path):
     assert 0 < len(short) < len(played)
     _, written = demos(tmp_path, "--min-reward", "0", "--require", "model_moves<=2")
     assert written.kept == len(short)
-    _, both = demos(tmp_path, "--min-reward", "1", "--require", "model_moves<=2",
-                    "--require", "legal_rate>=1")  # fmt: skip
+    _, both = demos(
+        tmp_path, "--min-reward", "1", "--require", "model_moves<=2", "--require", "legal_rate>=1"
+    )
     assert both.kept == sum(row["reward"] >= 1 for row in short)
 
     # an illegal game (random text) is kept by the reward bar 0 and dropped by legality
@@ -169,10 +181,28 @@ def _get(message: Any, name: str) -> Any:
 
 def test_tools_and_tool_turns_are_kept_and_get_no_loss(tmp_path, shared_data, tiny_model_dir):
     out = tmp_path / "musique.jsonl"
-    env_args = {"data_files": str(shared_data / "musique" / "fixture_small.jsonl"),
-                "retriever": "bm25"}  # fmt: skip
-    main(["--env", "vf-musique", "--env-args", json.dumps(env_args), "-n", "2", "--split", "eval",
-          "--policy", f"{__name__}:searcher", "--min-reward", "0", "--out", str(out)])  # fmt: skip
+    env_args = {
+        "data_files": str(shared_data / "musique" / "fixture_small.jsonl"),
+        "retriever": "bm25",
+    }
+    main(
+        [
+            "--env",
+            "vf-musique",
+            "--env-args",
+            json.dumps(env_args),
+            "-n",
+            "2",
+            "--split",
+            "eval",
+            "--policy",
+            f"{__name__}:searcher",
+            "--min-reward",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     lines = read_lines(out)
     assert len(lines) == 2
     assert {tool["name"] for tool in lines[0]["tools"]} >= {  # as vf-eval saves them

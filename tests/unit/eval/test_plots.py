@@ -66,8 +66,10 @@ def test_sweep_plots_draw_the_logged_curves_and_skip_the_rest():
     # KL to the reference is 0 without a reference model; mismatch_kl here is only NaN
     assert run_curve_keys(RECORDS, keys) == ["reward/mean", "time/step"]
     assert run_curve_keys(RECORDS, keys, skip_all_zero=False) == [
-        "reward/mean", "loss/kl_ref", "time/step",
-    ]  # fmt: skip
+        "reward/mean",
+        "loss/kl_ref",
+        "time/step",
+    ]
     with pytest.raises(ValueError, match="the run has: eval/reward, loss/kl_ref, mismatch_kl"):
         run_curve_keys(RECORDS, ["not/logged"])
     assert metric_label("time/weight_push") == "weight push time (s)"
@@ -102,16 +104,19 @@ def test_sweep_plots_write_pngs_laid_out_by_panel_count(tmp_path: Path):
 def test_sweep_plots_bars_with_ci_and_pass_at_k(tmp_path: Path):
     with_ci, without = Estimate(0.4, 0.3, 0.5, 8), Estimate(0.2, None, None, 1)
     bars = plot_estimate_bars(
-        ["bm25", "hybrid"], {"base": [with_ci, None], "trained": [without, with_ci]},
-        tmp_path / "bars.png", title="a title long enough to need wrapping " * 3,
-    )  # fmt: skip
+        ["bm25", "hybrid"],
+        {"base": [with_ci, None], "trained": [without, with_ci]},
+        tmp_path / "bars.png",
+        title="a title long enough to need wrapping " * 3,
+    )
     assert png_size(bars)[0] > 0
     with pytest.raises(ValueError, match="series 'base' has 1 values for 2 groups"):
         plot_estimate_bars(["a", "b"], {"base": [with_ci]}, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
     before_after = plot_before_after(["vf-x"], [without], [with_ci], tmp_path / "ba.png")
-    curves = plot_pass_at_k({"base": {"1": 0.2, "2": 0.3}, "ft": {1: 0.4, 2: 0.5, 4: 0.6}},
-                            tmp_path / "pass.png")  # fmt: skip
+    curves = plot_pass_at_k(
+        {"base": {"1": 0.2, "2": 0.3}, "ft": {1: 0.4, 2: 0.5, 4: 0.6}}, tmp_path / "pass.png"
+    )
     for path in (before_after, curves):
         assert path.read_bytes().startswith(PNG_MAGIC)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ba.png", "bars.png", "pass.png"]
@@ -137,8 +142,9 @@ def test_reasoning_vocab_plots_compare_runs_on_shared_panels(tmp_path: Path):
     variant = [{**r, "reasoning/reasoning_id_share": 0.5} for r in RECORDS]
     runs = {"baseline": RECORDS, "expanded": variant}
     one = plot_runs_compared(runs, tmp_path / "one.png", ["reward/mean", "not/logged"])
-    two = plot_runs_compared(runs, tmp_path / "two.png",
-                             ["reward/mean", "reasoning/reasoning_id_share"])  # fmt: skip
+    two = plot_runs_compared(
+        runs, tmp_path / "two.png", ["reward/mean", "reasoning/reasoning_id_share"]
+    )
     assert png_size(two) == (2 * png_size(one)[0], png_size(one)[1])
     with pytest.raises(ValueError, match="no run logged any of"):
         plot_runs_compared(runs, tmp_path / "none.png", ["not/logged"])

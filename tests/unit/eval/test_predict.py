@@ -56,9 +56,15 @@ def test_predict_output_lines_carry_rewards_only_when_scored():
         {"role": "assistant", "content": "\\boxed{4}"},
     ]
     output = {
-        "example_id": 3, "prompt": [], "completion": completion, "reward": 1.0,
-        "metrics": {"correct": 1.0}, "answer": "4", "error": None, "is_truncated": False,
-    }  # fmt: skip
+        "example_id": 3,
+        "prompt": [],
+        "completion": completion,
+        "reward": 1.0,
+        "metrics": {"correct": 1.0},
+        "answer": "4",
+        "error": None,
+        "is_truncated": False,
+    }
     assert final_text(completion) == "\\boxed{4}" and final_text("plain") == "plain"
     scored = output_row(output, scored=True)
     assert (scored["text"], scored["reward"], scored["answer"]) == ("\\boxed{4}", 1.0, "4")
@@ -73,9 +79,12 @@ def test_predict_serves_an_adapter_on_its_base_with_lora(tmp_path: Path):
     served = served_model(str(adapter))
     assert (served.model, served.name) == ("/models/base", str(adapter))
     assert served.server_args == (
-        "--enable-lora", "--lora-modules", f"{adapter}={adapter.resolve()}",
-        "--max-lora-rank", "16",
-    )  # fmt: skip
+        "--enable-lora",
+        "--lora-modules",
+        f"{adapter}={adapter.resolve()}",
+        "--max-lora-rank",
+        "16",
+    )
     config["rank_pattern"] = {"q_proj": 40}
     (adapter / "adapter_config.json").write_text(json.dumps(config))
     assert served_model(str(adapter), name="tuned").server_args[-1] == "64"

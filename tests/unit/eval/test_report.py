@@ -374,9 +374,21 @@ def test_cli_writes_markdown_json_and_chat_data(tmp_path: Path):
     trained = write_run(tmp_path / "trained", rows_of({0: [1, 1], 1: [1, 0]}))
     out = tmp_path / "report"
     result = cli(
-        base, trained, "--names", "base,trained", "--threshold", "1", "--out", out / "r.md",
-        "--json", out / "r.json", "--export-sft", out / "chat.jsonl", "--min-reward", "1",
-    )  # fmt: skip
+        base,
+        trained,
+        "--names",
+        "base,trained",
+        "--threshold",
+        "1",
+        "--out",
+        out / "r.md",
+        "--json",
+        out / "r.json",
+        "--export-sft",
+        out / "chat.jsonl",
+        "--min-reward",
+        "1",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == (out / "r.md").read_text()
     assert "| **mean reward** [95% CI] | 0.250 [" in result.stdout

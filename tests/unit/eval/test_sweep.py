@@ -107,8 +107,11 @@ def test_sweep_inputs_parse_and_bad_ones_are_named():
     ]
     settings = parse_grid(["retriever=bm25,hybrid", "k=3,5"])
     assert [s.label for s in settings] == [
-        "retriever=bm25,k=3", "retriever=bm25,k=5", "retriever=hybrid,k=3", "retriever=hybrid,k=5",
-    ]  # fmt: skip
+        "retriever=bm25,k=3",
+        "retriever=bm25,k=5",
+        "retriever=hybrid,k=3",
+        "retriever=hybrid,k=5",
+    ]
     assert settings[1].args == {"retriever": "bm25", "k": 5}
     assert parse_grid(['files=["a,b.jsonl", "c.jsonl"]'])[0].args == {"files": "a,b.jsonl"}
     assert parse_grid([]) == parse_grid([])  # one default setting
@@ -175,8 +178,17 @@ def test_sweep_resumes_only_missing_cells_and_keeps_finished_ones(
     # cells may be added, by a run that names only them; the record (and report) keeps all
     level3 = {model: {**table, "3": [[0.0, 0.0]] * 3} for model, table in REWARDS.items()}
     monkeypatch.setenv("FAKE_REWARDS", json.dumps(level3))
-    assert len(run_sweep(make_sweep("a=served-a", grid=("level=3",)), out,
-                         base_url=UNREACHABLE, progress=False).ran) == 1  # fmt: skip
+    assert (
+        len(
+            run_sweep(
+                make_sweep("a=served-a", grid=("level=3",)),
+                out,
+                base_url=UNREACHABLE,
+                progress=False,
+            ).ran
+        )
+        == 1
+    )
     recorded = load_sweep(out)
     assert [s.label for s in recorded.settings] == ["level=1", "level=2", "level=3"]
     report = build_sweep_report(recorded, out)
@@ -228,15 +240,19 @@ def test_sweep_report_only_needs_the_directory(fake_vf_eval, tmp_path):
     run_sweep(make_sweep(), out, base_url=UNREACHABLE, progress=False)
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--report-only", "--out", str(out), "--threshold", "0.5"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "# Evaluation sweep: vf-x" in proc.stdout and "pass@k counts reward ≥ 0.5" in proc.stdout
     assert load_sweep(out).models == make_sweep().models
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--report-only", "--out", str(tmp_path / "none")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and proc.stderr.startswith("error:") and "sweep.json" in proc.stderr
 
 

@@ -60,6 +60,10 @@ def test_failure_carries_the_tails_of_stdout_and_stderr(tmp_path: Path, monkeypa
     assert len(message) < 7000  # tails, not the whole output
 
 
+# The start of every vf-eval command line these tests build: environment, model, server, key.
+SERVED_ARGS = ["vf-x", "-m", "m", "-b", "http://host:1/v1", "-k", vf_eval.API_KEY_VAR]
+
+
 def test_saved_rows_come_back_and_the_command_line_is_complete(tmp_path: Path, monkeypatch):
     body = (
         "run = out / 'vf-x--m' / 'abc'; run.mkdir(parents=True)\n"
@@ -82,11 +86,9 @@ def test_saved_rows_come_back_and_the_command_line_is_complete(tmp_path: Path, m
     )
     assert [row["reward"] for row in rows] == [1.0, 0.0]
     assert rows[0]["key"] == "EMPTY"
-    assert rows[0]["args"] == [
-        "vf-x", "-m", "m", "-b", "http://host:1/v1", "-k", vf_eval.API_KEY_VAR,
-        "-n", "2", "-r", "3", "-s", "-d", "-o", str(out),
-        "-t", "64", "-a", '{"max_turns": 2}', "-C", "a,b",
-    ]  # fmt: skip
+    counts = ["-n", "2", "-r", "3"]
+    options = ["-t", "64", "-a", '{"max_turns": 2}', "-C", "a,b"]
+    assert rows[0]["args"] == [*SERVED_ARGS, *counts, "-s", "-d", "-o", str(out), *options]
 
 
 def test_no_counts_leave_n_and_r_to_the_environments_defaults(tmp_path: Path, monkeypatch):
@@ -97,10 +99,11 @@ def test_no_counts_leave_n_and_r_to_the_environments_defaults(tmp_path: Path, mo
     fake_vf_eval(tmp_path, monkeypatch, body)
     out = tmp_path / "out"
     [row] = run_vf_eval(
-        "vf-x", model="m", base_url="http://host:1/v1", output_dir=out,
-        num_examples=None, rollouts_per_example=None,
-    )  # fmt: skip
-    assert row["args"] == [
-        "vf-x", "-m", "m", "-b", "http://host:1/v1", "-k", vf_eval.API_KEY_VAR,
-        "-s", "-d", "-o", str(out),
-    ]  # fmt: skip
+        "vf-x",
+        model="m",
+        base_url="http://host:1/v1",
+        output_dir=out,
+        num_examples=None,
+        rollouts_per_example=None,
+    )
+    assert row["args"] == [*SERVED_ARGS, "-s", "-d", "-o", str(out)]

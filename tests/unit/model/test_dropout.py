@@ -32,13 +32,20 @@ def dropout_model_dir(tiny_model_dir, tmp_path_factory):
 def ratios(model_dir, lora_dropout: float, guarded: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss forward's ratio statistics (min, max) and the reference pass's two draws, on a
     micro-batch whose sampler log-probabilities are the policy's own (same weights)."""
-    cfg = load_config(overrides=[
-        f"model.name={model_dir}", "model.dtype=float32", f"lora.dropout={lora_dropout}",
-        "lora.target_modules=[q_proj,v_proj,up_proj]", "loss.beta=0.1", "sampling.temperature=0.8",
-    ])  # fmt: skip
+    cfg = load_config(
+        overrides=[
+            f"model.name={model_dir}",
+            "model.dtype=float32",
+            f"lora.dropout={lora_dropout}",
+            "lora.target_modules=[q_proj,v_proj,up_proj]",
+            "loss.beta=0.1",
+            "sampling.temperature=0.8",
+        ]
+    )
     sampled_len = cfg.batch.max_seq_len if guarded else None
-    policy = load_policy(cfg.model, cfg.lora, Accelerator(cpu=True), keep_reference=True,
-                         sampled_len=sampled_len)  # fmt: skip
+    policy = load_policy(
+        cfg.model, cfg.lora, Accelerator(cpu=True), keep_reference=True, sampled_len=sampled_len
+    )
     model = policy.model
     torch.manual_seed(0)
     with torch.no_grad():  # a LoRA delta away from 0, so its dropout has something to drop
@@ -66,8 +73,9 @@ def ratios(model_dir, lora_dropout: float, guarded: bool) -> tuple[torch.Tensor,
 @pytest.mark.parametrize(
     ("lora_dropout", "model_dropout"), [(0.05, False), (0.0, True)], ids=["lora", "model"]
 )
-def test_loss_forward_has_no_dropout(tiny_model_dir, dropout_model_dir, lora_dropout,
-                                     model_dropout):  # fmt: skip
+def test_loss_forward_has_no_dropout(
+    tiny_model_dir, dropout_model_dir, lora_dropout, model_dropout
+):
     model_dir = dropout_model_dir if model_dropout else tiny_model_dir
     extremes, references = ratios(model_dir, lora_dropout, guarded=True)
     assert extremes.tolist() == [1.0, 1.0]

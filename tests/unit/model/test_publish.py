@@ -34,17 +34,28 @@ def grpo_run(tiny_model_dir: Path, tmp_path: Path) -> Path:
     a checkpoint at step 4 and the final adapter."""
     run = tmp_path / "run"
     build_tiny_adapter(tiny_model_dir, run / "final")
-    config = load_config(overrides=[
-        f"model.name={tiny_model_dir}", "env.id=vf-deepscaler",
-        "env.args={data_files: deepscaler.jsonl}", "lora.rank=8", "max_steps=6",
-        f"output_dir={run}",
-    ])  # fmt: skip
+    config = load_config(
+        overrides=[
+            f"model.name={tiny_model_dir}",
+            "env.id=vf-deepscaler",
+            "env.args={data_files: deepscaler.jsonl}",
+            "lora.rank=8",
+            "max_steps=6",
+            f"output_dir={run}",
+        ]
+    )
     save_config(config, run / "config.yaml")
     records = [
-        {"step": s, "reward/mean": r, "reward/std": 0.1, "loss/kl_ref": 0.0,
-         "mismatch_kl": 1e-9 * s, "time/step": 2.0 + s / 10}
+        {
+            "step": s,
+            "reward/mean": r,
+            "reward/std": 0.1,
+            "loss/kl_ref": 0.0,
+            "mismatch_kl": 1e-9 * s,
+            "time/step": 2.0 + s / 10,
+        }
         for s, r in enumerate(REWARDS, start=1)
-    ]  # fmt: skip
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     checkpoint = run / "checkpoints" / "step_000004"
     checkpoint.mkdir(parents=True)
@@ -68,8 +79,11 @@ def eval_report(tmp_path: Path) -> Path:
 def merge(*args: str | Path, env: dict[str, str] | None = None):
     return subprocess.run(
         [sys.executable, str(SCRIPT), *map(str, args)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def card_parts(card: str) -> tuple[dict, str]:
@@ -83,8 +97,17 @@ def test_publish_dry_run_writes_the_card_and_files_it_would_push(
     out = tmp_path / "merged"
     # a dry run touches no network: an unreachable endpoint and no token do not matter
     no_hub = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": ""}
-    proc = merge(grpo_run / "final", out, "--push-to-hub", "me/tiny-grpo", "--private",
-                 "--eval-report", eval_report, "--dry-run", env=no_hub)  # fmt: skip
+    proc = merge(
+        grpo_run / "final",
+        out,
+        "--push-to-hub",
+        "me/tiny-grpo",
+        "--private",
+        "--eval-report",
+        eval_report,
+        "--dry-run",
+        env=no_hub,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "dry run: would push" in proc.stdout and "to me/tiny-grpo (private)" in proc.stdout
     for name in (
@@ -126,13 +149,23 @@ def test_publish_dry_run_writes_the_card_and_files_it_would_push(
 
 def test_publish_without_network_or_token_fails_before_merging(grpo_run: Path, tmp_path: Path):
     out = tmp_path / "merged"
-    offline = merge(grpo_run / "final", out, "--push-to-hub", "me/tiny-grpo",
-                    env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_test"})  # fmt: skip
+    offline = merge(
+        grpo_run / "final",
+        out,
+        "--push-to-hub",
+        "me/tiny-grpo",
+        env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_test"},
+    )
     assert offline.returncode == 1
     assert offline.stderr.startswith("error: cannot reach the Hugging Face Hub at ")
     assert "http://127.0.0.1:9" in offline.stderr and "--dry-run" in offline.stderr
-    no_token = merge(grpo_run / "final", out, "--push-to-hub", "me/tiny-grpo",
-                     env={"HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf")})  # fmt: skip
+    no_token = merge(
+        grpo_run / "final",
+        out,
+        "--push-to-hub",
+        "me/tiny-grpo",
+        env={"HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf")},
+    )
     assert no_token.returncode == 1 and "error: no Hugging Face token" in no_token.stderr
     bad_repo = merge(grpo_run / "final", out, "--push-to-hub", "me/a/b", "--dry-run")
     assert bad_repo.returncode == 1 and "--push-to-hub 'me/a/b'" in bad_repo.stderr
@@ -148,7 +181,7 @@ def test_publish_card_names_the_embedded_base_and_sft_runs():
         config={"model": {"name": "smollm2-135m"}, "data": {"train_files": ["chats.jsonl"]}},
         metrics=[{"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.0}],
         steps=2,
-    )  # fmt: skip
+    )
     metadata, body = card_parts(model_card(sft, "tuned"))
     assert metadata["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert metadata["tags"] == ["rlvr", "sft", "verifiers"]
@@ -157,8 +190,11 @@ def test_publish_card_names_the_embedded_base_and_sft_runs():
     assert "| training loss, start → end | 2.0000 (step 1) → 1.0000 (step 2) |" in body
     assert "No evaluation report was published" in body and "LoRA adapter" not in body
     assert [hub_id(n) for n in ("Qwen/Qwen2.5-0.5B", "/abs/dir", "a/b/c", None)] == [
-        "Qwen/Qwen2.5-0.5B", None, None, None,
-    ]  # fmt: skip
+        "Qwen/Qwen2.5-0.5B",
+        None,
+        None,
+        None,
+    ]
 
 
 def test_publish_reads_an_adapter_without_a_run_directory(tiny_model_dir: Path, tmp_path: Path):

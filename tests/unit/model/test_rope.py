@@ -49,10 +49,16 @@ def phi3_dir(tiny_model_dir, tmp_path_factory):
 
 
 def grpo_config(model_dir, tmp_path, max_seq_len: int):
-    return load_config(overrides=[
-        f"model.name={model_dir}", "model.dtype=float32", f"output_dir={tmp_path}",
-        f"batch.max_seq_len={max_seq_len}", "batch.max_prompt_len=64", "lora.enabled=false",
-    ])  # fmt: skip
+    return load_config(
+        overrides=[
+            f"model.name={model_dir}",
+            "model.dtype=float32",
+            f"output_dir={tmp_path}",
+            f"batch.max_seq_len={max_seq_len}",
+            "batch.max_prompt_len=64",
+            "lora.enabled=false",
+        ]
+    )
 
 
 def test_longrope_model_is_refused(phi3_dir, tmp_path):
@@ -71,8 +77,9 @@ def test_longrope_within_the_original_context_trains_only_against_such_a_server(
     """Within the original context on both sides every token uses the short factors in
     transformers and in vLLM: the policy loads; a server serving beyond it (or not saying) is
     refused once connected."""
-    cfg = load_config(overrides=[f"model.name={phi3_dir}", "model.dtype=float32",
-                                 "lora.enabled=false"])  # fmt: skip
+    cfg = load_config(
+        overrides=[f"model.name={phi3_dir}", "model.dtype=float32", "lora.enabled=false"]
+    )
     policy = load_policy(cfg.model, cfg.lora, Accelerator(cpu=True), sampled_len=ORIGINAL)
     config = policy.model.config
 
@@ -80,8 +87,10 @@ def test_longrope_within_the_original_context_trains_only_against_such_a_server(
         return SimpleNamespace(vllm_config=lambda: {"model_config": model_config})
 
     check_served_rope(config, "phi", server({"max_model_len": ORIGINAL}), "http://s")
-    for said, expected in [({"max_model_len": 4 * ORIGINAL}, "max_model_len 1024"),
-                           ({}, "does not say")]:  # fmt: skip
+    for said, expected in [
+        ({"max_model_len": 4 * ORIGINAL}, "max_model_len 1024"),
+        ({}, "does not say"),
+    ]:
         with pytest.raises(ConfigError, match=f"{expected}.*--max-model-len {ORIGINAL}"):
             check_served_rope(config, "phi", server(said), "http://s")
 
@@ -108,8 +117,12 @@ def test_fixed_rope_scalings_are_accepted():
 def test_longropes_older_spelling_counts_as_longrope():
     """A config as older Phi-3 checkpoints and remote code spell it: `rope_scaling` only,
     type "su"."""
-    rope = {"type": "su", "short_factor": [1.0], "long_factor": [2.0],
-            "original_max_position_embeddings": 256}  # fmt: skip
+    rope = {
+        "type": "su",
+        "short_factor": [1.0],
+        "long_factor": [2.0],
+        "original_max_position_embeddings": 256,
+    }
     config = SimpleNamespace(rope_scaling=rope, max_position_embeddings=1024)
     assert length_dependent_rope(config).rope_type == "longrope"
     with pytest.raises(ConfigError, match="uses LongRoPE"):

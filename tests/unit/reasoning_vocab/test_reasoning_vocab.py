@@ -333,9 +333,11 @@ def test_reasoning_vocab_mask_hook_gates_each_packed_sample_from_its_start(tiny_
         assert torch.allclose(got[mask], expected[mask], atol=1e-5)
         assert torch.isfinite(got[mask]).all()
     thinking = [
-        t for s in samples for i, t in enumerate(s.input_ids[1:])
+        t
+        for s in samples
+        for i, t in enumerate(s.input_ids[1:])
         if s.loss_mask[i + 1] and gate.inside(s.input_ids)[i]
-    ]  # fmt: skip
+    ]
     reasoning = sum(t >= vocab.base_vocab_size for t in thinking)
     assert 0 < reasoning < len(thinking)
     metrics = gate.rollout_metrics(samples)

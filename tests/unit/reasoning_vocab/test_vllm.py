@@ -65,9 +65,11 @@ def test_reasoning_vocab_processor_v1_interface_tracks_each_request(vllm_config,
         got = processor.apply(raw.clone())
         inside = [gate.inside(open_prompt + out_a)[-1], gate.inside(plain_prompt + out_b)[-1]]
         want = torch.stack(
-            [expected_logits(gate, raw[i : i + 1], inside[i : i + 1], t)[0]
-             for i, t in enumerate((0.5, 1.0))]
-        )  # fmt: skip
+            [
+                expected_logits(gate, raw[i : i + 1], inside[i : i + 1], t)[0]
+                for i, t in enumerate((0.5, 1.0))
+            ]
+        )
         assert torch.allclose(got, want, atol=1e-5), step
     assert inside == [True, True]  # both wrote "</think> <think>"
     # swap the rows, b closes its span: each row follows its request (state, temperature)
@@ -88,10 +90,14 @@ def test_reasoning_vocab_processor_v2_interface(vllm_config, gate):
     history = torch.zeros(4, 64, dtype=torch.int32)
     zeros = SimpleNamespace(gpu=torch.zeros(4, dtype=torch.int32))
     req_states = LogitsProcRequestState(
-        device=torch.device("cpu"), max_num_reqs=4, vocab_size=gate.vocab.total_vocab_size,
-        all_token_ids=SimpleNamespace(gpu=history), prompt_len=zeros, prefill_len=zeros,
+        device=torch.device("cpu"),
+        max_num_reqs=4,
+        vocab_size=gate.vocab.total_vocab_size,
+        all_token_ids=SimpleNamespace(gpu=history),
+        prompt_len=zeros,
+        prefill_len=zeros,
         total_len=zeros,
-    )  # fmt: skip
+    )
     processor = ReasoningVocabLogitsProcessor(vllm_config, req_states)
     sequences = {3: tok.encode("x <think> y z"), 1: tok.encode("x <think> y </think> z")}
     temperatures = {3: 0.7, 1: 1.0}
@@ -101,11 +107,14 @@ def test_reasoning_vocab_processor_v2_interface(vllm_config, gate):
     for upto in (3, 5):  # two steps, each slot's last token fed at position upto - 1
         slots = np.array([3, 1])
         ctx = LogitsContext(
-            expanded_idx_mapping=torch.tensor(slots), idx_mapping=torch.tensor(slots),
-            idx_mapping_np=slots, expanded_local_pos=torch.zeros(2, dtype=torch.long),
+            expanded_idx_mapping=torch.tensor(slots),
+            idx_mapping=torch.tensor(slots),
+            idx_mapping_np=slots,
+            expanded_local_pos=torch.zeros(2, dtype=torch.long),
             input_ids=torch.tensor([sequences[s][upto - 1] for s in slots]),
-            pos=torch.tensor([upto - 1, upto - 1]), seq_lens_upper_bound_np=np.array([upto] * 2),
-        )  # fmt: skip
+            pos=torch.tensor([upto - 1, upto - 1]),
+            seq_lens_upper_bound_np=np.array([upto] * 2),
+        )
         raw = torch.randn(2, gate.vocab.total_vocab_size)
         got = processor.apply(raw.clone(), ctx)
         for row, slot in enumerate(slots):

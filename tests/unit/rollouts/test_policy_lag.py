@@ -43,8 +43,14 @@ def test_a_push_during_a_batch_is_counted_where_it_can_serve_it(tiny_model_dir, 
         dataset=Dataset.from_list([{"question": f"q{i}", "answer": "42"} for i in range(4)]),
         rubric=vf.Rubric(funcs=[correct]),
     )
-    cfg = load_config(overrides=["batch.batch_size=4", "batch.rollouts_per_example=2",
-                                 "batch.async_level=1", "max_steps=3"])  # fmt: skip
+    cfg = load_config(
+        overrides=[
+            "batch.batch_size=4",
+            "batch.rollouts_per_example=2",
+            "batch.async_level=1",
+            "max_steps=3",
+        ]
+    )
     gate = threading.Event()
     model = (lambda v: "policy") if names == "merged" else (lambda v: f"policy-v{v}")
     worker = RolloutWorker(

@@ -404,8 +404,14 @@ def test_a_checkpoint_hands_in_flight_batches_to_the_resumed_worker(tokenizer):
         dataset=Dataset.from_list([{"question": f"q{i}", "answer": "42"} for i in range(10)]),
         rubric=vf.Rubric(funcs=[correct]),
     )
-    cfg = load_config(overrides=["batch.batch_size=4", "batch.rollouts_per_example=2",
-                                 "batch.async_level=1", "max_steps=4"])  # fmt: skip
+    cfg = load_config(
+        overrides=[
+            "batch.batch_size=4",
+            "batch.rollouts_per_example=2",
+            "batch.async_level=1",
+            "max_steps=4",
+        ]
+    )
 
     def worker(**kwargs):
         return RolloutWorker(
@@ -427,8 +433,9 @@ def test_a_checkpoint_hands_in_flight_batches_to_the_resumed_worker(tokenizer):
         fresh = original.get(2)
     finally:
         original.close()
-    resumed = worker(start_step=1, version=1, data_position=first.data_position,
-                     preloaded=[in_flight])  # fmt: skip
+    resumed = worker(
+        start_step=1, version=1, data_position=first.data_position, preloaded=[in_flight]
+    )
     try:
         assert resumed.get(1) is in_flight
         publish(resumed, 2)
@@ -450,8 +457,9 @@ def test_groups_with_too_many_errored_rollouts_get_no_loss():
     cfg = load_config(overrides=["batch.max_errored_frac=0.25"])
     kept = GroupResult([_rollout(r) for r in (1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0)], errored=1)
     biased = GroupResult([_rollout(1.0), _rollout(0.0)], errored=2)
-    batch = StepBatch(0, [kept, biased], data_position=2, skipped_prompts=0, generate_s=1.0,
-                      min_policy_version=0)  # fmt: skip
+    batch = StepBatch(
+        0, [kept, biased], data_position=2, skipped_prompts=0, generate_s=1.0, min_policy_version=0
+    )
     train = build_train_batch(batch, cfg)
     samples, metrics = train.samples, train.metrics
     assert len(samples) == 7  # only the group with 1 error in 8 trains
@@ -483,8 +491,14 @@ def test_nan_reward_is_an_errored_rollout(tokenizer, caplog):
         rubric=vf.Rubric(funcs=[ratio]),
     )
     env.env_id = "vf-nan-ratio"
-    cfg = load_config(overrides=["batch.batch_size=12", "batch.rollouts_per_example=4",
-                                 "batch.async_level=0", "batch.max_errored_frac=0.25"])  # fmt: skip
+    cfg = load_config(
+        overrides=[
+            "batch.batch_size=12",
+            "batch.rollouts_per_example=4",
+            "batch.async_level=0",
+            "batch.max_errored_frac=0.25",
+        ]
+    )
     worker = RolloutWorker(env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL]))
     with caplog.at_level("WARNING"):
         worker.start()
@@ -531,8 +545,10 @@ def test_a_reward_that_is_not_a_number_is_an_errored_rollout(tokenizer, caplog):
     def judge(completions) -> list:
         return [None] * len(completions)
 
-    env = vf.SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "42"}]),
-                           rubric=vf.Rubric(funcs=[judge]))  # fmt: skip
+    env = vf.SingleTurnEnv(
+        dataset=Dataset.from_list([{"question": "q", "answer": "42"}]),
+        rubric=vf.Rubric(funcs=[judge]),
+    )
     row = env.get_dataset()[0]
     args = [build_sampling_args(load_config().sampling)] * 2
     client = ScriptedClient(tokenizer, [FINAL])

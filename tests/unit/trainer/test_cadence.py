@@ -57,9 +57,17 @@ def run(request):
 def test_cadence_with_the_last_step_saved_and_evaluated_once(run):
     log, history = run(4, 2, 2)
     assert log == [
-        "eval 0", "train 0", "train 1", "eval 2", "save 2", "train 2", "train 3", "save 4",
-        "eval 4", "final",
-    ]  # fmt: skip
+        "eval 0",
+        "train 0",
+        "train 1",
+        "eval 2",
+        "save 2",
+        "train 2",
+        "train 3",
+        "save 4",
+        "eval 4",
+        "final",
+    ]
     assert [h["step"] for h in history] == [0, 1, 2, 3]
 
 
@@ -69,8 +77,16 @@ def test_off_cadence_end_is_still_saved_and_end_eval_is_optional(run):
         assert log == ["train 0", "train 1", "save 2", "train 2", "save 3", "final"]
     else:  # SFT always evaluates first and last (a no-op without a validation set)
         log, _ = run(3, 0, 2)
-        assert log == ["eval 0", "train 0", "train 1", "save 2", "train 2", "eval 3", "save 3",
-                       "final"]  # fmt: skip
+        assert log == [
+            "eval 0",
+            "train 0",
+            "train 1",
+            "save 2",
+            "train 2",
+            "eval 3",
+            "save 3",
+            "final",
+        ]
 
 
 def test_a_stop_saves_where_it_stopped_and_a_resume_skips_the_start_eval(run):

@@ -37,7 +37,7 @@ class IgnoresPacking(Qwen2ForCausalLM):
         (Qwen2ForCausalLM, set()),
         (DropsTheMask, {"prefix_sharing"}),
         (IgnoresPacking, {"packing"}),
-    ],  # fmt: skip
+    ],
     ids=["honours-both", "drops-the-mask", "ignores-packing"],
 )
 def test_folded_batch_self_check(tiny_model_dir, caplog, model_class, switched_off):

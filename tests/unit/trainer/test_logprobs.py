@@ -9,23 +9,18 @@ import math
 
 import pytest
 import torch
-from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from rlvr.batch import MicroBatch, Sample
 from rlvr.trainer import logprobs
 from rlvr.trainer.logprobs import head_logprobs, output_head, sequence_scores
 from rlvr.trainer.micro_batches import collate
 
-VOCAB = 64
+from .tiny_models import VOCAB, tiny_qwen2
 
 
 def tiny_model(tied: bool, lora_head: bool = False) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=16, tie_word_embeddings=tied,
-    )  # fmt: skip
-    model = Qwen2ForCausalLM(config).float()
+    model = tiny_qwen2(layers=2, tied=tied)
     if lora_head:
         from peft import LoraConfig, get_peft_model
 
@@ -93,8 +88,11 @@ def test_chunked_logprobs_and_gradients_equal_the_full_vocabulary(
     if recompute:
         monkeypatch.setattr(logprobs, "MAX_SAVED_ELEMENTS", VOCAB * chunk_tokens)
     recomputed = []
-    monkeypatch.setattr(logprobs, "checkpoint", lambda *a, **k: recomputed.append(1) or
-                        torch.utils.checkpoint.checkpoint(*a, **k))  # fmt: skip
+    monkeypatch.setattr(
+        logprobs,
+        "checkpoint",
+        lambda *a, **k: recomputed.append(1) or torch.utils.checkpoint.checkpoint(*a, **k),
+    )
     scores = sequence_scores(model, mb, temperature, with_entropy=True)
     assert bool(recomputed) == recompute
     (scores.logprobs * mb.advantages).sum().backward()
@@ -155,9 +153,15 @@ def test_head_logprobs_without_tokens():
 
 def test_models_that_transform_their_logits_are_refused():
     config = Gemma2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=16, final_logit_softcapping=30.0,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        final_logit_softcapping=30.0,
+    )
     with pytest.raises(NotImplementedError, match="final_logit_softcapping=30.0"):
         sequence_scores(Gemma2ForCausalLM(config), micro_batch())
 

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlvr.batch import Sample
 from rlvr.config import LossConfig, load_config
@@ -23,6 +22,8 @@ from rlvr.trainer.loss import (
     summarise,
 )
 from rlvr.trainer.micro_batches import collate, padding_micro_batch, shard, split_micro_batches
+
+from .tiny_models import tiny_qwen2
 
 # ---- advantages ------------------------------------------------------------------------
 
@@ -134,8 +135,10 @@ def test_step_stats_sum_token_means_and_keep_extremes():
     loss tokens once; extremes keep the extreme; a micro-batch without loss tokens (+-inf
     extremes) changes nothing, and a statistic nothing reported logs its empty value."""
     ranks = []
-    for micro_batches in ([(2.0, 4.0, 0.9, 1.1), (0.0, 0.0, math.inf, -math.inf)],
-                          [(2.0, 2.0, 0.8, 1.05)]):  # fmt: skip
+    for micro_batches in (
+        [(2.0, 4.0, 0.9, 1.1), (0.0, 0.0, math.inf, -math.inf)],
+        [(2.0, 2.0, 0.8, 1.05)],
+    ):
         stats = StepStats()
         for values in micro_batches:
             stats.add(_terms(*values))
@@ -154,12 +157,7 @@ def test_step_stats_sum_token_means_and_keep_extremes():
 
 
 def tiny_policy() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=16,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config).float()
+    return tiny_qwen2(layers=1, tied=False)
 
 
 def make_samples(n: int = 7) -> list[Sample]:

@@ -22,9 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def llama(layers: int = 2) -> torch.nn.Module:
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    )  # fmt: skip
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     return LlamaForCausalLM(config).float().train()
 
 

@@ -12,8 +12,14 @@ from rlvr.trainer.metrics import distribution, metric_means, step_line
 def test_a_step_line_shows_the_reward_the_environments_metrics_kl_and_time():
     """Without a progress bar (log files, `make demo`) each GRPO step is one readable line;
     the environment's metrics say what the reward is made of."""
-    metrics = {"reward/mean": 0.234375, "env/has_boxed": 0.921875, "env/correct": 0.234375,
-               "mismatch_kl": 1.2e-11, "time/step": 15.84, "loss/pg": 0.1}  # fmt: skip
+    metrics = {
+        "reward/mean": 0.234375,
+        "env/has_boxed": 0.921875,
+        "env/correct": 0.234375,
+        "mismatch_kl": 1.2e-11,
+        "time/step": 15.84,
+        "loss/pg": 0.1,
+    }
     assert step_line(3, 10, metrics) == (
         "step 3/10 | reward 0.234 | env/has_boxed 0.922  env/correct 0.234 | "
         "mismatch-KL 1.2e-11 | 15.8 s"
@@ -35,5 +41,9 @@ def test_metric_reduction_leaves_out_what_is_not_a_finite_number():
     assert distribution("reward", [float("nan")]) == {}
     rollouts = [{"f1": 0.5, "em": float("nan")}, {"f1": np.float64(1.0), "em": 1}, "broken"]
     assert metric_means(rollouts, "env") == {"env/f1": 0.75, "env/em": 1.0}
-    assert [finite_number(v) for v in (2, np.int64(3), -float("inf"), False)] == [2.0, 3.0, None,
-                                                                                 None]  # fmt: skip
+    assert [finite_number(v) for v in (2, np.int64(3), -float("inf"), False)] == [
+        2.0,
+        3.0,
+        None,
+        None,
+    ]

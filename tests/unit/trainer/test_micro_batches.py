@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlvr.batch import Sample
 from rlvr.config import load_config
@@ -21,16 +20,11 @@ from rlvr.trainer.micro_batches import (
     split_micro_batches,
 )
 
-VOCAB = 64
+from .tiny_models import VOCAB, tiny_qwen2
 
 
 def tiny_policy() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=16,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config).float()
+    return tiny_qwen2(layers=2, tied=False)
 
 
 def make_samples(n: int = 9) -> list[Sample]:
@@ -46,8 +40,9 @@ def make_samples(n: int = 9) -> list[Sample]:
 
 def step(model, micro_batches) -> tuple[float, torch.Tensor]:
     """Summed loss and accumulated gradient of one step over `micro_batches`."""
-    cfg = load_config(overrides=["sampling.temperature=0.8", "loss.clip_low=0.2",
-                                 "loss.clip_high=0.2"])  # fmt: skip
+    cfg = load_config(
+        overrides=["sampling.temperature=0.8", "loss.clip_low=0.2", "loss.clip_high=0.2"]
+    )
     samples = [s for rows in micro_batches for row in rows for s in row]
     global_tokens = sum(s.num_loss_tokens for s in samples)
     model.zero_grad()
@@ -78,10 +73,14 @@ def test_packed_samples_do_not_attend_to_each_other():
     first, second, third = make_samples(3)
     mb = collate([[first, second, third]], 0)
     assert "attention_mask" not in mb.model_inputs()
-    assert mb.position_ids[0].tolist() == [*range(len(first)), *range(len(second)),
-                                           *range(len(third))]  # fmt: skip
-    changed = Sample([(t + 7) % VOCAB for t in second.input_ids], second.loss_mask,
-                     second.sampler_logprobs)  # fmt: skip
+    assert mb.position_ids[0].tolist() == [
+        *range(len(first)),
+        *range(len(second)),
+        *range(len(third)),
+    ]
+    changed = Sample(
+        [(t + 7) % VOCAB for t in second.input_ids], second.loss_mask, second.sampler_logprobs
+    )
     other = collate([[first, changed, third]], 0)
     with torch.no_grad():
         before = sequence_scores(model, mb).logprobs[0]
@@ -109,8 +108,14 @@ def test_ranks_run_the_same_number_of_micro_batches(packing):
     samples = make_samples(11)
     counts = {len(rank_micro_batches(samples, rank, 3, 2, 0, packing)) for rank in range(3)}
     assert len(counts) == 1
-    everything = [s for r in range(3) for mb in rank_micro_batches(samples, r, 3, 2, 0, packing)
-                  for row in mb for s in row if s.num_loss_tokens]  # fmt: skip
+    everything = [
+        s
+        for r in range(3)
+        for mb in rank_micro_batches(samples, r, 3, 2, 0, packing)
+        for row in mb
+        for s in row
+        if s.num_loss_tokens
+    ]
     assert sorted(map(id, everything)) == sorted(map(id, samples))
 
 

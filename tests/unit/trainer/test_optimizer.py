@@ -54,8 +54,9 @@ def lora_run(tiny_model_dir):
     def backward(advantage: float) -> None:
         samples = _samples(opt.model.config.vocab_size, advantage)
         tokens = sum(s.num_loss_tokens for s in samples)
-        loss, _ = micro_batch_loss(opt.model, collate([[s] for s in samples], policy.pad_id),
-                                   cfg, tokens, 1)  # fmt: skip
+        loss, _ = micro_batch_loss(
+            opt.model, collate([[s] for s in samples], policy.pad_id), cfg, tokens, 1
+        )
         opt.backward(loss, last=True)
 
     backward(1.0)
@@ -82,8 +83,9 @@ def test_non_finite_gradients_stop_the_step(lora_run):
     assert "did not step" in message and "checkpoint.resume=auto" in message
     after = _trainable(opt)
     assert all(torch.equal(before[n], after[n]) for n in before)  # every trainable tensor
-    assert all(torch.equal(moments[n], opt.optimizer.state[p]["exp_avg"])
-               for n, p in opt.named_params)  # fmt: skip
+    assert all(
+        torch.equal(moments[n], opt.optimizer.state[p]["exp_avg"]) for n, p in opt.named_params
+    )
     assert opt.next_step == 2  # the LR schedule did not advance either
 
     with pytest.raises(NonFiniteStepError, match=r"^step 2: the loss is nan; the optimizer"):
@@ -99,8 +101,9 @@ def test_one_infinite_gradient_is_named(lora_run):
     backward(1.0)
     name, param = opt.named_params[5]
     param.grad[0, 0] = math.inf
-    with pytest.raises(NonFiniteStepError, match=f"norm is inf \\(first non-finite gradient: "
-                                                 f"{name}\\)"):  # fmt: skip
+    with pytest.raises(
+        NonFiniteStepError, match=f"norm is inf \\(first non-finite gradient: {name}\\)"
+    ):
         opt.step(has_gradient=True)
     assert all(torch.equal(before[n], p) for n, p in opt.named_params)
 
@@ -110,11 +113,20 @@ def test_warmup_starts_above_zero_and_then_follows_the_schedule():
     too; after warm-up the schedules are transformers' own."""
     warmup, total = 4, 20
     assert [lr_factor(s, "constant", warmup, total) for s in range(6)] == [
-        0.25, 0.5, 0.75, 1.0, 1.0, 1.0,
-    ]  # fmt: skip
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        1.0,
+        1.0,
+    ]
     for name in ("linear", "cosine"):
-        reference = get_scheduler(name, torch.optim.SGD([torch.zeros(1)], lr=1.0),
-                                  num_warmup_steps=warmup, num_training_steps=total)  # fmt: skip
+        reference = get_scheduler(
+            name,
+            torch.optim.SGD([torch.zeros(1)], lr=1.0),
+            num_warmup_steps=warmup,
+            num_training_steps=total,
+        )
         theirs = reference.lr_lambdas[0]
         assert lr_factor(0, name, warmup, total) == 0.25 and theirs(0) == 0.0
         for step in range(warmup, total):
@@ -142,8 +154,11 @@ def test_leftover_gradient_accumulation_steps_do_not_scale_gradients(monkeypatch
     with caplog.at_level("WARNING"):
         accelerator = make_accelerator(60)
     assert accelerator.gradient_accumulation_steps == 1
-    assert any("ignoring gradient_accumulation_steps=4 (ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4"
-               in r.getMessage() for r in caplog.records)  # fmt: skip
+    assert any(
+        "ignoring gradient_accumulation_steps=4 (ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4"
+        in r.getMessage()
+        for r in caplog.records
+    )
     model = torch.nn.Linear(3, 1)
     opt = Optimization(accelerator, model, OptimConfig(), total_steps=1, micro_batch_size=1)
     x = torch.tensor([[1.0, 2.0, 3.0]])
@@ -201,13 +216,22 @@ def test_non_finite_gradients_stop_the_step_under_deepspeed(tiny_model_dir, tmp_
     rate 0)."""
     script = tmp_path / "rank.py"
     script.write_text(DEEPSPEED_RANK)
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config-file",
-              str(ZERO3_CPU), "--num-processes", "2"]  # fmt: skip
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config-file",
+        str(ZERO3_CPU),
+        "--num-processes",
+        "2",
+    ]
     done = subprocess.run(
         [*launch, str(script), str(tiny_model_dir), str(tmp_path / "report")],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True,
+        text=True,
+        timeout=900,
         env={**os.environ, "DS_ACCELERATOR": "cpu"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("report.*.json"))]
     assert len(reports) == 2 and all(r["world"] == 2 for r in reports)

@@ -41,8 +41,9 @@ def _train(
     """Weights before and after STEPS full fine-tuning steps in `dtype`; the policy."""
     cfg = load_config(overrides=[f"optim.lr={LR}", "lora.enabled=false"])
     accelerator = Accelerator(cpu=True)
-    policy = load_policy(ModelConfig(name=str(model_dir), dtype=dtype), LoraConfig(enabled=False),
-                         accelerator)  # fmt: skip
+    policy = load_policy(
+        ModelConfig(name=str(model_dir), dtype=dtype), LoraConfig(enabled=False), accelerator
+    )
     torch.manual_seed(0)
     opt = Optimization(accelerator, policy.model, cfg.optim, STEPS, micro_batch_size=4)
     model = opt.model
@@ -71,8 +72,10 @@ def test_bf16_full_finetune_updates_like_float32(tiny_model_dir):
     moved16 = (d16 != 0).float().mean().item()
     cosine = torch.nn.functional.cosine_similarity(d32, d16, dim=0).item()
     ratio = (d16.norm() / d32.norm()).item()
-    print(f"moved: float32 {moved32:.3f}, bf16 {moved16:.3f}; cosine {cosine:.4f}; "
-          f"norm ratio {ratio:.4f}")  # fmt: skip
+    print(
+        f"moved: float32 {moved32:.3f}, bf16 {moved16:.3f}; cosine {cosine:.4f}; "
+        f"norm ratio {ratio:.4f}"
+    )
     # Tolerance: bf16 matmuls change each gradient by ~1%, which flips the sign (and so
     # Adam's early update) only of the few near-zero gradient entries.
     assert moved16 > 0.9 * moved32
@@ -95,12 +98,14 @@ def test_lora_and_float32_load_as_configured(tiny_model_dir):
     float32), float32 needs no autocast."""
     accelerator = Accelerator(cpu=True)
     lora = LoraConfig(rank=4, target_modules=["q_proj"])
-    policy = load_policy(ModelConfig(name=str(tiny_model_dir), dtype="bfloat16"), lora,
-                         accelerator)  # fmt: skip
+    policy = load_policy(ModelConfig(name=str(tiny_model_dir), dtype="bfloat16"), lora, accelerator)
     assert policy.compute_dtype is None
     frozen = {p.dtype for p in policy.model.parameters() if not p.requires_grad}
     trained = {p.dtype for p in policy.model.parameters() if p.requires_grad}
     assert frozen == {torch.bfloat16} and trained == {torch.float32}
-    plain = load_policy(ModelConfig(name=str(tiny_model_dir), dtype="float32"),
-                        LoraConfig(enabled=False), accelerator)  # fmt: skip
+    plain = load_policy(
+        ModelConfig(name=str(tiny_model_dir), dtype="float32"),
+        LoraConfig(enabled=False),
+        accelerator,
+    )
     assert plain.compute_dtype is None

@@ -51,8 +51,12 @@ def step_samples(encode) -> list[Sample]:
     system = "You are a careful assistant: reason inside think tags, then answer briefly. "
     long_prompt = encode(system + "Question: what is two and two? Think first. <think>")
     short_prompt = encode(system + "Q: 3+4? <think>")
-    answers = [" two and two make four </think> 4", " so </think> The answer is 4", " four",
-               " hmm, five? no </think> four"]  # fmt: skip
+    answers = [
+        " two and two make four </think> 4",
+        " so </think> The answer is 4",
+        " four",
+        " hmm, five? no </think> four",
+    ]
     samples = [rollout(long_prompt, [(encode(a), True)], g) for a in answers]
     samples += [rollout(short_prompt, [(encode(a), True)], g) for a in answers[:3]]
     game = encode("You play tic-tac-toe against an opponent on a 3x3 board. Your move:")
@@ -78,16 +82,26 @@ def policy(model_dir, lora: bool, checkpointing: bool, attention: str = "sdpa", 
     """The trainer's policy (expanded with a reasoning vocabulary, so the gate applies) in
     float32 on `device` with `attention`, its reference scorer and its gate. The policy is
     moved off its initial weights so that the KL to the reference is not zero."""
-    cfg = load_config(overrides=[
-        f"model.name={model_dir}", "model.dtype=float32", "model.reasoning_vocab_size=-1",
-        f"model.gradient_checkpointing={str(checkpointing).lower()}",
-        f"model.attn_implementation={attention}",
-        f"lora.enabled={str(lora).lower()}", "lora.target_modules=[q_proj,v_proj,up_proj]",
-        "loss.beta=0.1", "loss.clip_low=0.2", "loss.clip_high=0.3", "sampling.temperature=0.8",
-        # the made-up sampler log-probabilities put most ratios far from 1: keep them all in
-        # the loss, so the gradients compared below are not zero
-        "loss.ratio_mask_low=1e-9", "loss.ratio_mask_high=1e9", "batch.micro_batch_size=4",
-    ])  # fmt: skip
+    cfg = load_config(
+        overrides=[
+            f"model.name={model_dir}",
+            "model.dtype=float32",
+            "model.reasoning_vocab_size=-1",
+            f"model.gradient_checkpointing={str(checkpointing).lower()}",
+            f"model.attn_implementation={attention}",
+            f"lora.enabled={str(lora).lower()}",
+            "lora.target_modules=[q_proj,v_proj,up_proj]",
+            "loss.beta=0.1",
+            "loss.clip_low=0.2",
+            "loss.clip_high=0.3",
+            "sampling.temperature=0.8",
+            # the made-up sampler log-probabilities put most ratios far from 1: keep them all in
+            # the loss, so the gradients compared below are not zero
+            "loss.ratio_mask_low=1e-9",
+            "loss.ratio_mask_high=1e9",
+            "batch.micro_batch_size=4",
+        ]
+    )
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=device == "cpu")
     loaded = load_policy(cfg.model, cfg.lora, accelerator, keep_reference=True)
@@ -168,8 +182,10 @@ def assert_fold_matches_unshared(setup, samples: list[Sample], attention: str) -
     forwarded = sum(plan.forwarded(mb) for mb in plan.micro_batches)
     assert forwarded < 0.6 * sum(len(s) for s in samples)
     long_prompt, short_prompt = samples[0], samples[4]  # both groups in one micro-batch
-    assert any({id(long_prompt), id(short_prompt)} <= {id(s) for row in mb for s in row}
-               for mb in plan.micro_batches)  # fmt: skip
+    assert any(
+        {id(long_prompt), id(short_prompt)} <= {id(s) for row in mb for s in row}
+        for mb in plan.micro_batches
+    )
     sums = ("loss", "loss/total", "loss/kl_ref", "entropy", "ratio/mean", "mismatch_kl")
     for key in sums:
         # sums over ~200 tokens: float32's rounding of the sum, relative
@@ -265,8 +281,10 @@ def test_prefix_sharing_keeps_the_unshared_layout_where_it_saves_little():
 
     def group(prompt_len: int) -> list[Sample]:
         prompt = torch.randint(3, 400, (prompt_len,), generator=g).tolist()
-        return [rollout(prompt, [(torch.randint(3, 400, (100,), generator=g).tolist(), True)], g)
-                for _ in range(8)]  # fmt: skip
+        return [
+            rollout(prompt, [(torch.randint(3, 400, (100,), generator=g).tolist(), True)], g)
+            for _ in range(8)
+        ]
 
     def folds(samples: list[Sample], attention: str | None) -> bool:
         plan = plan_micro_batches(samples, 0, 1, cfg, 0, attention)
@@ -288,8 +306,9 @@ def test_prefix_sharing_is_off_where_a_sliding_window_can_bind():
         model.config = config
         return tree_attention(model, max_seq_len)
 
-    sliding = Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0,
-                          num_hidden_layers=2)  # fmt: skip
+    sliding = Qwen2Config(
+        use_sliding_window=True, sliding_window=64, max_window_layers=0, num_hidden_layers=2
+    )
     assert attention(sliding, 2048) is None
     assert attention(sliding, 64) == "sdpa"
     assert attention(Qwen2Config(num_hidden_layers=2), 2048) == "sdpa"  # window off

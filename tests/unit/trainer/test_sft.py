@@ -136,8 +136,10 @@ def test_prompt_completion_rows_and_the_system_prompt(tiny_model_dir):
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"},
     ]
-    listed = {"prompt": [{"role": "system", "content": "Own."}, {"role": "user", "content": "x"}],
-              "completion": [{"role": "assistant", "content": "y"}]}  # fmt: skip
+    listed = {
+        "prompt": [{"role": "system", "content": "Own."}, {"role": "user", "content": "x"}],
+        "completion": [{"role": "assistant", "content": "y"}],
+    }
     assert to_messages(listed, cfg, "row 2")[0]["content"] == "Own."  # not replaced
     ids, mask = assistant_mask(tokenizer, messages, "row 1")
     assert [tokenizer.decode(r) for r in masked_runs(ids, mask)] == ["4<|im_end|>"]
@@ -148,8 +150,10 @@ def test_long_examples_are_truncated_or_dropped_and_counted(tiny_model_dir):
     from rlvr.data.sft_rows import Conversation
 
     def conversation(prompt_words: int, answer_words: int) -> Conversation:
-        messages = [{"role": "user", "content": "what " * prompt_words},
-                    {"role": "assistant", "content": "the " * answer_words}]  # fmt: skip
+        messages = [
+            {"role": "user", "content": "what " * prompt_words},
+            {"role": "assistant", "content": "the " * answer_words},
+        ]
         return Conversation(messages, f"row {prompt_words}")
 
     rows = [conversation(2, 2), conversation(2, 60), conversation(60, 2)]
@@ -169,8 +173,12 @@ def test_loss_normalisation_ignores_the_micro_batch_and_rank_split(tiny_model_di
     """The gradient of one step is the same for 1 micro-batch, 8 micro-batches of one
     sequence, and 2 ranks x 3 micro-batches (DDP averages the ranks' gradients)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = SFTDataConfig(format="prompt_completion", prompt_column="question",
-                        completion_column="answer", max_seq_len=256)  # fmt: skip
+    cfg = SFTDataConfig(
+        format="prompt_completion",
+        prompt_column="question",
+        completion_column="answer",
+        max_seq_len=256,
+    )
     from rlvr.data.sft_rows import read_conversations
 
     examples, _ = tokenize(read_conversations([gsm8k(shared_data)], cfg)[:8], tokenizer, cfg)
@@ -204,9 +212,16 @@ def test_trainer_steps_do_not_depend_on_micro_batch_size(tiny_model_dir, shared_
     norms and weights. The final full model loads as a plain Hugging Face model."""
     runs = {}
     for micro in (1, 8):
-        cfg = sft_config(tiny_model_dir, gsm8k(shared_data), tmp_path / f"m{micro}",
-                         "lora.enabled=false", "optim.lr=1e-3", "data.max_examples=16",
-                         "train.max_steps=2", f"train.micro_batch_size={micro}")  # fmt: skip
+        cfg = sft_config(
+            tiny_model_dir,
+            gsm8k(shared_data),
+            tmp_path / f"m{micro}",
+            "lora.enabled=false",
+            "optim.lr=1e-3",
+            "data.max_examples=16",
+            "train.max_steps=2",
+            f"train.micro_batch_size={micro}",
+        )
         runs[micro] = SFTTrainer(cfg).run()
     for a, b in zip(runs[1], runs[8], strict=True):
         for key in ("train/loss", "train/grad_norm", "train/loss_tokens"):
@@ -231,9 +246,12 @@ def test_two_ranks_take_the_same_steps_as_one(tiny_model_dir, shared_data, tmp_p
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     done = subprocess.run(
         [*torchrun, str(ROOT / "scripts" / "sft.py"), "--config", str(tmp_path / "ddp.yaml")],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
         env={**os.environ, "ACCELERATE_USE_CPU": "1"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     logged = [json.loads(x) for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     two = [m for m in logged if "train/loss" in m]
@@ -248,10 +266,19 @@ def test_two_ranks_take_the_same_steps_as_one(tiny_model_dir, shared_data, tmp_p
 
 def test_sft_learns_gsm8k_and_leaves_a_complete_run(tiny_model_dir, shared_data, tmp_path):
     out = tmp_path / "run"
-    cfg = sft_config(tiny_model_dir, gsm8k(shared_data), out, "data.max_examples=48",
-                     "data.validation_holdout=8", "train.max_steps=20", "train.eval_every=10",
-                     "train.micro_batch_size=8", "checkpoint.every=8", "checkpoint.keep_last=2",
-                     "wandb.mode=offline")  # fmt: skip
+    cfg = sft_config(
+        tiny_model_dir,
+        gsm8k(shared_data),
+        out,
+        "data.max_examples=48",
+        "data.validation_holdout=8",
+        "train.max_steps=20",
+        "train.eval_every=10",
+        "train.micro_batch_size=8",
+        "checkpoint.every=8",
+        "checkpoint.keep_last=2",
+        "wandb.mode=offline",
+    )
     history = SFTTrainer(cfg).run()
 
     losses = [h["train/loss"] for h in history]
@@ -284,9 +311,14 @@ def test_sft_learns_gsm8k_and_leaves_a_complete_run(tiny_model_dir, shared_data,
     merged = merge_adapter(out / "final", tmp_path / "merged")
     assert AutoModelForCausalLM.from_pretrained(merged).config.model_type == "qwen2"
     # a new run that starts from the trained adapter starts from its loss, not from scratch
-    again = sft_config(tiny_model_dir, gsm8k(shared_data), tmp_path / "again",
-                       "data.max_examples=48", "train.max_steps=1",
-                       f"lora.resume_from={out / 'final'}")  # fmt: skip
+    again = sft_config(
+        tiny_model_dir,
+        gsm8k(shared_data),
+        tmp_path / "again",
+        "data.max_examples=48",
+        "train.max_steps=1",
+        f"lora.resume_from={out / 'final'}",
+    )
     assert SFTTrainer(again).run()[0]["train/loss"] < first - 1.0
 
 
@@ -294,9 +326,15 @@ def test_resume_continues_exactly(tiny_model_dir, shared_data, tmp_path):
     """Stopped after 2 steps and resumed: the remaining steps (crossing into the second,
     reshuffled epoch, with LoRA dropout drawing on the restored RNG and a cosine schedule)
     equal those of an uninterrupted run."""
-    extra = ["data.max_examples=12", "train.batch_size=4", "train.micro_batch_size=2",
-             "train.max_steps=5", "lora.dropout=0.1", "optim.scheduler=cosine",
-             "optim.warmup_steps=1"]  # fmt: skip
+    extra = [
+        "data.max_examples=12",
+        "train.batch_size=4",
+        "train.micro_batch_size=2",
+        "train.max_steps=5",
+        "lora.dropout=0.1",
+        "optim.scheduler=cosine",
+        "optim.warmup_steps=1",
+    ]
     straight = SFTTrainer(sft_config(tiny_model_dir, gsm8k(shared_data), tmp_path / "a", *extra))
     straight = straight.run()
     cut = SFTTrainer(sft_config(tiny_model_dir, gsm8k(shared_data), tmp_path / "b", *extra))
@@ -305,7 +343,7 @@ def test_resume_continues_exactly(tiny_model_dir, shared_data, tmp_path):
     resumed = SFTTrainer(
         sft_config(
             tiny_model_dir, gsm8k(shared_data), tmp_path / "b", *extra, "checkpoint.resume=auto"
-        )  # fmt: skip
+        )
     ).run()
     assert len(resumed) == 3
     for a, b in zip(straight[2:], resumed, strict=True):
@@ -335,8 +373,10 @@ def test_bad_rows_name_the_row(tmp_path):
     cfg = SFTDataConfig(format="prompt_completion")
     from rlvr.data.sft_rows import read_conversations
 
-    gap = write_jsonl(tmp_path / "gap.jsonl", [{"prompt": "a", "completion": "b"},
-                      {"prompt": "c", "completion": None}])  # fmt: skip
+    gap = write_jsonl(
+        tmp_path / "gap.jsonl",
+        [{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": None}],
+    )
     with pytest.raises(
         DataError, match=r"row 2 of .*gap\.jsonl has no value in column 'completion'"
     ):
@@ -344,10 +384,18 @@ def test_bad_rows_name_the_row(tmp_path):
     other = write_jsonl(tmp_path / "other.jsonl", [{"question": "a", "answer": "b"}])
     with pytest.raises(DataError, match=r"row 1 of .*other\.jsonl has no column 'prompt'"):
         read_conversations([other], cfg)
-    chats = write_jsonl(tmp_path / "chats.jsonl", [
-        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
-        {"messages": [{"role": "user", "content": "hi"}]},
-    ])  # fmt: skip
+    chats = write_jsonl(
+        tmp_path / "chats.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "yo"},
+                ]
+            },
+            {"messages": [{"role": "user", "content": "hi"}]},
+        ],
+    )
     with pytest.raises(DataError, match=r"row 2 of .*chats\.jsonl: .* no assistant turn"):
         read_conversations([chats], SFTDataConfig())
     with pytest.raises(DataError, match="use .jsonl, .json or .parquet"):
@@ -372,8 +420,10 @@ def test_bad_config_names_the_key(override, message):
 def test_sft_defaults_survive_a_partial_section():
     """SFT's own defaults (cosine schedule with warm-up, lr 1e-4, W&B project rlvr-sft) stay
     when a file or override sets only some keys of a section."""
-    cfg = load_config(overrides=["data.train_files=[x.jsonl]", "optim.lr=3e-4",
-                                 "wandb.mode=disabled"], cls=SFTConfig)  # fmt: skip
+    cfg = load_config(
+        overrides=["data.train_files=[x.jsonl]", "optim.lr=3e-4", "wandb.mode=disabled"],
+        cls=SFTConfig,
+    )
     assert (cfg.optim.lr, cfg.optim.scheduler, cfg.optim.warmup_steps) == (3e-4, "cosine", 10)
     assert (cfg.wandb.mode, cfg.wandb.project) == ("disabled", "rlvr-sft")
     assert load_config(cls=SFTConfig, overrides=["data.train_files=[x]"]).optim.lr == 1e-4
@@ -386,15 +436,24 @@ def test_script_runs_from_the_command_line_and_reports_bad_input(tiny_model_dir,
     data = write_jsonl(tmp_path / "sums.jsonl", rows)
     script = [sys.executable, str(ROOT / "scripts" / "sft.py")]
     example = ["--config", str(ROOT / "configs" / "examples" / "sft_smollm2_cpu.yaml")]
-    args = [f"--model={tiny_model_dir}", f"data.train_files=[{data}]", "data.prompt_column=prompt",
-            "data.completion_column=completion", "data.validation_holdout=2", "train.max_steps=2",
-            "wandb.mode=disabled", f"--output-dir={tmp_path / 'run'}"]  # fmt: skip
+    args = [
+        f"--model={tiny_model_dir}",
+        f"data.train_files=[{data}]",
+        "data.prompt_column=prompt",
+        "data.completion_column=completion",
+        "data.validation_holdout=2",
+        "train.max_steps=2",
+        "wandb.mode=disabled",
+        f"--output-dir={tmp_path / 'run'}",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run([*script, *example, *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [*script, *example, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "step 2/2 | epoch" in done.stdout and "# rlvr SFT config" in done.stdout
     assert (tmp_path / "run" / "final" / "adapter_config.json").is_file()
-    bad = subprocess.run([*script, *example, "train.epoch=2"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)  # fmt: skip
+    bad = subprocess.run(
+        [*script, *example, "train.epoch=2"], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
     assert bad.returncode == 1 and "unknown config key train.epoch" in bad.stderr

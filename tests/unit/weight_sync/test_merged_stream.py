@@ -20,9 +20,15 @@ ROOT = Path(__file__).resolve().parents[3]
 def tiny_model(tie: bool = False) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=tie,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=tie,
+    )
     return Qwen2ForCausalLM(config).float()
 
 
@@ -109,9 +115,16 @@ def test_merge_adapter_script(tmp_path):
     peft.save_pretrained(tmp_path / "adapter")
     out = tmp_path / "merged"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "merge_adapter.py"), str(tmp_path / "adapter"),
-         str(out)], capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "merge_adapter.py"),
+            str(tmp_path / "adapter"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     merged = AutoModelForCausalLM.from_pretrained(out)
     ids = torch.tensor([[1, 5, 9, 3]])
@@ -120,8 +133,10 @@ def test_merge_adapter_script(tmp_path):
     assert (out / "tokenizer.json").is_file()
     bad = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "merge_adapter.py"), str(tmp_path), str(out)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode != 0 and "not a PEFT adapter" in bad.stderr
 
 

@@ -61,8 +61,9 @@ def test_probe_noise_is_the_initial_offset_and_repeatability():
     served = trainer + torch.tensor([0.03, -0.03, 0.03, -0.03], dtype=torch.float64)
     repeat = served + torch.tensor([0.04, -0.04, 0.04, -0.04], dtype=torch.float64)
     probe = PushProbe([0] * 5)
-    assert probe.check(trainer, served, 0, "m", repeat=repeat) == {"push/probe_kl": pytest.approx(
-        probe_kl(trainer, served))}  # fmt: skip
+    assert probe.check(trainer, served, 0, "m", repeat=repeat) == {
+        "push/probe_kl": pytest.approx(probe_kl(trainer, served))
+    }
     assert probe.noise == pytest.approx(math.sqrt(2) * 0.05)
     exact = PushProbe([0] * 5)
     exact.check(trainer, trainer.clone(), 0, "m", repeat=trainer.clone())
@@ -136,8 +137,14 @@ def test_probe_error_says_what_was_seen_and_what_to_do():
     with pytest.raises(WeightsNotServedError) as caught:
         probe.check(moved, bf16(trainer), 1, "m")  # the server kept version 0
     message = str(caught.value)
-    for words in ("version 1, 'm'", "since version 0", "realised 0 of that move",
-                  "RMS per token", "server.probe_noise", "server.push_probe=false"):  # fmt: skip
+    for words in (
+        "version 1, 'm'",
+        "since version 0",
+        "realised 0 of that move",
+        "RMS per token",
+        "server.probe_noise",
+        "server.push_probe=false",
+    ):
         assert words in message, message
 
 
@@ -159,8 +166,13 @@ def test_probe_is_nan_safe():
                 with pytest.raises(
                     WeightsNotServedError, match="token 3.*not finite|not finite.*token 3"
                 ):
-                    probe.check(scores["trainer"], scores["served"], int(later), "m",
-                                repeat=scores["repeat"])  # fmt: skip
+                    probe.check(
+                        scores["trainer"],
+                        scores["served"],
+                        int(later),
+                        "m",
+                        repeat=scores["repeat"],
+                    )
     nan_move = Move(since=0, moved=math.nan, realised=1.0, residual=0.0, snr=math.nan)
     assert "non-finite" in nan_move.problem(noise=1e-3)
     assert Move(0, 1.0, math.nan, 0.0, 10.0).problem(noise=1e-3) is not None
@@ -190,8 +202,9 @@ def test_mismatch_kl_warns_only_on_batches_sampled_by_the_weights_they_train(tmp
     from rlvr.trainer.metrics import RunLogger
 
     trainer = Trainer.__new__(Trainer)  # only what reporting reads
-    trainer.cfg = load_config(overrides=[f"output_dir={tmp_path}", "wandb.mode=disabled",
-                                         "logging.progress_bar=false"])  # fmt: skip
+    trainer.cfg = load_config(
+        overrides=[f"output_dir={tmp_path}", "wandb.mode=disabled", "logging.progress_bar=false"]
+    )
     trainer.logger = RunLogger(trainer.cfg, True, 0)
     with caplog.at_level(logging.WARNING, logger="rlvr.trainer.metrics"):
         trainer._report(2, {"mismatch_kl": 0.1, "rollouts/policy_lag": 1}, [])

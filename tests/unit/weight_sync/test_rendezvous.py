@@ -93,13 +93,14 @@ def test_remote_example_configs_build_their_rendezvous_without_hanging(example):
     """Both examples serve from a TP=4 vf-vllm on 10.0.0.2 (their header comments): the group
     has 5 members and meets on this machine's address on the route to the server, and with
     nobody there the trainer's side gives up at the configured deadline."""
-    from rlvr.weight_sync.push import server_host
+    from rlvr.weight_sync.control import server_host
 
     cfg = load_config(ROOT / "configs" / "examples" / example, ["server.transfer_timeout_s=2"])
     host = server_host(cfg.server.base_url)
     assert host == "10.0.0.2"
-    meeting = plan_meeting(host, 4, cfg.server.transfer_timeout_s, cfg.server.transfer_host,
-                           cfg.server.transfer_port)  # fmt: skip
+    meeting = plan_meeting(
+        host, 4, cfg.server.transfer_timeout_s, cfg.server.transfer_host, cfg.server.transfer_port
+    )
     assert meeting.world_size == 5 and meeting.master_address != "127.0.0.1"
 
     def trainer_side():
@@ -116,7 +117,7 @@ def test_remote_example_configs_build_their_rendezvous_without_hanging(example):
 )
 def test_auto_backend_on_cuda_shares_a_gpu_through_ipc(monkeypatch, server_gpus, expected):
     """NCCL cannot put two ranks on one GPU: a trainer on the server's own GPU needs ipc."""
-    from rlvr.weight_sync.push import resolve_backend
+    from rlvr.weight_sync.merged import resolve_backend
 
     class Properties:
         uuid = "GPU-a"
@@ -129,7 +130,7 @@ def test_auto_backend_on_cuda_shares_a_gpu_through_ipc(monkeypatch, server_gpus,
 
 
 def test_auto_backend_on_cpu_uses_shared_memory_only_on_this_host():
-    from rlvr.weight_sync.push import resolve_backend
+    from rlvr.weight_sync.merged import resolve_backend
 
     assert resolve_backend("auto", "http://127.0.0.1:8000/v1") == "shm"
     assert resolve_backend("auto", "http://10.0.0.2:8000/v1") == "gloo"

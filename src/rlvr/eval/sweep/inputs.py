@@ -1,6 +1,7 @@
-"""A sweep's inputs: the models, the grid of environment settings and the seeds from the
-command line (`parse_models`, `parse_grid`, `parse_seeds`), the settings every cell shares, and
-the plan of cells they make (`plan`)."""
+"""A sweep's inputs parsed from the command line, and the plan of cells they make (`plan`).
+
+The models, the grid of environment settings and the seeds come from `parse_models`,
+`parse_grid` and `parse_seeds`; a `Sweep` also holds the settings every cell shares."""
 
 from __future__ import annotations
 

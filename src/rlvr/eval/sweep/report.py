@@ -1,5 +1,6 @@
-"""A sweep's report: a table per metric (models x settings, seeds pooled by prompt), the
-paired comparisons, plots, and the JSON of the same numbers."""
+"""A sweep's report: tables per metric, paired comparisons, plots and the same numbers as JSON.
+
+Each table is models x settings, seeds pooled by prompt."""
 
 from __future__ import annotations
 
@@ -220,10 +221,14 @@ def plot_sweep(report: SweepReport, plot_dir: Path) -> list[tuple[str, Path]]:
     pooled = ", seeds pooled" if any(row.seed == ALL_SEEDS for row in report.rows) else ""
     env = report.shared.env_id
     reward = plot_estimate_bars(
-        groups, series, plot_dir / "reward.png", xlabel="environment setting",
-        ylabel="mean reward per rollout", title=f"{env}: mean reward{pooled}",
+        groups,
+        series,
+        plot_dir / "reward.png",
+        xlabel="environment setting",
+        ylabel="mean reward per rollout",
+        title=f"{env}: mean reward{pooled}",
         ci_label="95% CI (clustered by example)",
-    )  # fmt: skip
+    )
     curves = {
         f"{model} · {setting}" if len(groups) > 1 else model: summary.pass_at_k
         for model, summaries in report.pooled.items()

@@ -1,5 +1,7 @@
-"""Running a sweep: recording its spec in `OUT/sweep.json` (refusing cells made with other
-shared settings), then each missing cell's vf-eval run, renamed into place only once finished."""
+"""Runs a sweep: every missing cell's vf-eval run, renamed into place only once finished.
+
+The spec is recorded first in `OUT/sweep.json`; cells made with other shared settings are
+refused."""
 
 from __future__ import annotations
 
@@ -131,9 +133,12 @@ def run_sweep(
     cells = sweep.cells
     result.skipped = [c for c in cells if is_done(c.directory(out))]
     bar = tqdm(
-        total=len(cells), initial=len(result.skipped), desc="sweep", unit="cell",
+        total=len(cells),
+        initial=len(result.skipped),
+        desc="sweep",
+        unit="cell",
         disable=not progress,
-    )  # fmt: skip
+    )
     for model in sweep.models:
         pending = [c for c in cells if c.model == model and c not in result.skipped]
         if not pending:
@@ -144,10 +149,13 @@ def run_sweep(
             try:
                 endpoint = stack.enter_context(
                     serve(
-                        model.model, name=model.label if base_url is None else None,
-                        base_url=base_url, server_args=server_args, log_path=log,
+                        model.model,
+                        name=model.label if base_url is None else None,
+                        base_url=base_url,
+                        server_args=server_args,
+                        log_path=log,
                     )
-                )  # fmt: skip
+                )
             except (RuntimeError, TimeoutError, OSError, ValueError) as e:
                 result.failed += [
                     (c, f"server for {model.label} did not start: {e}") for c in pending
@@ -197,13 +205,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("env", nargs="?", help="environment id, e.g. vf-musique")
     parser.add_argument("--out", type=Path, required=True, help="sweep directory")
     parser.add_argument(
-        "--models", help="comma-separated models, each MODEL or LABEL=MODEL (name, dir, "
+        "--models",
+        help="comma-separated models, each MODEL or LABEL=MODEL (name, dir, "
         "hub id or adapter dir; with --base-url, the name the server serves)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--grid", action="append", default=[], metavar="KEY=V1,V2",
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
         help="an environment argument to sweep (repeat for more axes: every combination)",
-    )  # fmt: skip
+    )
     parser.add_argument("--seeds", help="environment seeds, e.g. 0,1,2 or 0-4")
     parser.add_argument("--seed-arg", default="seed", help="env argument the seed sets")
     parser.add_argument("--env-args", type=json_object, default={}, help="args for every cell")
@@ -211,9 +223,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("-r", "--rollouts-per-example", type=int, default=4)
     parser.add_argument("-t", "--max-tokens", type=int, default=None)
     parser.add_argument(
-        "-S", "--sampling-args", type=json_object, default={},
-        help='sampling arguments for every request, e.g. \'{"temperature": 0.7}\'',
-    )  # fmt: skip
+        "-S",
+        "--sampling-args",
+        type=json_object,
+        default={},
+        help="sampling arguments for every request, e.g. '{\"temperature\": 0.7}'",
+    )
     parser.add_argument("--base-url", help="use this running server instead of starting one")
     parser.add_argument(
         "--server-args", default="", help="extra vf-vllm flags for the servers the sweep starts"

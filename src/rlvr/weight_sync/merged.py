@@ -1,6 +1,5 @@
-"""Trainer side of the weight push into a running vf-vllm.
-
-One object, `WeightSync`, hides the transports behind `connect()` and `push()`:
+"""Merged-weight pushes into a running vf-vllm (`MergedPush`): the trainer's full weights
+(LoRA merged in) replace the served ones, over one of these transports:
 - `nccl`: vLLM's engine, for a server on other GPUs;
 - `ipc`: vLLM's engine, for a server sharing the trainer's GPU (one-GPU users);
 - `shm` and `gloo`: our `cpu` engine (rlvr.server.cpu_engine) for a server on the CPU, through
@@ -18,11 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 from vllm.distributed.weight_transfer.base import (
     ModuleSource,
@@ -31,6 +28,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
 )
 
+from rlvr.weight_sync.base import WeightPush
+from rlvr.weight_sync.control import ServerControl, server_host
 from rlvr.weight_sync.rendezvous import LOOPBACK, Meeting, plan_meeting, with_deadline
 
 log = logging.getLogger(__name__)
@@ -38,141 +37,10 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "shm", "gloo", "nccl", "ipc")
 
 
-class ServerError(RuntimeError):
-    """The server answered a control call with an error (its text is in the message)."""
-
-
-def server_root(base_url: str) -> str:
-    """Accept the OpenAI base URL (".../v1") as well as the server root."""
-    url = base_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-class ServerControl:
-    """The control-plane routes of vf-vllm (vLLM's RL routes), with timeouts and clear errors.
-
-    Also satisfies vLLM's `VLLMWeightSyncClient` protocol, so vLLM's own trainer engines drive
-    their handshakes through it.
-    """
-
-    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 300.0):
-        self.root = server_root(base_url)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # No keep-alive: a connection idle for uvicorn's 5 s keep-alive timeout may be closed
-        # by the server just as the next call reuses it ("Server disconnected without sending
-        # a response"). Control calls are a handful per step; a fresh connection costs ~1 ms.
-        self.http = httpx.Client(
-            base_url=self.root,
-            headers=headers,
-            timeout=timeout_s,
-            limits=httpx.Limits(max_keepalive_connections=0),
-        )
-
-    def post(self, path: str, json: Any = None, params: dict | None = None) -> dict:
-        try:
-            response = self.http.post(path, json=json, params=params)
-        except httpx.HTTPError as e:
-            raise ServerError(f"POST {self.root}{path} failed: {e!r}") from e
-        if response.status_code >= 400:
-            raise ServerError(
-                f"POST {self.root}{path} -> {response.status_code}: {response.text[:2000]}"
-            )
-        if "json" not in response.headers.get("content-type", ""):
-            return {"text": response.text}  # e.g. /v1/load_lora_adapter answers in plain text
-        return response.json()
-
-    def get(self, path: str, params: dict | None = None) -> dict:
-        try:
-            response = self.http.get(path, params=params)
-        except httpx.HTTPError as e:
-            raise ServerError(f"GET {self.root}{path} failed: {e!r}") from e
-        if response.status_code >= 400:
-            raise ServerError(
-                f"GET {self.root}{path} -> {response.status_code}: {response.text[:2000]}"
-            )
-        return response.json()
-
-    def worker_rpc(self, method: str, kwargs: dict[str, str] | None = None) -> list[Any]:
-        """Every worker's answer to vf-vllm's worker-extension `method`
-        (rlvr.server.worker_extension); vLLM passes only string arguments."""
-        body = {"method": method, "kwargs": kwargs or {}}
-        return self.post("/collective_rpc", json=body)["results"]
-
-    def vllm_config(self) -> dict[str, Any]:
-        """The server's vLLM config as JSON ({} when it does not describe it)."""
-        try:
-            config = self.get("/server_info", params={"config_format": "json"})["vllm_config"]
-        except (ServerError, KeyError, TypeError) as e:
-            log.info("the server does not describe its configuration (%s)", e)
-            return {}
-        return config if isinstance(config, dict) else {}
-
-    def tokenizer_mode(self) -> str | None:
-        """The server's `--tokenizer-mode` (None when it does not say)."""
-        model = self.vllm_config().get("model_config")
-        return model.get("tokenizer_mode") if isinstance(model, dict) else None
-
-    def logprobs_mode(self) -> str | None:
-        """The server's `--logprobs-mode` (None when it does not say)."""
-        model = self.vllm_config().get("model_config")
-        return model.get("logprobs_mode") if isinstance(model, dict) else None
-
-    def max_lora_rank(self) -> int | None:
-        """The largest adapter rank the server can load at run time, or None when it cannot
-        load adapters (started without --enable-lora, or without runtime loading)."""
-        lora = self.vllm_config().get("lora_config")
-        if not lora or not self.get("/openapi.json").get("paths", {}).get("/v1/load_lora_adapter"):
-            return None
-        return int(lora["max_lora_rank"])
-
-    def gpu_uuids(self) -> list[str] | None:
-        """UUIDs of the GPUs the server's workers run on (None when the server cannot say,
-        e.g. a plain vLLM without vf-vllm's worker extension)."""
-        try:
-            results = self.worker_rpc("rlvr_device_info")
-        except (ServerError, KeyError, TypeError) as e:
-            log.info("the server does not report its GPUs (%s); assuming other GPUs", e)
-            return None
-        return [r["gpu_uuid"] for r in results if isinstance(r, dict) and r.get("gpu_uuid")]
-
-    def world_size(self) -> int:
-        """The server's workers across tensor, pipeline and data parallelism: each joins the
-        weight-transfer group."""
-        return int(self.get("/get_world_size", params={"include_dp": "true"})["world_size"])
-
-    def health(self) -> bool:
-        try:
-            return self.http.get("/health", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def pause(self) -> None:
-        self.post("/pause", params={"mode": "keep"})
-
-    def resume(self) -> None:
-        self.post("/resume")
-
-    def reset_prefix_cache(self) -> None:
-        self.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
-
-    # vLLM's VLLMWeightSyncClient protocol
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.post("/init_weight_transfer_engine", json={"init_info": init_info})
-
-    def start_weight_update(self) -> None:
-        self.post("/start_weight_update")
-
-    def update_weights(self, update_info) -> None:
-        from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
-
-        self.post("/update_weights", json={"update_info": _json_safe_update_payload(update_info)})
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        body = {"weight_version": weight_version} if weight_version is not None else None
-        self.post("/finish_weight_update", json=body)
-
-    def close(self) -> None:
-        self.http.close()
+def check_backend(backend: str) -> None:
+    """Raise ValueError for a transfer that is not one of `BACKENDS`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown weight-transfer backend {backend!r}; choose one of {BACKENDS}")
 
 
 def resolve_backend(backend: str, base_url: str, server_gpus: list[str] | None = None) -> str:
@@ -180,19 +48,13 @@ def resolve_backend(backend: str, base_url: str, server_gpus: list[str] | None =
     on this very GPU (CUDA IPC handles only open on the GPU that made them; NCCL between two
     processes on one GPU fails), else `nccl`; on the CPU, `shm` for a server on this host,
     else `gloo`. `server_gpus` are the GPU UUIDs the server's workers report (None: unknown)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown weight-transfer backend {backend!r}; choose one of {BACKENDS}")
+    check_backend(backend)
     if backend != "auto":
         return backend
     if torch.cuda.is_available():
         mine = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
         return "ipc" if server_gpus and mine in server_gpus else "nccl"
-    host = httpx.URL(server_root(base_url)).host
-    return "shm" if host in LOOPBACK else "gloo"
-
-
-def server_host(base_url: str) -> str:
-    return httpx.URL(server_root(base_url)).host
+    return "shm" if server_host(base_url) in LOOPBACK else "gloo"
 
 
 # CUDA IPC in bounded buckets: vLLM's unpacked mode keeps every parameter's shared copy alive
@@ -256,14 +118,15 @@ def as_weight_source(source: Any) -> WeightSource:
     return _Adapted(source)
 
 
-class WeightSync:
-    """Connects a trainer's weights to one vf-vllm and pushes them on demand.
+class MergedPush(WeightPush):
+    """Pushes a trainer's whole weights into one vf-vllm, which serves every version under
+    one name, `served_model`: a push replaces the weights it serves.
 
     `source` is anything vLLM's `WeightSource` describes (`ModuleSource(model)` for a plain
     model; the trainer passes a merged-LoRA source). It is re-iterated on every push, so the
     server always receives the current values.
 
-    With several trainer ranks, every rank creates a WeightSync with its `rank` and calls
+    With several trainer ranks, every rank creates a MergedPush with its `rank` and calls
     `connect`/`push` together: rank 0 talks to the server and sends; the others only iterate
     the source, taking part in the gathers (ZeRO-3) that materialise each parameter. Rank 0
     picks the transfer (`resolve()`) and hands it to the others (`connect(backend=...)`).
@@ -276,6 +139,7 @@ class WeightSync:
     def __init__(
         self,
         base_url: str,
+        served_model: str,
         backend: str = "auto",
         api_key: str | None = None,
         timeout_s: float = 300.0,
@@ -285,14 +149,13 @@ class WeightSync:
         chunk_bytes: int = 256 * 1024 * 1024,
         rank: int = 0,
     ):
-        if backend not in BACKENDS:
-            raise ValueError(
-                f"unknown weight-transfer backend {backend!r}; choose one of {BACKENDS}"
-            )
+        check_backend(backend)
         self.control = ServerControl(base_url, api_key=api_key, timeout_s=timeout_s)
         self.base_url = base_url
+        self.served_model = served_model
         self.requested_backend = backend
         self.backend: str | None = None
+        """The transfer in use, once connected (`resolve()` on rank 0)."""
         self.transfer_timeout_s = transfer_timeout_s
         self.transfer_host = transfer_host
         self.transfer_port = transfer_port
@@ -301,8 +164,6 @@ class WeightSync:
         self.engine: TrainerWeightTransferEngine | None = None
         self.meeting: Meeting | None = None
         """Where the gloo/nccl rendezvous took place (rank 0; None for shm/ipc)."""
-        self.version = -1
-        """The weight version of the last push (-1: none yet)."""
 
     def resolve(self) -> str:
         """The transfer this trainer uses (asked of the server when `auto` on a CUDA trainer
@@ -356,8 +217,9 @@ class WeightSync:
             )
 
         if self.backend == "nccl":  # vLLM's engine has no deadline of its own; ours does
-            (self.engine,) = with_deadline(meeting, "the NCCL weight-transfer rendezvous",
-                                           [handshake])  # fmt: skip
+            (self.engine,) = with_deadline(
+                meeting, "the NCCL weight-transfer rendezvous", [handshake]
+            )
         else:
             self.engine = handshake()
 
@@ -371,11 +233,11 @@ class WeightSync:
             self.control.finish_weight_update()
             log.warning("closed a weight update that an earlier trainer left open")
 
-    def push(self, version: int | None = None) -> float:
-        """Send the current weights as weight `version` (default: one more than the last
-        push); returns the seconds the server was paused."""
+    def push(self, version: int) -> float:
+        """Send the current weights as weight `version` (served under `served_model`, like
+        every version); returns the seconds the server was paused."""
         if self.engine is None:
-            raise RuntimeError("WeightSync.push() before connect()")
+            raise RuntimeError("MergedPush.push() before connect()")
         start = time.perf_counter()
         if self.rank == 0:
             self.control.pause()
@@ -386,27 +248,21 @@ class WeightSync:
                 self.control.resume()
         else:
             self.engine.send_weights()
-        self.version = self.version + 1 if version is None else version
         return time.perf_counter() - start
 
-    def release(self, in_use: Iterable[int]) -> None:
-        """Nothing to release: a merged push replaces the served weights (the adapter sync's
-        counterpart unloads old versions)."""
+    def served_name(self, version: int) -> str:
+        """`served_model`, whatever the version: the server holds only the newest weights."""
+        return self.served_model
 
     def close(self) -> None:
+        """Shut the transfer engine down and close the connection."""
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
         self.control.close()
 
-    def __enter__(self) -> WeightSync:
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def push_adapter(base_url: str, model: str, adapter: str | Path) -> float:
+def push_merged_adapter(base_url: str, model: str, adapter: str | Path) -> float:
     """Push `model` (a name `rlvr.model.names.resolve_model` knows) + the saved LoRA `adapter`,
     merged, into the vf-vllm at `base_url`; returns the push's seconds.
 
@@ -421,6 +277,6 @@ def push_adapter(base_url: str, model: str, adapter: str | Path) -> float:
 
     base = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32)
     policy = apply_lora(base, LoraConfig(resume_from=str(adapter)))
-    with WeightSync(base_url) as sync:
-        sync.connect(MergedWeightSource(policy))
-        return sync.push()
+    with MergedPush(base_url, model) as weights:
+        weights.connect(MergedWeightSource(policy))
+        return weights.push(0)

@@ -1,0 +1,1 @@
+../../shared/outcome_rubric.py
