@@ -51,3 +51,25 @@ def multi_turn_target_env(target: int, turns: int = 3, num_prompts: int = 16) ->
     return _KeepTalking(
         dataset=dataset, eval_dataset=dataset, rubric=single.rubric, max_turns=turns
     )
+
+
+def v1_target_env(target: int, num_prompts: int = 16):
+    """`target_share_env` written against verifiers' v1 API: a `Taskset` of one-turn tasks
+    whose reward is the target token's share, run by the default `Harness` through `vf.Env`."""
+    import verifiers.v1 as v1
+
+    @v1.reward(weight=1.0)
+    async def target_share(task, state) -> float:
+        ids = completion_ids(state)
+        return sum(t == target for t in ids) / len(ids) if ids else 0.0
+
+    @v1.metric
+    async def completion_length(task, state) -> float:
+        return float(len(completion_ids(state)))
+
+    rows = [
+        {"prompt": [{"role": "user", "content": f"Write a line about item {i}."}], "max_turns": 1}
+        for i in range(num_prompts)
+    ]
+    taskset = v1.Taskset(source=rows, rewards=[target_share], metrics=[completion_length])
+    return v1.Env(taskset=taskset, harness=v1.Harness())

@@ -75,6 +75,9 @@ class MicroBatch:
     position_ids: torch.Tensor | None = None
     """Positions restarting at 0 where each sample starts; the padding after the last sample
     of a row counts as a sample of its own, so nothing attends to it or from it."""
+    sequence_ids: torch.Tensor | None = None
+    """[B, T-1] which of the micro-batch's samples each prediction belongs to (0, 1, ...; the
+    padding is one more id), for the losses that reduce per sequence (`rlvr.trainer.loss`)."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -129,6 +132,17 @@ class GroupResult:
         """More than `max_errored_frac` of the group's rollouts errored: it gets no loss."""
         return self.errored > max_errored_frac * (len(self.rollouts) + self.errored)
 
+    def carries_signal(self, max_errored_frac: float) -> bool:
+        """The group trains: not too errored, and its rewards are not all equal."""
+        rewards = [r.reward for r in self.rollouts]
+        return not self.too_errored(max_errored_frac) and not rewards_equal(rewards)
+
+
+def rewards_equal(rewards: list[float]) -> bool:
+    """A group whose rewards are all equal (or that has fewer than two) has zero advantage
+    everywhere: it teaches nothing."""
+    return len(rewards) < 2 or max(rewards) - min(rewards) <= 1e-12
+
 
 @dataclass
 class StepBatch:
@@ -151,6 +165,14 @@ class StepBatch:
     that began before the batch finished serves its later requests (and the rest of any
     completion in progress) under the same name. None (a batch saved before this field
     existed): `min_policy_version`."""
+    refill_groups: int = 0
+    """Groups generated to replace groups without signal (`batch.dynamic_sampling`)."""
+    zero_signal_groups: int = 0
+    """Groups generated for this step, refills included, that carried no signal."""
+    set_aside_prompts: int = 0
+    """Rows the difficulty curriculum passed over (`rlvr.rollouts.curriculum`)."""
+    curriculum_state: dict[int, float] | None = None
+    """The curriculum's pass-rate estimates once this batch was generated (None: off)."""
 
     @property
     def newest_policy_version(self) -> int:
@@ -183,8 +205,13 @@ class TrainBatch:
 
     @property
     def loss_tokens(self) -> int:
-        """Loss tokens of the whole step: every micro-batch's loss is divided by this."""
+        """Loss tokens of the whole step (the loss's normaliser under `token_mean`)."""
         return sum(s.num_loss_tokens for s in self.samples)
+
+    @property
+    def loss_sequences(self) -> int:
+        """Samples with at least one loss token (the per-sequence aggregations' count)."""
+        return sum(1 for s in self.samples if s.num_loss_tokens)
 
     @property
     def tokens(self) -> int:

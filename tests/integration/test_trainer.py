@@ -185,6 +185,43 @@ def test_two_ranks_compute_the_same_step_as_one(tiny_server, tmp_path):
     assert all(h["mismatch_kl"] < 1e-3 for r in ranks for h in r["history"])
 
 
+def test_loss_choices_dynamic_sampling_and_pass_at_k_train_against_the_server(
+    tiny_server, tmp_path
+):
+    """The algorithm-layer options through the real trainer and server: GSPO's sequence ratio,
+    the per-sequence mean, the sequence mask, dynamic sampling and the curriculum train
+    (finite losses, the weights move), the batch stays full, the evaluation logs pass@k and
+    the checkpoint keeps the curriculum's estimates."""
+    extra = [
+        "max_steps=2",
+        "loss.ratio_level=sequence",
+        "loss.aggregation=seq_mean_token_mean",
+        "loss.correction=sequence_mask",
+        "batch.dynamic_sampling=true",
+        "batch.max_refill_rounds=2",
+        "eval.every=2",
+        "eval.num_examples=4",
+        "eval.rollouts_per_example=2",
+        "eval.pass_threshold=0.1",
+        "curriculum.enabled=true",
+        "curriculum.pass_threshold=0.1",
+        "checkpoint.every=1",
+    ]
+    trainer = Trainer(config(tiny_server, tmp_path, *extra), env=_env(tiny_server))
+    history = trainer.run()
+    assert len(history) == 2
+    for step in history:
+        assert math.isfinite(step["loss/total"]) and step["grad_norm"] > 0
+        assert step["rollouts/count"] == 32  # refills replace groups, the batch keeps its size
+        assert step["batch/refill_groups"] >= 0 and 0 <= step["batch/zero_signal_frac"] <= 1
+        assert step["curriculum/tracked"] >= 4
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (evaluation,) = [m for m in logged if "eval/reward" in m]
+    assert 0 <= evaluation["eval/pass@1"] <= evaluation["eval/pass@2"] <= 1
+    saved = json.loads((list_checkpoints(tmp_path)[-1] / "trainer_state.json").read_text())
+    assert {int(k): v for k, v in saved["curriculum"].items()} == trainer.curriculum_state
+
+
 def _env(server):
     return target_share_env(target_id(server.model_dir))
 
@@ -332,3 +369,35 @@ def test_a_nan_loss_stops_the_run_and_it_resumes_from_the_last_checkpoint(
     )
     assert len(resumed.run()) == 1 and resumed.start_step == 1
     assert _trainable_finite(resumed)
+
+
+def test_v1_environment_trains(tiny_server, tmp_path):
+    """A verifiers v1 environment (`vf.Env(Taskset, Harness)`, `toy_env.v1_target_env`) trains
+    like its classic twin `target_share_env`: the same prompts and request seeds give the same
+    rewards, losses and gradient norms step for step, its own reward and metric reach the logs,
+    the evaluation reads its eval set, and the weights move (the tiny random model hits the
+    target token in step 1; a step whose groups all score 0 has no gradient, as in the twin)."""
+    from toy_env import v1_target_env
+
+    target = target_id(tiny_server.model_dir)
+    extra = ["max_steps=2", "eval.every=2", "eval.num_examples=4"]
+    history = Trainer(config(tiny_server, tmp_path / "v1", *extra), env=v1_target_env(target)).run()
+    classic = Trainer(
+        config(tiny_server, tmp_path / "classic", *extra), env=_env(tiny_server)
+    ).run()
+    assert len(history) == 2
+    for step, twin in zip(history, classic, strict=True):
+        assert step["rollouts/count"] == 32 and step["rollouts/errored"] == 0
+        assert step["rollouts/samples"] > 0
+        assert math.isfinite(step["loss/total"])
+        assert step["env/target_share"] == pytest.approx(step["reward/mean"])
+        assert step["env/completion_length"] > 0
+        for key in ("reward/mean", "loss/total", "grad_norm"):
+            assert step[key] == pytest.approx(twin[key], rel=1e-5, abs=1e-9), key
+    assert history[0]["reward/mean"] > 0 and history[0]["grad_norm"] > 0
+    logged = [
+        json.loads(line) for line in (tmp_path / "v1" / "metrics.jsonl").read_text().splitlines()
+    ]
+    (evaluation,) = [m for m in logged if "eval/reward" in m]
+    assert evaluation["eval/rollouts"] >= 4 and evaluation["eval/errored"] == 0
+    assert evaluation["eval/target_share"] == pytest.approx(evaluation["eval/reward"])

@@ -2,7 +2,8 @@
 
 The order, lowest first (a unit may import its own layer and any layer below it):
 
-    0  ground floor   rlvr.finite, rlvr.atomic, rlvr.batch, rlvr.config, rlvr.testing
+    0  ground floor   rlvr.finite, rlvr.atomic, rlvr.batch, rlvr.config, rlvr.testing,
+                      rlvr.pass_at_k
     1  building parts rlvr.model, rlvr.data, rlvr.reasoning_vocab
     2  step machinery rlvr.rollouts, rlvr.weight_sync, rlvr.server
     3  the loop       rlvr.trainer
@@ -37,7 +38,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rlvr.finite", "rlvr.atomic", "rlvr.batch", "rlvr.config", "rlvr.testing"),
+    ("rlvr.finite", "rlvr.atomic", "rlvr.batch", "rlvr.config", "rlvr.testing", "rlvr.pass_at_k"),
     ("rlvr.model", "rlvr.data", "rlvr.reasoning_vocab"),
     ("rlvr.rollouts", "rlvr.weight_sync", "rlvr.server"),
     ("rlvr.trainer",),
@@ -55,7 +56,7 @@ ALLOWED_UP: dict[tuple[str, str], str] = {
     "rollouts' client, imported where the demonstrations are generated",
     ("rlvr/data/demonstrations.py", "rlvr.server"): "generating from a local model serves it "
     "first, imported where the demonstrations are generated",
-    ("rlvr/data/export.py", "rlvr.eval"): "exports read vf-eval runs (Run, errored, succeeded)",
+    ("rlvr/data/export.py", "rlvr.eval"): "exports read vf-eval runs (Run, errored)",
     ("rlvr/model/policy.py", "rlvr.trainer"): "loading a policy plans its memory with the "
     "trainer's budget (rlvr.trainer.memory)",
     ("rlvr/model/publish.py", "rlvr.trainer"): "publishing reads the trainer's checkpoints",

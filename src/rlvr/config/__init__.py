@@ -13,6 +13,7 @@ The public names are re-exported here: `from rlvr.config import Config, load_con
 from rlvr.config.grpo import (
     BatchConfig,
     Config,
+    CurriculumConfig,
     EnvConfig,
     EvalConfig,
     LoggingConfig,
@@ -50,6 +51,7 @@ __all__ = [
     "ConfigError",
     "DistributedConfig",
     "EnvConfig",
+    "CurriculumConfig",
     "EvalConfig",
     "LoggingConfig",
     "LoraConfig",

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.atomic import atomic_write_bytes, atomic_write_text
-from rlvr.eval.vf_eval import ResultsError, Run, errored, succeeded
+from rlvr.eval.vf_eval import ResultsError, Run, errored
+from rlvr.pass_at_k import succeeded
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,

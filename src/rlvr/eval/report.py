@@ -27,8 +27,9 @@ from typing import Any
 
 from rlvr.atomic import atomic_write_text
 from rlvr.data.export import export_chat_jsonl
-from rlvr.eval.stats import Estimate, clustered_mean, k_values, mean_with_ci, pass_at_k
-from rlvr.eval.vf_eval import ResultsError, Rollout, Run, errored, load_run, succeeded
+from rlvr.eval.stats import Estimate, clustered_mean, mean_with_ci
+from rlvr.eval.vf_eval import ResultsError, Rollout, Run, errored, load_run
+from rlvr.pass_at_k import mean_pass_at_k, succeeded
 from rlvr.trainer.metrics import metric_means
 
 # ---- per-run numbers --------------------------------------------------------------------------
@@ -120,8 +121,7 @@ def _pass_at_k(groups: Iterable[list[Rollout]], threshold: float) -> dict[str, f
     """Mean over examples of the unbiased pass@k, each example with its own rollout count; k
     goes up to the fewest rollouts any example has."""
     tallies = [(len(g), sum(succeeded(r.reward, threshold) for r in g)) for g in groups]
-    fewest = min(n for n, _ in tallies)
-    return {str(k): fmean(pass_at_k(n, c, k) for n, c in tallies) for k in k_values(fewest)}
+    return {str(k): value for k, value in mean_pass_at_k(tallies).items()}
 
 
 def _share(

@@ -1,5 +1,5 @@
 """Estimates with honest uncertainty for evaluation results: means with confidence intervals whose
-independent unit is the example, and the unbiased pass@k estimator.
+independent unit is the example (pass@k is `rlvr.pass_at_k`).
 
 An evaluation draws a few rollouts of each of a few examples. The rollouts of one example share
 its difficulty, so they are correlated: treating them as independent samples makes intervals too
@@ -60,19 +60,6 @@ def clustered_mean(clusters: Sequence[Sequence[float]]) -> Estimate:
 def mean_with_ci(values: Sequence[float]) -> Estimate:
     """The mean of independent values (e.g. paired per-example differences) with a 95% t CI."""
     return clustered_mean([[v] for v in values])
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased estimate of the chance that at least one of k rollouts drawn without replacement
-    from n, of which c succeeded, succeeds: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def k_values(n: int) -> list[int]:
-    """The k reported for n rollouts per example: 1, 2, 4, ... up to n."""
-    return [2**i for i in range(n.bit_length())]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -142,16 +142,6 @@ def evaluate_policy(
 # ---- a saved run ----------------------------------------------------------------------------
 
 
-# A weighted rubric sum meant to be exactly 1.0 can come out as 0.9999999999999999; rounding
-# must not turn a success into a failure.
-SUCCESS_TOLERANCE = 1e-9
-
-
-def succeeded(reward: float, bar: float) -> bool:
-    """reward >= bar, up to float rounding (SUCCESS_TOLERANCE)."""
-    return reward >= bar - SUCCESS_TOLERANCE
-
-
 def errored(row: dict[str, Any]) -> bool:
     """vf-eval saves `error` with every rollout: None when it ran cleanly, the error's type and
     chain when the model call, a tool or the environment raised."""

@@ -8,7 +8,12 @@ from typing import Any
 
 from rlvr.batch import GroupResult, RolloutResult
 from rlvr.rollouts.request_args import SamplingFilterError
-from rlvr.rollouts.to_samples import MissingTokensError, NonFiniteRewardError, rollout_result
+from rlvr.rollouts.to_samples import (
+    MissingTokensError,
+    NonFiniteRewardError,
+    is_v1,
+    rollout_result,
+)
 
 log = logging.getLogger(__name__)
 
@@ -18,11 +23,35 @@ def environment_name(env: Any) -> str:
     return getattr(env, "env_id", "") or type(env).__name__
 
 
+def scores_own_rollouts(env: Any) -> bool:
+    """True for a verifiers v1 `Env` (`vf.Env(taskset, harness)`): its harness scores each
+    rollout inside `env.rollout`, and its rubric is an empty placeholder whose `score_group`
+    would reset every reward to 0."""
+    return is_v1(env, "Env")
+
+
+class UnsupportedEnvironmentError(ValueError):
+    """An environment the trainer cannot run faithfully (raised when it is loaded)."""
+
+
+def check_rollout_stage_only(env: Any) -> None:
+    """Raise UnsupportedEnvironmentError for a v1 Env that needs its group stage (group
+    rewards, advantages, updates or cleanups, or a custom `Taskset.init_group`): `run_group`
+    runs a v1 Env's rollouts one by one, each with its own sampling seed, so that stage
+    would never run."""
+    if scores_own_rollouts(env) and env.requires_group_rollouts:
+        raise UnsupportedEnvironmentError(
+            "a verifiers v1 environment with group-stage signals or handlers (or a custom "
+            "Taskset.init_group) is not supported: the trainer runs and scores a v1 "
+            "environment's rollouts one at a time"
+        )
+
+
 async def score(env: Any, states: list[dict], where: str) -> list[str]:
-    """Score `states` together as the environment asks; returns one error per rollout when
-    scoring itself raises (a group reward function that returns None or a string breaks
-    verifiers' weighted sum), else none."""
-    if not states:
+    """Score `states` together as the environment asks (a v1 Env has already scored them);
+    returns one error per rollout when scoring itself raises (a group reward function that
+    returns None or a string breaks verifiers' weighted sum), else none."""
+    if not states or scores_own_rollouts(env):
         return []
     try:
         if env.score_rollouts:

@@ -13,6 +13,7 @@ those vLLM reported, never re-tokenized text.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rlvr.batch import RolloutResult, Sample
@@ -93,6 +94,22 @@ def trajectory_samples(trajectory: list[dict], max_seq_len: int) -> list[Sample]
     return samples
 
 
+def is_v1(obj: Any, name: str) -> bool:
+    """Is `obj` an instance of `verifiers.v1.<name>` (`Env`, `State`)? Read through
+    sys.modules because such an object exists only once verifiers.v1 is imported, and
+    importing it just to check costs seconds."""
+    v1 = sys.modules.get("verifiers.v1")
+    return v1 is not None and isinstance(obj, getattr(v1, name))
+
+
+def reference_answer(state: Any) -> Any:
+    """The row's reference answer: a verifiers v1 state keeps it in `state["task"]` (its own
+    `state["answer"]` is the answer the rollout submitted); a classic state at the top level."""
+    if is_v1(state, "State"):
+        return (state.get("task") or {}).get("answer")
+    return state.get("answer")
+
+
 def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> RolloutResult:
     """A scored rollout's state reduced to a `RolloutResult`. Raises `NonFiniteRewardError`
     for a reward that is not a finite number; rubric metrics that are not finite numbers are
@@ -124,5 +141,5 @@ def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> Rollou
         completion_tokens=completion_tokens,
         prompt_text=render_messages(state.get("prompt")),
         completion_text=render_messages(state.get("completion")),
-        answer=str(state.get("answer", "") or ""),
+        answer=str(reference_answer(state) or ""),
     )

@@ -2,7 +2,11 @@
 trainer in a background thread (`RolloutWorker`), at most `batch.async_level` steps ahead.
 
 The worker also owns the run's policy version (`VersionClock`): which weights generate which
-batch. The client is `rlvr.rollouts.client`, each request's sampling arguments
+batch; and which prompts a batch takes: in order, past prompts too long to train on and those the
+difficulty curriculum sets aside (`rlvr.rollouts.curriculum`), with groups without signal
+replaced under dynamic sampling (`batch.dynamic_sampling`).
+
+The client is `rlvr.rollouts.client`, each request's sampling arguments
 `rlvr.rollouts.request_args`; how a finished rollout becomes token samples with loss masks is
 `rlvr.rollouts.to_samples`. One prompt's group of rollouts is `rlvr.rollouts.groups`; which rows
 become prompts, `rlvr.rollouts.prompts`.
@@ -17,11 +21,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.batch import GroupResult, StepBatch
 from rlvr.config import Config
+from rlvr.pass_at_k import mean_pass_at_k, succeeded
+from rlvr.rollouts.curriculum import Curriculum
 from rlvr.rollouts.groups import run_group
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import build_sampling_args, request_seed
@@ -31,11 +37,44 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EvalResult:
+    """One evaluation of the served policy on the environment's eval set."""
+
     reward: float
     metrics: dict[str, float]
     num_rollouts: int
     errored: int
     truncated: int
+    pass_at_k: dict[int, float] = field(default_factory=dict)
+    """pass@k over the examples (k = 1, 2, 4, ... up to the rollouts per example): a rollout
+    succeeds when its reward reaches `eval.pass_threshold`; an errored one fails."""
+
+
+@dataclass
+class _Prompts:
+    """The rows a step (or a refill) generates from, and the rows it passed over."""
+
+    first: int
+    """The position of the first row in the prompt order."""
+    rows: list[dict] = field(default_factory=list)
+    too_long: int = 0
+    set_aside: int = 0
+    """Rows the curriculum passed over."""
+
+
+@dataclass
+class _Refill:
+    """What dynamic sampling generated for one step beyond its first groups."""
+
+    groups: int = 0
+    zero_signal: int = 0
+    """Groups of the step, first ones included, that carried no signal."""
+    too_long: int = 0
+    set_aside: int = 0
+
+
+def row_id(row: dict, index: int) -> int:
+    """The example id a dataset row's rollouts report (verifiers numbers the rows)."""
+    return int(row.get("example_id", index))
 
 
 class _Batches:
@@ -165,6 +204,7 @@ class RolloutWorker:
         data_position: int = 0,
         prompt_fits: Callable[[dict], bool] | None = None,
         preloaded: list[StepBatch] | None = None,
+        curriculum_state: dict[int, float] | None = None,
         served_name: Callable[[int], str] | None = None,
     ):
         self.env = env
@@ -178,6 +218,10 @@ class RolloutWorker:
         self.start_step = start_step
         self.position = data_position
         self.prompt_fits = prompt_fits or (lambda row: True)
+        self.curriculum = None
+        if config.curriculum.enabled:
+            rates = dict(curriculum_state or {})
+            self.curriculum = Curriculum(config.curriculum, config.seed, rates)
         self.clock = VersionClock(version)
         self._batches = _Batches()
         self._preloaded = {b.step: b for b in preloaded or []}
@@ -278,6 +322,8 @@ class RolloutWorker:
                     self._batches.start(step)
                     batch = self._preloaded.pop(step)
                     self.position = batch.data_position
+                    if self.curriculum is not None and batch.curriculum_state is not None:
+                        self.curriculum.rates = dict(batch.curriculum_state)
                 else:
                     await self._wait_for_version(step - self.cfg.batch.async_level)
                     with self.clock.lease() as version:  # before the trainer may push on
@@ -330,33 +376,38 @@ class RolloutWorker:
 
         return list(await asyncio.gather(*(one(i, row) for i, row in enumerate(rows))))
 
-    def _next_rows(self, count: int) -> tuple[list[dict], int, int]:
-        """The next `count` rows whose prompts fit, the first row's position, and how many
-        rows were skipped for being too long."""
-        rows: list[dict] = []
-        first = self.position
-        skipped = 0
-        while len(rows) < count:
+    def _next_prompts(self, count: int) -> _Prompts:
+        """The next `count` rows whose prompts fit and that the curriculum keeps."""
+        prompts = _Prompts(first=self.position)
+        while len(prompts.rows) < count:
             (index,) = self.order.rows(self.position, 1)
+            position = self.position
             self.position += 1
             row = self.dataset[index]
-            if self.prompt_fits(row):
-                rows.append(row)
-                continue
-            skipped += 1
-            if skipped > len(self.dataset):
-                raise RuntimeError(
-                    f"no prompt of the dataset fits batch.max_prompt_len="
-                    f"{self.cfg.batch.max_prompt_len} tokens"
-                )
-        return rows, first, skipped
+            if not self.prompt_fits(row):
+                prompts.too_long += 1
+                if prompts.too_long > len(self.dataset):
+                    raise RuntimeError(
+                        f"no prompt of the dataset fits batch.max_prompt_len="
+                        f"{self.cfg.batch.max_prompt_len} tokens"
+                    )
+            elif self.curriculum is not None and not self.curriculum.keeps(
+                row_id(row, index), position
+            ):
+                prompts.set_aside += 1
+            else:
+                prompts.rows.append(row)
+        return prompts
 
     async def generate_step(self, step: int, version: int) -> StepBatch:
-        """The batch of `step`, every request through the name serving weight `version`."""
-        rows, first, skipped = self._next_rows(self.cfg.examples_per_step)
+        """The batch of `step`, every request through the name serving weight `version`
+        (refills included: the whole batch is generated by one policy)."""
+        prompts = self._next_prompts(self.cfg.examples_per_step)
         began = time.perf_counter()
         group_size = self.cfg.batch.rollouts_per_example
-        groups = await self._run_groups(rows, step, first, group_size, version)
+        groups = await self._run_groups(prompts.rows, step, prompts.first, group_size, version)
+        self._observe(groups)
+        refill = await self._refill(groups, step, version)
         errors = [e for g in groups for e in g.errors]
         for message in errors[:3]:
             log.warning("step %d: rollout errored: %s", step, message)
@@ -367,12 +418,44 @@ class RolloutWorker:
             step,
             groups,
             data_position=self.position,
-            skipped_prompts=skipped,
+            skipped_prompts=prompts.too_long + refill.too_long,
             generate_s=time.perf_counter() - began,
             min_policy_version=version,
             errors=errors,
             max_policy_version=newest,
+            refill_groups=refill.groups,
+            zero_signal_groups=refill.zero_signal,
+            set_aside_prompts=prompts.set_aside + refill.set_aside,
+            curriculum_state=None if self.curriculum is None else self.curriculum.snapshot(),
         )
+
+    def _observe(self, groups: list[GroupResult]) -> None:
+        if self.curriculum is not None:
+            self.curriculum.observe(groups)
+
+    async def _refill(self, groups: list[GroupResult], step: int, version: int) -> _Refill:
+        """Under `batch.dynamic_sampling`, replace (in place) the groups without signal with
+        groups of the next prompts, round after round, until all carry signal or
+        `batch.max_refill_rounds` rounds are spent; counts what it generated."""
+        batch = self.cfg.batch
+        limit = batch.max_errored_frac
+        refill = _Refill(zero_signal=sum(not g.carries_signal(limit) for g in groups))
+        for _ in range(batch.max_refill_rounds if batch.dynamic_sampling else 0):
+            empty = [i for i, g in enumerate(groups) if not g.carries_signal(limit)]
+            if not empty:
+                break
+            prompts = self._next_prompts(len(empty))
+            fresh = await self._run_groups(
+                prompts.rows, step, prompts.first, batch.rollouts_per_example, version
+            )
+            self._observe(fresh)
+            for i, group in zip(empty, fresh, strict=True):
+                groups[i] = group
+            refill.groups += len(fresh)
+            refill.zero_signal += sum(not g.carries_signal(limit) for g in fresh)
+            refill.too_long += prompts.too_long
+            refill.set_aside += prompts.set_aside
+        return refill
 
     async def _evaluate(self, num_examples: int, rollouts_per_example: int) -> EvalResult:
         dataset = self.env.get_eval_dataset(n=num_examples)
@@ -385,10 +468,14 @@ class RolloutWorker:
             values = [r.metrics[name] for r in rollouts if name in r.metrics]
             metrics[name] = sum(values) / len(values)
         n = len(rollouts)
+        bar = self.cfg.eval.pass_threshold
+        passed = [sum(succeeded(r.reward, bar) for r in g.rollouts) for g in groups]
+        tallies = [(len(g.rollouts) + g.errored, c) for g, c in zip(groups, passed, strict=True)]
         return EvalResult(
             reward=sum(r.reward for r in rollouts) / n if n else 0.0,
             metrics=metrics,
             num_rollouts=n,
             errored=sum(g.errored for g in groups),
             truncated=sum(r.truncated for r in rollouts),
+            pass_at_k=mean_pass_at_k(tallies),
         )

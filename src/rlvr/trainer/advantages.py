@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from rlvr.batch import rewards_equal
+
 
 def group_advantages(
     groups: Sequence[Sequence[float]], scale_rewards: bool, eps: float = 1e-6
@@ -25,7 +27,7 @@ def group_advantages(
         n = len(rewards)
         mean = sum(rewards) / n if n else 0.0
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0
-        flat = n < 2 or max(rewards) - min(rewards) <= 1e-12
+        flat = rewards_equal(list(rewards))
         zero_variance.append(flat)
         if flat:
             advantages.append([0.0] * n)

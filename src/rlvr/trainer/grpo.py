@@ -34,6 +34,7 @@ from rlvr.config import Config, ConfigError, save_config, to_yaml
 from rlvr.model.policy import load_model, load_policy, reference_mode, resolve_dtype, save_final
 from rlvr.model.rope import check_served_rope
 from rlvr.rollouts.client import make_client
+from rlvr.rollouts.groups import UnsupportedEnvironmentError, check_rollout_stage_only
 from rlvr.rollouts.prompts import prompt_length_filter
 from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args
 from rlvr.rollouts.worker import RolloutWorker
@@ -45,6 +46,7 @@ from rlvr.trainer.logprobs import MaskLogits, sequence_scores
 from rlvr.trainer.loss import (
     LossTerms,
     StepStats,
+    loss_normaliser,
     merge_ranks,
     normalised_loss,
     policy_loss,
@@ -66,7 +68,7 @@ def micro_batch_loss(
     model: torch.nn.Module,
     mb: MicroBatch,
     cfg: Config,
-    global_tokens: float,
+    normaliser: float,
     world_size: int,
     reference: Any = None,
     mask_logits: MaskLogits | None = None,
@@ -74,18 +76,24 @@ def micro_batch_loss(
     """Forward one micro-batch; return its normalised loss (ready for backward) and its terms,
     with every statistic of `rlvr.trainer.loss.STATS`.
 
-    `reference(mb)` returns the reference model's token log-probabilities (needed when
-    loss.beta > 0); `mask_logits` forbids tokens per position (see `rlvr.trainer.logprobs`)."""
+    `normaliser` is the step's `rlvr.trainer.loss.loss_normaliser`; `reference(mb)` returns the
+    reference model's token log-probabilities (needed when loss.beta > 0); `mask_logits`
+    forbids tokens per position (see `rlvr.trainer.logprobs`)."""
     scores = sequence_scores(
         model, mb, cfg.sampling.temperature, with_entropy=True, mask_logits=mask_logits
     )
     ref = reference(mb) if cfg.loss.beta > 0 else None
     terms = policy_loss(
-        scores.logprobs, mb.sampler_logprobs, mb.advantages, mb.loss_mask, cfg.loss, ref
+        scores.logprobs,
+        mb.sampler_logprobs,
+        mb.advantages,
+        mb.loss_mask,
+        cfg.loss,
+        ref,
+        mb.sequence_ids,
     )
-    terms.stats["loss/total"] = terms.loss_sum.detach()
     terms.stats["entropy"] = scores.entropy_sum
-    return normalised_loss(terms.loss_sum, global_tokens, world_size), terms
+    return normalised_loss(terms.loss_sum, normaliser, world_size), terms
 
 
 @dataclass
@@ -170,6 +178,9 @@ class Trainer:
             self.in_flight = []
         self.start_step = int(state.get("step", 0))
         self.data_position = int(state.get("data_position", 0))
+        saved = state.get("curriculum")
+        self.curriculum_state = None if saved is None else {int(k): v for k, v in saved.items()}
+        """The curriculum's estimates after the last batch trained (None: no curriculum)."""
         self.logger = RunLogger(
             cfg,
             acc.is_main_process,
@@ -241,7 +252,8 @@ class Trainer:
             self.env = vf.load_environment(cfg.env.id, **cfg.env.args)
         try:
             build_sampling_args(cfg.sampling, self.env.sampling_args)
-        except SamplingFilterError as e:
+            check_rollout_stage_only(self.env)
+        except (SamplingFilterError, UnsupportedEnvironmentError) as e:
             raise ConfigError(f"environment {cfg.env.id}: {e}") from None
 
     def _start_worker(self) -> None:
@@ -270,6 +282,7 @@ class Trainer:
             data_position=self.data_position,
             prompt_fits=fits,
             preloaded=self.in_flight,
+            curriculum_state=self.curriculum_state,
             served_name=self.weights.served_name,
         ).start()
 
@@ -339,6 +352,8 @@ class Trainer:
         if self.accelerator.is_main_process:
             rollouts = self.worker.get(step, timeout_s=self._rank0_deadline_s)
             batch = build_train_batch(rollouts, self.cfg, self.hooks)
+            if rollouts.curriculum_state is not None:
+                self.curriculum_state = rollouts.curriculum_state
         if self.world > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -356,6 +371,9 @@ class Trainer:
         measured over all ranks. A loss that is not finite raises `NonFiniteStepError` here,
         alike on every rank, before the optimizer moves anything."""
         cfg, global_tokens = self.cfg, batch.loss_tokens
+        normaliser = loss_normaliser(
+            cfg.loss, global_tokens, batch.loss_sequences, cfg.batch.max_seq_len
+        )
         stats = StepStats()
         if global_tokens == 0:  # every group dropped (alike on every rank: the count is global)
             return Trained(summarise({}), forwarded=batch.tokens, slots=batch.tokens)
@@ -374,7 +392,7 @@ class Trainer:
             reference = functools.partial(self._reference_logprobs, mask_logits=mask)
             with self.opt.accumulating(last):
                 loss, terms = micro_batch_loss(
-                    self.model, mb, cfg, global_tokens, self.world, reference, mask
+                    self.model, mb, cfg, normaliser, self.world, reference, mask
                 )
                 self.opt.backward(loss, last)
             stats.add(terms)
@@ -477,24 +495,29 @@ class Trainer:
             "eval/rollouts": result.num_rollouts,
             "eval/errored": result.errored,
             "eval/truncated": result.truncated,
+            **{f"eval/pass@{k}": value for k, value in result.pass_at_k.items()},
             "eval/time": time.perf_counter() - began,
         }
         self.logger.log(step, metrics)
-        self.logger.print(f"eval at step {step}: reward {result.reward:.4f}")
+        passes = "".join(f", pass@{k} {v:.3f}" for k, v in result.pass_at_k.items() if k > 1)
+        self.logger.print(f"eval at step {step}: reward {result.reward:.4f}{passes}")
         return metrics
 
     def save(self, step: int) -> Path:
         """A checkpoint after `step` steps (the weights are version `step`), with the rollout
-        batches in flight."""
+        batches in flight and the curriculum as the last of them left it."""
+        in_flight = []
+        if self.worker is not None and self.cfg.batch.async_level:
+            in_flight = self.worker.in_flight(step, timeout_s=self._rank0_deadline_s)
+        curriculum = in_flight[-1].curriculum_state if in_flight else self.curriculum_state
         state = {
             "step": step,
             "data_position": self.data_position,
             "weight_version": step,
             "wandb_run_id": self.logger.run_id if self.logger else None,
         }
-        in_flight = []
-        if self.worker is not None and self.cfg.batch.async_level:
-            in_flight = self.worker.in_flight(step, timeout_s=self._rank0_deadline_s)
+        if curriculum is not None:
+            state["curriculum"] = {str(k): v for k, v in curriculum.items()}
         path = save_checkpoint(
             self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last, in_flight
         )

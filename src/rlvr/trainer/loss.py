@@ -3,7 +3,7 @@
 Nothing here knows about models, servers or processes, so every formula is unit-tested on
 hand-made tensors.
 
-Loss (per sampled token t of a rollout with advantage A):
+Loss (per sampled token t of sequence i, a rollout's sample with advantage A), the defaults:
 
     r_t  = exp(logp_trainer(t) - logp_sampler(t))        importance ratio vs the sampler
     pg_t = -r_t * A                                       (or PPO-clipped: -min(r A, clip(r) A))
@@ -16,6 +16,19 @@ trainer. Tokens whose ratio leaves [ratio_mask_low, ratio_mask_high] get m_t = 0
 samples are too far off-policy to trust. N is the number of loss tokens in the whole step,
 across every micro-batch on every rank, so each token weighs the same however the batch is cut
 (a per-micro-batch mean would weigh tokens of short micro-batches more).
+
+The choices (`rlvr.config.LossConfig`; docs/training.md#loss-choices has the papers):
+
+    aggregation=seq_mean_token_mean   loss = sum_i (1/|i|) sum_{t in i} m_t l_t / G   (GRPO)
+    aggregation=constant              loss = sum_t m_t l_t / (G * L)          (Dr. GRPO)
+        G: sequences with a loss token in the step; |i|: loss tokens of sequence i;
+        L: loss.constant_tokens (default batch.max_seq_len)
+    ratio_level=sequence   r_t = s_i = exp(mean_{t in i} log r_t), the value of the sequence's
+                           geometric-mean ratio with the gradient of log p_t (GSPO)
+    correction=sequence_mask   m_t = 0 for every token of a sequence whose s_i leaves the
+                               bounds (MIS)
+    correction=tis   pg_t = -min(r_t, tis_cap) A with the gradient of log p_t only (the weight
+                     is a constant), no token masked; tis_cap=inf is plain importance sampling
 """
 
 from __future__ import annotations
@@ -81,19 +94,35 @@ def policy_loss(
     loss_mask: torch.Tensor,
     cfg: LossConfig,
     ref_logprobs: torch.Tensor | None = None,
+    sequence_ids: torch.Tensor | None = None,
 ) -> LossTerms:
-    """Token-level importance-weighted policy-gradient loss, summed (not averaged) over tokens.
+    """Importance-weighted policy-gradient loss, summed (not averaged) over tokens.
 
-    All inputs are [B, T-1], aligned as `token_logprobs`. The caller divides `loss_sum` by the
-    step's global loss-token count (see `normalised_loss`).
+    All inputs are [B, T-1], aligned as `token_logprobs`; `sequence_ids` says which sample each
+    position belongs to (needed by `ratio_level=sequence`, `correction=sequence_mask` and
+    `aggregation=seq_mean_token_mean`). The caller divides `loss_sum` by the step's
+    `loss_normaliser` (see `normalised_loss`). The formulas are in the module docstring.
     """
     mask = loss_mask.float()
-    log_ratio = logprobs - sampler_logprobs
+    token_log_ratio = logprobs - sampler_logprobs
+    log_ratio = token_log_ratio
+    if cfg.ratio_level == "sequence":  # GSPO: the value of s_i, the gradient of log p_t
+        log_ratio = sequence_means(token_log_ratio.detach(), mask, sequence_ids)
+        log_ratio = log_ratio + logprobs - logprobs.detach()
     ratio = torch.exp(log_ratio)
     with torch.no_grad():
-        in_bounds = (ratio >= cfg.ratio_mask_low) & (ratio <= cfg.ratio_mask_high)
+        bounded = ratio
+        if cfg.correction == "sequence_mask":
+            bounded = torch.exp(sequence_means(token_log_ratio, mask, sequence_ids))
+        in_bounds = (bounded >= cfg.ratio_mask_low) & (bounded <= cfg.ratio_mask_high)
+        if cfg.correction == "tis":
+            in_bounds = torch.ones_like(in_bounds)
     keep = mask * in_bounds.float()
-    surrogate = ratio * advantages
+    if cfg.correction == "tis":  # value min(r, cap) A, gradient min(r, cap) A grad log p
+        weight = ratio.detach().clamp(max=cfg.tis_cap)
+        surrogate = weight * torch.exp(logprobs - logprobs.detach()) * advantages
+    else:
+        surrogate = ratio * advantages
     clipped = torch.zeros_like(mask, dtype=torch.bool)
     if cfg.clip_low is not None or cfg.clip_high is not None:
         low = 1.0 - (cfg.clip_low if cfg.clip_low is not None else math.inf)
@@ -112,9 +141,14 @@ def policy_loss(
         # the loss's own mask (ratio-masked tokens left out), as for pg_loss: the two
         # statistics add up to the loss that trains
         stats["loss/kl_ref"] = (kl_ref * keep).sum().detach()
-    loss_sum = (per_token * keep).sum()
+    token_loss = (per_token * keep).sum()
+    loss_sum = token_loss
+    if cfg.aggregation == "seq_mean_token_mean":  # each sequence's tokens weigh 1/|sequence|
+        lengths = per_sequence(mask, sequence_ids).clamp(min=1)
+        loss_sum = (per_token * keep / lengths).sum()
     with torch.no_grad():
         on_mask = mask.bool()
+        stats["loss/total"] = token_loss.detach()
         stats["ratio/min"] = torch.where(on_mask, ratio, math.inf).min()
         stats["ratio/max"] = torch.where(on_mask, ratio, -math.inf).max()
         stats["ratio/mean"] = (ratio * mask).sum()
@@ -123,15 +157,43 @@ def policy_loss(
         # k3 estimator of KL(sampler || trainer) on the sampler's own tokens: >= 0, and 0 only
         # when the two agree on every sampled token. In float64 with expm1: near agreement it
         # is ~log_ratio^2 / 2, which float32's `r - 1 - log r` rounds to 0.
-        log_ratio64 = log_ratio.double()
+        log_ratio64 = token_log_ratio.double()
         stats["mismatch_kl"] = ((torch.expm1(log_ratio64) - log_ratio64) * mask).sum()
         stats["loss/pg"] = (-surrogate * keep).sum()
     return LossTerms(loss_sum=loss_sum, tokens=mask.sum(), stats=stats)
 
 
+def per_sequence(values: torch.Tensor, sequence_ids: torch.Tensor | None) -> torch.Tensor:
+    """At each position, the sum of `values` over the positions of its sequence."""
+    if sequence_ids is None:
+        raise ValueError("this loss reduces per sequence: it needs the micro-batch's sequence_ids")
+    ids = sequence_ids.flatten()
+    sums = values.new_zeros(int(ids.max()) + 1).index_add(0, ids, values.flatten())
+    return sums[sequence_ids]
+
+
+def sequence_means(
+    values: torch.Tensor, mask: torch.Tensor, sequence_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """At each position, the mean of `values` over its sequence's loss positions (`mask`)."""
+    return per_sequence(values * mask, sequence_ids) / per_sequence(mask, sequence_ids).clamp(min=1)
+
+
+def loss_normaliser(cfg: LossConfig, tokens: int, sequences: int, max_seq_len: int) -> float:
+    """What the step's summed loss is divided by: its loss `tokens` (`token_mean`), its
+    `sequences` with a loss token (`seq_mean_token_mean`: each already a mean over its tokens),
+    or sequences x a constant length (`constant`, Dr. GRPO)."""
+    if cfg.aggregation == "token_mean":
+        return tokens
+    if cfg.aggregation == "seq_mean_token_mean":
+        return sequences
+    return sequences * (cfg.constant_tokens or max_seq_len)
+
+
 def normalised_loss(loss_sum: torch.Tensor, global_tokens: float, world_size: int):
     """Scale a micro-batch's summed loss so that the gradients of all micro-batches on all
-    ranks add up to the gradient of (total summed loss / global token count).
+    ranks add up to the gradient of (total summed loss / `global_tokens`, the step's
+    `loss_normaliser`).
 
     Gradients accumulate (sum) over micro-batches and are averaged over ranks by DDP and
     DeepSpeed, hence the factor `world_size`.

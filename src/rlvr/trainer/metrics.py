@@ -1,8 +1,8 @@
 """Run logging: a progress bar, W&B (offline unless a key is set, or disabled), and local
 `metrics.jsonl` / `samples.jsonl` files that hold the same numbers whatever W&B does.
 
-Only the main process logs. Metric names are grouped by prefix (GRPO: `reward/`,
-`env/<metric>`, `loss/`, `ratio/`, `time/`, `throughput/`, `rollouts/`, `push/`, `eval/`; SFT:
+Only the main process logs. Metric names are grouped by prefix (GRPO: `reward/`, `env/<metric>`,
+`loss/`, `ratio/`, `time/`, `throughput/`, `rollouts/`, `batch/`, `push/`, `eval/`; SFT:
 `train/`, `val/`, `data/`) so W&B's panels sort them. Any trainer's config works: the logger
 reads its `output_dir` and `wandb` sections and records the whole config with the W&B run.
 """

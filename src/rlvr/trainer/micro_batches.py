@@ -46,10 +46,14 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
     mask = torch.zeros((n, width), dtype=torch.float32)
     logprobs = torch.zeros((n, width), dtype=torch.float32)
     advantages = torch.zeros((n, width), dtype=torch.float32)
+    sequences = torch.full((n, width), sum(len(row) for row in rows), dtype=torch.long)
+    index = 0
     for r, row in enumerate(rows):
         start = 0
         for s in row:
             end = start + len(s)
+            sequences[r, start:end] = index
+            index += 1
             ids[r, start:end] = torch.tensor(s.input_ids)
             attention[r, start:end] = 1
             positions[r, start:end] = torch.arange(len(s))
@@ -67,6 +71,7 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
         advantages[:, 1:],
         attention,
         positions if packed else None,
+        sequences[:, 1:],
     )
 
 

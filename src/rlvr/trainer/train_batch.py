@@ -8,6 +8,7 @@ from typing import Any
 from rlvr.batch import RolloutResult, Sample, StepBatch, TrainBatch
 from rlvr.config import Config
 from rlvr.reasoning_vocab.hooks import PolicyHooks
+from rlvr.rollouts.curriculum import curriculum_metrics
 from rlvr.trainer.advantages import group_advantages
 from rlvr.trainer.metrics import distribution, mean, metric_means
 
@@ -43,6 +44,8 @@ def build_train_batch(
     }
     metrics = rollout_metrics(batch, kept, len(samples))
     metrics.update(hooks.rollout_metrics(s for r in batch.rollouts for s in r.samples))
+    if batch.curriculum_state is not None:
+        metrics.update(curriculum_metrics(batch.curriculum_state, batch.set_aside_prompts))
     table = [table_row(r, adv) for r, adv in scored[: cfg.logging.samples_per_step]]
     return TrainBatch(samples, metrics, table, batch.data_position)
 
@@ -66,6 +69,9 @@ def rollout_metrics(batch: StepBatch, kept: dict[str, int], samples: int) -> dic
         "rollouts/turns": mean([r.num_turns for r in rollouts]),
         "rollouts/policy_lag": batch.step - batch.min_policy_version,
         "rollouts/policy_lag_min": batch.step - batch.newest_policy_version,
+        "batch/refill_groups": batch.refill_groups,
+        "batch/zero_signal_frac": batch.zero_signal_groups
+        / max(len(batch.groups) + batch.refill_groups, 1),
         "time/generate": batch.generate_s,
         "throughput/gen_tokens_per_s": gen_tokens / max(batch.generate_s, 1e-9),
     }

@@ -20,8 +20,9 @@ import pytest
 
 from rlvr.data.export import export_chat_jsonl
 from rlvr.eval.report import build_report, metric_estimate, render_markdown, summarize
-from rlvr.eval.stats import clustered_mean, k_values, mean_with_ci, pass_at_k
+from rlvr.eval.stats import clustered_mean, mean_with_ci
 from rlvr.eval.vf_eval import ResultsError, load_run
+from rlvr.pass_at_k import k_values, pass_at_k
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "eval_report.py"

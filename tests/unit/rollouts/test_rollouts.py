@@ -21,7 +21,9 @@ from transformers import AutoTokenizer
 
 from rlvr.batch import GroupResult, RolloutResult, Sample, StepBatch
 from rlvr.config import ConfigError, load_config
+from rlvr.pass_at_k import mean_pass_at_k, succeeded
 from rlvr.rollouts.client import RolloutClient
+from rlvr.rollouts.curriculum import Curriculum
 from rlvr.rollouts.groups import run_group
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import (
@@ -560,3 +562,200 @@ def test_a_reward_that_is_not_a_number_is_an_errored_rollout(tokenizer, caplog):
     for reward in ("0.5", None, True):
         with pytest.raises(NonFiniteRewardError, match=f"reward {reward!r} is not a finite"):
             rollout_result({"reward": reward, "trajectory": []}, 512, False)
+
+
+def test_pass_at_k_estimator(tokenizer):
+    """pass@k while training: the worker's evaluation tallies each eval example's rollouts
+    (an errored one counts as a failure) and averages the unbiased estimator over examples,
+    for k = 1, 2, 4 up to the rollouts per example."""
+    assert mean_pass_at_k([(4, 1), (4, 2)]) == pytest.approx({1: 3 / 8, 2: 2 / 3, 4: 1.0})
+    assert mean_pass_at_k([(4, 0), (2, 2)]) == pytest.approx({1: 0.5, 2: 0.5})  # k <= fewest
+    assert mean_pass_at_k([(3, 3)]) == {1: 1.0, 2: 1.0} and mean_pass_at_k([]) == {}
+    assert succeeded(0.9999999999999999, 1.0) and not succeeded(0.99, 1.0)
+
+    script = {"a": [1.0, 0.0, 0.0, 0.0], "b": [1.0, 1.0, NAN, 0.0]}
+    calls = {answer: iter(rewards) for answer, rewards in script.items()}
+
+    def scripted(answer) -> float:
+        return next(calls[answer]) if answer in calls else 0.0
+
+    env = vf.SingleTurnEnv(
+        dataset=Dataset.from_list([{"question": "train", "answer": "t"}] * 4),
+        eval_dataset=Dataset.from_list([{"question": f"q {a}", "answer": a} for a in script]),
+        rubric=vf.Rubric(funcs=[scripted]),
+    )
+    cfg = load_config(overrides=["batch.batch_size=4", "batch.rollouts_per_example=2"])
+    worker = RolloutWorker(
+        env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL])
+    ).start()
+    try:
+        result = worker.evaluate(num_examples=2, rollouts_per_example=4, timeout_s=120)
+    finally:
+        worker.close()
+    assert (result.num_rollouts, result.errored) == (7, 1)
+    assert result.pass_at_k == pytest.approx({1: 3 / 8, 2: 2 / 3, 4: 1.0})
+
+
+class SeededClient(ScriptedClient):
+    """Replies "yes" or "no" by its request seed's parity: each rollout's answer is fixed by
+    (seed, step, position, rollout), so reruns and resumed runs reply alike."""
+
+    async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
+        self.replies = ["yes" if sampling_args["seed"] % 2 else "no"]
+        return await super().get_native_response(prompt, model, sampling_args, tools, **kwargs)
+
+
+def graded(completion, answer) -> float:
+    """`solved` rows always score 1, `hopeless` 0, `mixed` 1 for a "yes"."""
+    if answer != "mixed":
+        return float(answer == "solved")
+    return float("yes" in completion[-1]["content"])
+
+
+def signal_env() -> vf.SingleTurnEnv:
+    answers = ["solved", "hopeless", "solved", "hopeless", "mixed", "mixed"]
+    rows = [{"question": f"q{i} {a}", "answer": a} for i, a in enumerate(answers)]
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[graded]))
+
+
+def signal_worker(tokenizer, *overrides: str, **kwargs) -> RolloutWorker:
+    cfg = load_config(overrides=["batch.batch_size=8", "batch.rollouts_per_example=2", *overrides])
+    env = signal_env()
+    return RolloutWorker(
+        env, env.get_dataset(), cfg, lambda: SeededClient(tokenizer, [""]), **kwargs
+    ).start()
+
+
+def first_batch(tokenizer, *overrides: str) -> StepBatch:
+    """Step 0's batch of a synchronous one-step run on `signal_env`."""
+    worker = signal_worker(tokenizer, "batch.async_level=0", "max_steps=1", *overrides)
+    try:
+        return worker.get(0, timeout_s=120)
+    finally:
+        worker.close()
+
+
+def test_dynamic_sampling_fills_the_batch_with_signal(tokenizer):
+    """Groups whose rewards all agree are replaced by groups of the next prompts until every
+    group of the step carries signal; without it, 4 of the 6 prompts can never make one, so
+    a batch of 4 groups always has at least 2 without signal."""
+    limit = 0.25
+    plain = first_batch(tokenizer)
+    assert plain.refill_groups == 0
+    assert sum(not g.carries_signal(limit) for g in plain.groups) >= 2
+    assert plain.data_position == 4
+
+    full = first_batch(tokenizer, "batch.dynamic_sampling=true", "batch.max_refill_rounds=40")
+    assert len(full.groups) == 4 and all(g.carries_signal(limit) for g in full.groups)
+    assert {g.rollouts[0].answer for g in full.groups} == {"mixed"}
+    assert full.refill_groups > 0
+    assert full.zero_signal_groups == full.refill_groups  # each replaced once, none left
+    assert full.data_position == 4 + full.refill_groups  # refills take the next prompts
+    metrics = build_train_batch(full, load_config()).metrics
+    assert metrics["batch/refill_groups"] == full.refill_groups
+    assert metrics["batch/zero_signal_frac"] == pytest.approx(
+        full.refill_groups / (4 + full.refill_groups)
+    )
+
+    once = first_batch(tokenizer, "batch.dynamic_sampling=true", "batch.max_refill_rounds=1")
+    first_round = sum(not g.carries_signal(limit) for g in plain.groups)
+    assert len(once.groups) == 4 and once.refill_groups == first_round  # one round, then stop
+
+
+def test_dynamic_sampling_resume_is_exact(tokenizer):
+    """async_level 1 with refills: the batch in flight at a checkpoint (refills and all) is
+    handed to the resumed worker, and the next batch, refills included, is the one the
+    uninterrupted run generated: the same prompts, replies and rewards."""
+    overrides = (
+        "batch.async_level=1",
+        "max_steps=3",
+        "batch.dynamic_sampling=true",
+        "batch.max_refill_rounds=40",
+    )
+
+    def contents(batch: StepBatch) -> list:
+        return [(r.prompt_text, r.completion_text, r.reward) for r in batch.rollouts]
+
+    original = signal_worker(tokenizer, *overrides)
+    try:
+        first = original.get(0, timeout_s=120)
+        deadline = time.monotonic() + 120
+        while not (batches := original.in_flight(1, timeout_s=120)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (in_flight,) = batches
+        publish(original, 1)
+        assert original.get(1, timeout_s=120) is in_flight
+        publish(original, 2)
+        fresh = original.get(2, timeout_s=120)
+    finally:
+        original.close()
+    assert in_flight.refill_groups + fresh.refill_groups > 0  # the refills are exercised
+    resumed = signal_worker(
+        tokenizer,
+        *overrides,
+        start_step=1,
+        version=1,
+        data_position=first.data_position,
+        preloaded=[in_flight],
+    )
+    try:
+        assert resumed.get(1, timeout_s=120) is in_flight
+        publish(resumed, 2)
+        again = resumed.get(2, timeout_s=120)
+    finally:
+        resumed.close()
+    assert contents(again) == contents(fresh)
+    assert (again.refill_groups, again.data_position) == (fresh.refill_groups, fresh.data_position)
+
+
+def test_curriculum_downweights_solved_and_hopeless(tokenizer):
+    """Each example's pass rate is estimated from its last group; one that all passed or all
+    failed comes up again only with chance keep_prob (a seeded draw per position of the
+    prompt order), while unseen and sometimes-solved examples always do. Over a run, the
+    groups spent on the solved and hopeless prompts of `signal_env` fall from most of them
+    to few, and the step's metrics say what the curriculum holds."""
+    cfg = load_config(overrides=["curriculum.enabled=true", "curriculum.keep_prob=0.25"])
+    curriculum = Curriculum(cfg.curriculum, seed=0, rates={1: 1.0, 2: 0.0, 3: 0.5})
+    for example in (0, 3):  # unseen, sometimes solved
+        assert all(curriculum.keeps(example, p) for p in range(200))
+    for example in (1, 2):  # solved, hopeless
+        kept = [curriculum.keeps(example, p) for p in range(4000)]
+        assert 0.2 < sum(kept) / len(kept) < 0.3
+        assert kept == [curriculum.keeps(example, p) for p in range(4000)]  # seeded draws
+
+    def run(*overrides: str) -> list[StepBatch]:
+        worker = signal_worker(
+            tokenizer,
+            "batch.rollouts_per_example=4",
+            "batch.batch_size=16",
+            "batch.async_level=0",
+            "max_steps=6",
+            *overrides,
+        )
+        batches = []
+        try:
+            for step in range(6):
+                batches.append(worker.get(step, timeout_s=120))
+                publish(worker, step + 1)
+        finally:
+            worker.close()
+        return batches
+
+    def settled_share(batches: list[StepBatch]) -> float:
+        """The share of groups after the first step spent on solved or hopeless prompts."""
+        groups = [g for b in batches[1:] for g in b.groups]
+        return sum(g.rollouts[0].answer != "mixed" for g in groups) / len(groups)
+
+    plain = run()
+    guided = run("curriculum.enabled=true", "curriculum.keep_prob=0.05")
+    assert all(b.curriculum_state is None and b.set_aside_prompts == 0 for b in plain)
+    assert settled_share(plain) > 0.5 and settled_share(guided) < 0.35
+    last = guided[-1]
+    assert last.curriculum_state[0] == 1.0 and last.curriculum_state[1] == 0.0  # ids 0, 1
+    metrics = build_train_batch(last, cfg).metrics
+    assert metrics["curriculum/tracked"] == len(last.curriculum_state) == 6
+    assert (
+        metrics["curriculum/solved_frac"] >= 2 / 6 and metrics["curriculum/hopeless_frac"] >= 2 / 6
+    )
+    assert sum(b.set_aside_prompts for b in guided) > 0

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from rlvr.batch import Sample
-from rlvr.config import LossConfig, load_config
+from rlvr.config import ConfigError, LossConfig, load_config
 from rlvr.trainer.advantages import group_advantages
 from rlvr.trainer.grpo import micro_batch_loss
 from rlvr.trainer.loss import (
     STATS,
     LossTerms,
     StepStats,
+    loss_normaliser,
     merge_ranks,
     normalised_loss,
     policy_loss,
@@ -122,6 +123,155 @@ def test_kl_ref_statistic_uses_the_loss_mask():
     assert terms.stats["loss/kl_ref"].item() == pytest.approx(kept_kl)
     total = terms.stats["loss/pg"] + cfg.beta * terms.stats["loss/kl_ref"]
     assert terms.loss_sum.item() == pytest.approx(total.item())
+
+
+# ---- loss and correction choices ---------------------------------------------------------
+
+RATIOS = {0: [1.5, 0.5], 1: [4.0, 1.0], 2: [3.0, 3.0, 3.0]}
+"""Trainer/sampler ratio of each sample's loss tokens."""
+ADVANTAGES = {0: 1.0, 1: -0.5, 2: 2.0}
+COLUMNS = {0: [(0, 0), (0, 1)], 1: [(0, 3), (0, 4)], 2: [(1, 0), (1, 1), (1, 2)]}
+"""Where each sample's loss tokens sit in the collated [2, 5] grid: samples 0 and 1 packed in
+row 0 (sample 1's first token is not predicted from sample 0), sample 2 in row 1, padded."""
+
+
+def variant_inputs() -> tuple:
+    """A packed micro-batch of three samples through `collate`, and trainer log-probabilities
+    (-1 everywhere, with a gradient) that give each loss token its `RATIOS` entry."""
+    samples = []
+    for ratios in RATIOS.values():
+        sampler = [0.0] + [-1.0 - math.log(r) for r in ratios]
+        samples.append(Sample(list(range(len(sampler))), [0] + [1] * len(ratios), sampler))
+    samples = [s.with_advantage(ADVANTAGES[i]) for i, s in enumerate(samples)]
+    mb = collate([[samples[0], samples[1]], [samples[2]]], pad_id=0)
+    logprobs = torch.full(mb.loss_mask.shape, -1.0, requires_grad=True)
+    return mb, logprobs
+
+
+def run_variant(cfg: LossConfig) -> tuple[float, torch.Tensor]:
+    mb, logprobs = variant_inputs()
+    terms = policy_loss(
+        logprobs, mb.sampler_logprobs, mb.advantages, mb.loss_mask, cfg, None, mb.sequence_ids
+    )
+    terms.loss_sum.backward()
+    return terms.loss_sum.item(), logprobs.grad
+
+
+def reference(per_sample) -> tuple[float, torch.Tensor]:
+    """The loss `per_sample(i, log_ratios, advantage)` adds up over the samples, written one
+    sample at a time (no layout), with its gradient by autograd."""
+    mb, logprobs = variant_inputs()
+    total = torch.zeros(())
+    for i, columns in COLUMNS.items():
+        log_ratios = torch.stack([logprobs[c] - mb.sampler_logprobs[c] for c in columns])
+        total = total + per_sample(i, log_ratios, ADVANTAGES[i])
+    total.backward()
+    return total.item(), logprobs.grad
+
+
+def assert_matches(cfg: LossConfig, expected: tuple[float, torch.Tensor]) -> None:
+    value, grad = run_variant(cfg)
+    assert value == pytest.approx(expected[0], rel=1e-5)
+    assert torch.allclose(grad, expected[1], atol=1e-6), (grad, expected[1])
+
+
+def test_loss_variants_match_reference_formulas():
+    """Each aggregation, GSPO and each correction against its paper's formula written per
+    sample; and the identities: a one-token sequence makes GSPO the token ratio, an infinite
+    TIS cap is plain importance sampling."""
+    mb, _ = variant_inputs()
+    assert mb.sequence_ids.tolist() == [[0, 0, 1, 1, 1], [2, 2, 2, 3, 3]]
+    bounds = dict(ratio_mask_low=0.125, ratio_mask_high=3.5)  # masks sample 1's ratio of 4
+
+    def kept(log_ratios):
+        return ((log_ratios.exp() >= 0.125) & (log_ratios.exp() <= 3.5)).float()
+
+    def token_terms(i, log_ratios, adv):
+        return -(log_ratios.exp() * adv * kept(log_ratios)).sum()
+
+    # token_mean (today's loss): the summed token terms
+    assert_matches(loss_cfg(**bounds), reference(token_terms))
+    # seq_mean_token_mean (GRPO): each sample's terms over its loss tokens, masked ones included
+    assert_matches(
+        loss_cfg(aggregation="seq_mean_token_mean", **bounds),
+        reference(lambda i, lr, adv: token_terms(i, lr, adv) / len(lr)),
+    )
+    # constant (Dr. GRPO) sums like token_mean; the normalisers tell the three apart
+    assert_matches(loss_cfg(aggregation="constant", **bounds), reference(token_terms))
+    for aggregation, normaliser in [
+        ("token_mean", 7),
+        ("seq_mean_token_mean", 3),
+        ("constant", 3 * 16),
+    ]:
+        cfg = loss_cfg(aggregation=aggregation, constant_tokens=16)
+        assert loss_normaliser(cfg, tokens=7, sequences=3, max_seq_len=64) == normaliser
+    assert loss_normaliser(loss_cfg(aggregation="constant"), 7, 3, max_seq_len=64) == 3 * 64
+
+    # GSPO: one clipped ratio per sequence, s = exp(mean log r), loss -min(s A, clip(s) A)
+    def gspo(i, log_ratios, adv):
+        s = log_ratios.mean().exp()
+        return -torch.minimum(s * adv, s.clamp(0.8, 1.2) * adv)
+
+    gspo_cfg = loss_cfg(
+        ratio_level="sequence",
+        aggregation="seq_mean_token_mean",
+        clip_low=0.2,
+        clip_high=0.2,
+        ratio_mask_high=100.0,
+    )
+    assert_matches(gspo_cfg, reference(gspo))
+
+    # sequence_mask (MIS): a sample whose geometric-mean ratio leaves the bounds drops whole;
+    # sample 1 (ratios 4 and 1, mean 2) stays whole where the token mask drops its 4
+    def sequence_masked(i, log_ratios, adv):
+        inside = 0.125 <= log_ratios.mean().exp().item() <= 2.5
+        return -(log_ratios.exp() * adv).sum() * inside
+
+    seq_mask = loss_cfg(correction="sequence_mask", ratio_mask_high=2.5)
+    assert_matches(seq_mask, reference(sequence_masked))
+
+    # TIS: value -min(r, cap) A, gradient -min(r, cap) A d log p; nothing masked
+    cfg = loss_cfg(correction="tis", tis_cap=2.0)
+    value, grad = run_variant(cfg)
+    expected = torch.zeros_like(grad)
+    total = 0.0
+    for i, columns in COLUMNS.items():
+        for c, r in zip(columns, RATIOS[i], strict=True):
+            expected[c] = -min(r, 2.0) * ADVANTAGES[i]
+            total += expected[c].item()
+    assert value == pytest.approx(total, rel=1e-5)
+    assert torch.allclose(grad, expected, atol=1e-6)
+
+    # identities
+    plain = loss_cfg(ratio_mask_high=100.0)
+    assert_matches(loss_cfg(correction="tis", tis_cap=math.inf), run_variant(plain))
+    one_token = torch.tensor([[-0.7, -1.2]], requires_grad=True)
+    sampler, adv, ids = (
+        torch.tensor([[-1.0, -1.0]]),
+        torch.tensor([[1.0, -2.0]]),
+        torch.tensor([[0, 1]]),
+    )
+    results = []
+    for level in ("token", "sequence"):
+        lp = one_token.detach().clone().requires_grad_()
+        terms = policy_loss(
+            lp, sampler, adv, torch.ones(1, 2), loss_cfg(ratio_level=level), None, ids
+        )
+        terms.loss_sum.backward()
+        results.append((terms.loss_sum.item(), lp.grad))
+    assert results[0][0] == pytest.approx(results[1][0])
+    assert torch.allclose(results[0][1], results[1][1])
+
+
+def test_loss_choices_are_checked_at_start():
+    """A correction that leaves a setting nothing to do, or an impossible value, fails naming
+    the field."""
+    with pytest.raises(ConfigError, match="loss.correction='tis'.*clip"):
+        load_config(overrides=["loss.correction=tis", "loss.clip_high=0.2"])
+    with pytest.raises(ConfigError, match="loss.aggregation"):
+        load_config(overrides=["loss.aggregation=sum"])
+    with pytest.raises(ConfigError, match="loss.constant_tokens"):
+        load_config(overrides=["loss.constant_tokens=0"])
 
 
 def _terms(tokens: float, pg: float, ratio_min: float, ratio_max: float) -> LossTerms:

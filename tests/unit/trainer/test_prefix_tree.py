@@ -78,10 +78,18 @@ def samples(tiny_model_dir) -> list[Sample]:
     return step_samples(lambda text: tokenizer.encode(text, add_special_tokens=False))
 
 
-def policy(model_dir, lora: bool, checkpointing: bool, attention: str = "sdpa", device="cpu"):
+def policy(
+    model_dir,
+    lora: bool,
+    checkpointing: bool,
+    attention: str = "sdpa",
+    device="cpu",
+    loss: tuple[str, ...] = (),
+):
     """The trainer's policy (expanded with a reasoning vocabulary, so the gate applies) in
-    float32 on `device` with `attention`, its reference scorer and its gate. The policy is
-    moved off its initial weights so that the KL to the reference is not zero."""
+    float32 on `device` with `attention`, its reference scorer and its gate (`loss`: more
+    `loss.*` overrides). The policy is moved off its initial weights so that the KL to the
+    reference is not zero."""
     cfg = load_config(
         overrides=[
             f"model.name={model_dir}",
@@ -100,6 +108,7 @@ def policy(model_dir, lora: bool, checkpointing: bool, attention: str = "sdpa", 
             "loss.ratio_mask_low=1e-9",
             "loss.ratio_mask_high=1e9",
             "batch.micro_batch_size=4",
+            *loss,
         ]
     )
     torch.manual_seed(0)
@@ -163,6 +172,14 @@ def test_prefix_tree_loss_and_gradients_match_unshared(
     and mismatch sums, and every gradient agree with the unshared layout to 1e-5, with the
     reasoning gate on and groups of different prompt lengths sharing a micro-batch."""
     assert_fold_matches_unshared(policy(tiny_model_dir, lora, checkpointing), samples, "sdpa")
+
+
+def test_prefix_tree_matches_unshared_with_per_sequence_losses(tiny_model_dir, samples):
+    """The losses that reduce per sequence (GSPO's sequence ratio, the per-sequence mean)
+    read each sample's positions from the folded layout as from the unshared one."""
+    loss = ("loss.ratio_level=sequence", "loss.aggregation=seq_mean_token_mean")
+    setup = policy(tiny_model_dir, True, False, loss=loss)
+    assert_fold_matches_unshared(setup, samples, "sdpa")
 
 
 @pytest.mark.gpu
