@@ -167,8 +167,11 @@ def per_sequence(values: torch.Tensor, sequence_ids: torch.Tensor | None) -> tor
     """At each position, the sum of `values` over the positions of its sequence."""
     if sequence_ids is None:
         raise ValueError("this loss reduces per sequence: it needs the micro-batch's sequence_ids")
-    ids = sequence_ids.flatten()
-    sums = values.new_zeros(int(ids.max()) + 1).index_add(0, ids, values.flatten())
+    rows, columns = sequence_ids.shape
+    # sized by the tokens (a sample has at least one, the padding id is one more), so no id
+    # is read back to the host
+    size = rows * (columns + 1) + 1
+    sums = values.new_zeros(size).index_add(0, sequence_ids.flatten(), values.flatten())
     return sums[sequence_ids]
 
 
