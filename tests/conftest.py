@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlvr.server.process import EXACT_FLAGS
+
 SHARED_DATA = Path(
     os.environ.get("RLVR_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
 )
@@ -20,20 +22,6 @@ def shared_data() -> Path:
             f"test data not found at {SHARED_DATA}; set RLVR_SHARED_DATA to the shared/data folder"
         )
     return SHARED_DATA
-
-
-# Flags every test server uses: float32 for exact logprob comparisons with transformers,
-# eager mode because compiling costs more start-up time than it saves on tiny workloads.
-SERVER_FLAGS = [
-    "--dtype",
-    "float32",
-    "--enforce-eager",
-    "--max-model-len",
-    "4096",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "hermes",
-]
 
 
 # The tiny model's text is random: a minimum length keeps it from answering with nothing at all
@@ -52,7 +40,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def _serve(model: str, log_dir: Path, extra: list[str] | None = None):
     from rlvr.server.process import VLLMServer
 
-    flags = [*SERVER_FLAGS, *(extra or [])]
+    flags = [*EXACT_FLAGS, *(extra or [])]
     server = VLLMServer(model, extra_args=flags, log_path=log_dir / "vf-vllm.log")
     server.start()
     return server
@@ -103,7 +91,7 @@ def tiny_lora_server(tiny_model_dir, tiny_adapter_dir, tmp_path_factory):
 
     log = tmp_path_factory.mktemp("tiny-lora-server") / "vf-vllm.log"
     with serve(
-        str(tiny_adapter_dir), name="tiny-lora", server_args=SERVER_FLAGS, log_path=log
+        str(tiny_adapter_dir), name="tiny-lora", server_args=EXACT_FLAGS, log_path=log
     ) as endpoint:
         yield SimpleNamespace(
             base_url=endpoint.base_url,

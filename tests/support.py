@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -87,6 +88,20 @@ with open(f"{{sys.argv[1]}}.{{trainer.rank}}.json", "w") as f:
 
 ROOT = Path(__file__).resolve().parents[1]
 ZERO3_CPU = ROOT / "configs" / "zero3_cpu.yaml"
+
+
+def zero3_launch(processes: int = 2) -> list[str]:
+    """`accelerate launch` of DeepSpeed ZeRO-3 on the CPU with `processes` ranks (the script
+    and its arguments follow)."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config-file",
+        str(ZERO3_CPU),
+        "--num-processes",
+        str(processes),
+    ]
 
 
 def launch(

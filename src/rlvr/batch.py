@@ -15,6 +15,7 @@ all read the same types without importing each other. How samples are cut into m
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -203,16 +204,18 @@ class TrainBatch:
     table: list[dict[str, Any]]
     data_position: int
 
-    @property
+    # Counted once per step (the step reads them several times; every sample's mask is
+    # summed to count them).
+    @cached_property
     def loss_tokens(self) -> int:
         """Loss tokens of the whole step (the loss's normaliser under `token_mean`)."""
         return sum(s.num_loss_tokens for s in self.samples)
 
-    @property
+    @cached_property
     def loss_sequences(self) -> int:
         """Samples with at least one loss token (the per-sequence aggregations' count)."""
         return sum(1 for s in self.samples if s.num_loss_tokens)
 
-    @property
+    @cached_property
     def tokens(self) -> int:
         return sum(len(s) for s in self.samples)

@@ -34,21 +34,11 @@ import torch
 from rlvr.config.cli import positive_int
 from rlvr.eval.vf_eval import evaluate_policy
 from rlvr.model.names import ensure_embedded_model
-from rlvr.server.process import VLLMServer
+from rlvr.server.process import EXACT_FLAGS, VLLMServer
 from rlvr.weight_sync.merged import MergedPush, push_merged_adapter
 
 MODEL = "smollm2-135m"
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 7 + 5?"]
-SERVER_FLAGS = [
-    "--dtype",
-    "float32",
-    "--enforce-eager",
-    "--max-model-len",
-    "4096",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "hermes",
-]
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "examples" / "learn_deepscaler_smollm2_cpu.yaml"
@@ -257,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     banner(f"preparing the embedded model ({MODEL})", start)
     print(f"  {ensure_embedded_model()}")
     banner("starting vf-vllm (first start compiles kernels: 1-3 minutes on 2 cores)", start)
-    with VLLMServer(MODEL, extra_args=SERVER_FLAGS) as server:
+    with VLLMServer(MODEL, extra_args=EXACT_FLAGS) as server:
         print(f"  serving {MODEL} at {server.base_url} (log: {server.log_path})")
         weight_push_demo(server, start)
         if args.eval_examples > 0:

@@ -8,24 +8,23 @@ docs/scaling.md shows the commands these tests run.
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pytest
 import torch
-from conftest import SERVER_FLAGS
 from hosts import NamespaceError, NetworkNamespace
 from safetensors.torch import load_file
 from support import (
-    ZERO3_CPU,
     config,
     launch,
     server_logprobs,
     target_id,
     trainer_logprobs,
+    zero3_launch,
 )
 from toy_env import target_share_env
 
+from rlvr.server.process import EXACT_FLAGS
 from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.trainer.grpo import Trainer
 from rlvr.weight_sync.rendezvous import RendezvousError, route_address
@@ -49,7 +48,7 @@ def remote_tp_server(tiny_model_dir, tmp_path_factory):
         str(tiny_model_dir),
         host=namespace.address,
         prefix=namespace.prefix,
-        extra_args=[*SERVER_FLAGS, "--tensor-parallel-size", "2"],
+        extra_args=[*EXACT_FLAGS, "--tensor-parallel-size", "2"],
         log_path=tmp_path_factory.mktemp("remote-tp-server") / "vf-vllm.log",
     )
     try:
@@ -173,15 +172,7 @@ def test_zero3_two_ranks_train_push_checkpoint_and_resume(tiny_server, tmp_path)
     """`accelerate launch` with ZeRO-3 on 2 CPU processes: every rank takes part in every
     gathered push (rank 1 never talks to the server), sampler and trainer agree after each,
     a checkpoint written by both ranks resumes, and the final adapter is gathered."""
-    accelerate = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config-file",
-        str(ZERO3_CPU),
-        "--num-processes",
-        "2",
-    ]
+    accelerate = zero3_launch()
     env = {"DS_ACCELERATOR": "cpu"}
     extra = ["max_steps=3", "checkpoint.every=2", "batch.micro_batch_size=3"]
     first = launch(tiny_server, tmp_path, accelerate, extra, env, stop_after=2)

@@ -4,8 +4,6 @@ keeps groups whole across ranks."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from unit.trainer.test_prefix_tree import ATOL
@@ -21,10 +19,9 @@ def test_prefix_sharing_zero3_two_ranks_pushes_the_unshared_runs_weights(tiny_se
     float32's rounding of differently ordered sums moves a handful of elements by up to
     ~1e-4 (of updates of ~0.03); all others agree to 1e-5."""
     from safetensors.torch import load_file
-    from support import ZERO3_CPU, launch
+    from support import launch, zero3_launch
 
-    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
-    accelerate = [*launcher, "--config-file", str(ZERO3_CPU), "--num-processes", "2"]
+    accelerate = zero3_launch()
     adapters, saved = [], []
     for sharing in (True, False):
         out = tmp_path / f"sharing-{sharing}"

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import SERVER_FLAGS
 from support import config, restore_base_weights
 from toy_env import target_share_env
 
 import rlvr.trainer.grpo as grpo
+from rlvr.server.process import EXACT_FLAGS
 from rlvr.trainer.grpo import Trainer
 from rlvr.weight_sync.merged import MergedPush
 from rlvr.weight_sync.merged_stream import MergedWeightSource
@@ -66,7 +66,7 @@ def bf16_server(request, tiny_model_dir, tmp_path_factory):
     (`rounded`: the test applies `round_to_bf16`)."""
     from rlvr.server.process import VLLMServer
 
-    flags = [f if f != "float32" else "bfloat16" for f in SERVER_FLAGS]
+    flags = [f if f != "float32" else "bfloat16" for f in EXACT_FLAGS]
     log = tmp_path_factory.mktemp("tiny-bf16-server") / "vf-vllm.log"
     server = VLLMServer(str(tiny_model_dir), extra_args=flags, log_path=log, ready_timeout=600)
     try:

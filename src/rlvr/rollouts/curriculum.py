@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from rlvr.batch import GroupResult
 from rlvr.config import CurriculumConfig
+from rlvr.pass_at_k import succeeded
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Curriculum:
         bar = self.cfg.pass_threshold
         for group in groups:
             if group.rollouts:
-                passed = sum(r.reward >= bar for r in group.rollouts)
+                passed = sum(succeeded(r.reward, bar) for r in group.rollouts)
                 self.rates[group.rollouts[0].example_id] = passed / len(group.rollouts)
 
     def snapshot(self) -> dict[int, float]:

@@ -16,6 +16,20 @@ import httpx
 from rlvr.server.lifetime import dies_with
 from rlvr.weight_sync.rendezvous import free_port
 
+EXACT_FLAGS = [
+    "--dtype",
+    "float32",
+    "--enforce-eager",
+    "--max-model-len",
+    "4096",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+]
+"""vf-vllm flags for a small model served to be compared with transformers (`make demo`, the
+tests): float32, so log-probabilities match exactly; eager, since compiling costs more start-up
+than it saves on tiny workloads; hermes tool calls for the tool-using environments."""
+
 PORT_ATTEMPTS = 3
 PORT_TAKEN_MESSAGE = "already in use"
 """In the log of a launcher whose port was taken: its own check's words, or the OS error's

@@ -111,12 +111,7 @@ def policy_loss(
         log_ratio = log_ratio + logprobs - logprobs.detach()
     ratio = torch.exp(log_ratio)
     with torch.no_grad():
-        bounded = ratio
-        if cfg.correction == "sequence_mask":
-            bounded = torch.exp(sequence_means(token_log_ratio, mask, sequence_ids))
-        in_bounds = (bounded >= cfg.ratio_mask_low) & (bounded <= cfg.ratio_mask_high)
-        if cfg.correction == "tis":
-            in_bounds = torch.ones_like(in_bounds)
+        in_bounds = correction_mask(ratio, token_log_ratio, mask, sequence_ids, cfg)
     keep = mask * in_bounds.float()
     if cfg.correction == "tis":  # value min(r, cap) A, gradient min(r, cap) A grad log p
         weight = ratio.detach().clamp(max=cfg.tis_cap)
@@ -161,6 +156,24 @@ def policy_loss(
         stats["mismatch_kl"] = ((torch.expm1(log_ratio64) - log_ratio64) * mask).sum()
         stats["loss/pg"] = (-surrogate * keep).sum()
     return LossTerms(loss_sum=loss_sum, tokens=mask.sum(), stats=stats)
+
+
+def correction_mask(
+    ratio: torch.Tensor,
+    token_log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    sequence_ids: torch.Tensor | None,
+    cfg: LossConfig,
+) -> torch.Tensor:
+    """Where the off-policy correction lets a token train: everywhere under `tis` (it weighs
+    instead); inside [ratio_mask_low, ratio_mask_high] for the token's ratio (`token_mask`) or
+    its sequence's geometric-mean ratio (`sequence_mask`)."""
+    if cfg.correction == "tis":
+        return torch.ones_like(mask, dtype=torch.bool)
+    bounded = ratio
+    if cfg.correction == "sequence_mask":
+        bounded = torch.exp(sequence_means(token_log_ratio, mask, sequence_ids))
+    return (bounded >= cfg.ratio_mask_low) & (bounded <= cfg.ratio_mask_high)
 
 
 def per_sequence(values: torch.Tensor, sequence_ids: torch.Tensor | None) -> torch.Tensor:

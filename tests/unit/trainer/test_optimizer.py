@@ -13,12 +13,11 @@ import json
 import math
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from accelerate import Accelerator
+from support import zero3_launch
 from transformers import get_scheduler
 
 from rlvr.batch import Sample
@@ -27,8 +26,6 @@ from rlvr.model.policy import load_policy
 from rlvr.trainer.grpo import micro_batch_loss
 from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.optimizer import NonFiniteStepError, Optimization, lr_factor, make_accelerator
-
-ZERO3_CPU = Path(__file__).resolve().parents[3] / "configs" / "zero3_cpu.yaml"
 
 
 def _samples(vocab: int, advantage: float) -> list[Sample]:
@@ -172,7 +169,8 @@ import torch
 from transformers import AutoModelForCausalLM
 from rlvr.config import load_config
 from rlvr.trainer.grpo import micro_batch_loss
-from rlvr.trainer.micro_batches import Sample, collate
+from rlvr.batch import Sample
+from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.optimizer import NonFiniteStepError, Optimization, make_accelerator
 
 model_dir, report = sys.argv[1], sys.argv[2]
@@ -216,15 +214,7 @@ def test_non_finite_gradients_stop_the_step_under_deepspeed(tiny_model_dir, tmp_
     rate 0)."""
     script = tmp_path / "rank.py"
     script.write_text(DEEPSPEED_RANK)
-    launch = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config-file",
-        str(ZERO3_CPU),
-        "--num-processes",
-        "2",
-    ]
+    launch = zero3_launch()
     done = subprocess.run(
         [*launch, str(script), str(tiny_model_dir), str(tmp_path / "report")],
         capture_output=True,
