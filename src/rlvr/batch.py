@@ -119,6 +119,8 @@ class RolloutResult:
     prompt_text: str
     completion_text: str
     answer: str = ""
+    longest_turn: int = 0
+    """Completion tokens of the rollout's longest model turn (the overlong penalty's length)."""
 
 
 @dataclass
@@ -128,6 +130,10 @@ class GroupResult:
     rollouts: list[RolloutResult]
     errored: int = 0
     errors: list[str] = field(default_factory=list)
+    env: str | None = None
+    """The mixture environment the group ran in (`rlvr.rollouts.mixture`); None outside one."""
+    reply_cap: int | None = None
+    """The most tokens a model turn could take (the requests' max_tokens)."""
 
     def too_errored(self, max_errored_frac: float) -> bool:
         """More than `max_errored_frac` of the group's rollouts errored: it gets no loss."""

@@ -401,3 +401,49 @@ def test_v1_environment_trains(tiny_server, tmp_path):
     (evaluation,) = [m for m in logged if "eval/reward" in m]
     assert evaluation["eval/rollouts"] >= 4 and evaluation["eval/errored"] == 0
     assert evaluation["eval/target_share"] == pytest.approx(evaluation["eval/reward"])
+
+
+def test_mixture_draws_by_weight_and_logs_per_env(tiny_server, tmp_path, shared_data):
+    """Two real environments in one run (`envs:` loads them by id, as verifiers' EnvGroup):
+    each step takes 3 groups of boxed math for 1 tic-tac-toe game (weights 3 and 1), the
+    math replies keep to their own reply length, and the logs, the evaluation and the sample
+    table are per environment."""
+    boxed = {
+        "id": "vf-deepscaler",
+        "name": "math",
+        "weight": 3,
+        "max_tokens": 6,
+        "args": {"data_files": str(shared_data / "deepscaler" / "preview_first803.jsonl")},
+    }
+    games = {
+        "id": "vf-openspiel",
+        "name": "games",
+        "eval_examples": 1,
+        "args": {"cases": "tic_tac_toe", "num_tasks_per_case": 8},
+    }
+    extra = [
+        f"envs={json.dumps([boxed, games])}",
+        "max_steps=2",
+        "batch.batch_size=16",
+        "batch.rollouts_per_example=4",
+        "batch.max_prompt_len=512",
+        "eval.every=2",
+        "eval.num_examples=2",
+        "logging.samples_per_step=16",
+        "logging.table_every=1",
+    ]
+    history = Trainer(config(tiny_server, tmp_path, *extra)).run()
+    assert len(history) == 2
+    for step in history:
+        assert (step["env/math/groups"], step["env/games/groups"]) == (3, 1)
+        assert math.isfinite(step["loss/total"])
+        assert "env/math/reward/mean" in step and "env/games/reward/mean" in step
+        assert step["env/math/completion_len"] <= 6 < 16  # its own cap, not sampling.max_tokens
+        own = {k.split("/")[2] for k in step if k.startswith("env/games/")}
+        assert own - {"groups", "reward", "completion_len"}  # the game rubric's own metrics
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (evaluation,) = [m for m in logged if "eval/reward" in m]
+    assert evaluation["eval/math/rollouts"] + evaluation["eval/math/errored"] == 2
+    assert evaluation["eval/games/rollouts"] + evaluation["eval/games/errored"] == 1
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert {row["env"] for row in rows} == {"math", "games"}

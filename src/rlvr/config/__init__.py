@@ -18,6 +18,7 @@ from rlvr.config.grpo import (
     EvalConfig,
     LoggingConfig,
     LossConfig,
+    MixtureEnvConfig,
     SamplingConfig,
     ServerConfig,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "ConfigError",
     "DistributedConfig",
     "EnvConfig",
+    "MixtureEnvConfig",
     "CurriculumConfig",
     "EvalConfig",
     "LoggingConfig",

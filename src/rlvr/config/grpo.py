@@ -31,6 +31,30 @@ class EnvConfig:
 
 
 @dataclass
+class MixtureEnvConfig:
+    """One item of `envs:`, a mixture's environment: `env.*` plus its share of the groups and
+    its own reply length and eval size."""
+
+    id: str
+    """Environment id, as for `env.id`."""
+    args: dict[str, Any] = field(default_factory=dict)
+    weight: float = 1.0
+    """Its share of each step's groups: weight / the sum of the weights."""
+    name: str | None = None
+    """Its name in metrics (`env/<name>/reward`, `eval/<name>/...`) and sample tables
+    (default: the id)."""
+    max_tokens: int | None = None
+    """Most tokens per model turn for this environment (None: `sampling.max_tokens`, else the
+    environment's own default)."""
+    eval_examples: int | None = None
+    """Eval examples of this environment (None: `eval.num_examples`)."""
+
+    @property
+    def label(self) -> str:
+        return self.name or self.id
+
+
+@dataclass
 class BatchConfig:
     """`batch.*`: the size of a step, its micro-batches and the off-policy lag."""
 
@@ -145,6 +169,13 @@ class LossConfig:
     `tis_cap` and drops nothing (truncated importance sampling)."""
     tis_cap: float = 2.0
     """`correction=tis`'s truncation of the importance weight (inf: plain importance sampling)."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment: a rollout whose longest model turn reaches into the last
+    `overlong_buffer` tokens of its reply cap (max_tokens) loses reward linearly, up to
+    `overlong_penalty` at the cap, for its advantage only (logged rewards stay the
+    environment's). 0: off."""
+    overlong_penalty: float = 1.0
+    """The reward a turn that hits its cap loses under `overlong_buffer`."""
 
     def validate(self) -> None:
         """The aggregation's and the correction's own settings, and their combinations."""
@@ -153,6 +184,15 @@ class LossConfig:
             tokens is None or tokens >= 1, "loss.constant_tokens", tokens, "must be >= 1 or null"
         )
         require(self.tis_cap > 0, "loss.tis_cap", self.tis_cap)
+        require(
+            self.overlong_buffer >= 0, "loss.overlong_buffer", self.overlong_buffer, "must be >= 0"
+        )
+        require(
+            self.overlong_penalty >= 0,
+            "loss.overlong_penalty",
+            self.overlong_penalty,
+            "must be >= 0",
+        )
         clipped = self.clip_low is not None or self.clip_high is not None
         require(
             not (self.correction == "tis" and clipped),
@@ -265,6 +305,9 @@ class Config:
     """A GRPO run (scripts/train.py): every section, validated as a whole by `validate`."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
+    envs: list[MixtureEnvConfig] = field(default_factory=list)
+    """A mixture of environments (docs/training.md#mixtures): each step's groups are drawn from
+    them by weight. Empty: the one environment `env`."""
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -326,6 +369,7 @@ class Config:
             self.sampling.max_tokens,
         )
         self._check_sampling_filters()
+        self._check_mixture()
         require(
             self.server.transfer_timeout_s > 0,
             "server.transfer_timeout_s",
@@ -353,6 +397,37 @@ class Config:
         self.model.validate()
         self.lora.validate()
         self.checkpoint.validate()
+
+    def _check_mixture(self) -> None:
+        """`envs:` replaces `env:`; each environment needs a positive weight, a name of its own
+        and, if set, a positive reply length and eval size."""
+        if not self.envs:
+            return
+        require(
+            self.env == EnvConfig(),
+            "env",
+            self.env.id,
+            "set env or envs, not both (envs lists every environment of a mixture)",
+        )
+        labels = [e.label for e in self.envs]
+        require(
+            len(set(labels)) == len(labels), "envs", labels, "give each environment its own name"
+        )
+        for i, entry in enumerate(self.envs):
+            require(entry.weight > 0, f"envs[{i}].weight", entry.weight)
+            for key in ("max_tokens", "eval_examples"):
+                value = getattr(entry, key)
+                require(
+                    value is None or value >= 1, f"envs[{i}].{key}", value, "must be >= 1 or null"
+                )
+            require("/" not in entry.label, f"envs[{i}].name", entry.label, "may not contain '/'")
+
+    @property
+    def env_label(self) -> str:
+        """The run's environment for messages: its id, or the mixture's names."""
+        if not self.envs:
+            return self.env.id
+        return "mixture of " + ", ".join(e.label for e in self.envs)
 
     def _check_sampling_filters(self) -> None:
         from rlvr.rollouts.request_args import SamplingFilterError, check_run_sampling

@@ -124,9 +124,8 @@ def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> Rollou
     samples = trajectory_samples(trajectory, max_seq_len)
     if truncated and mask_truncated:
         samples = []
-    completion_tokens = sum(
-        len((s.get("tokens") or {}).get("completion_ids", [])) for s in trajectory
-    )
+    turn_tokens = [len((s.get("tokens") or {}).get("completion_ids", [])) for s in trajectory]
+    completion_tokens = sum(turn_tokens)
     return RolloutResult(
         example_id=int(state.get("example_id", 0)),
         reward=reward,
@@ -142,4 +141,5 @@ def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> Rollou
         prompt_text=render_messages(state.get("prompt")),
         completion_text=render_messages(state.get("completion")),
         answer=str(reference_answer(state) or ""),
+        longest_turn=max(turn_tokens, default=0),
     )

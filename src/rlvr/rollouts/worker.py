@@ -9,7 +9,7 @@ replaced under dynamic sampling (`batch.dynamic_sampling`).
 The client is `rlvr.rollouts.client`, each request's sampling arguments
 `rlvr.rollouts.request_args`; how a finished rollout becomes token samples with loss masks is
 `rlvr.rollouts.to_samples`. One prompt's group of rollouts is `rlvr.rollouts.groups`; which rows
-become prompts, `rlvr.rollouts.prompts`.
+become prompts, `rlvr.rollouts.prompts`; a mixture of environments, `rlvr.rollouts.mixture`.
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlvr.batch import GroupResult, StepBatch
-from rlvr.config import Config
+from rlvr.config import Config, SamplingConfig
 from rlvr.pass_at_k import mean_pass_at_k, succeeded
 from rlvr.rollouts.curriculum import Curriculum
 from rlvr.rollouts.groups import run_group
+from rlvr.rollouts.mixture import MixtureOrder, Routed, is_group, leaves, route, rows_by_env
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import build_sampling_args, request_seed
 
@@ -47,6 +48,40 @@ class EvalResult:
     pass_at_k: dict[int, float] = field(default_factory=dict)
     """pass@k over the examples (k = 1, 2, 4, ... up to the rollouts per example): a rollout
     succeeds when its reward reaches `eval.pass_threshold`; an errored one fails."""
+    per_env: dict[str, EvalResult] = field(default_factory=dict)
+    """A mixture's evaluation of each environment on its own eval set (empty for one
+    environment); the fields above then cover all of them together."""
+
+    @classmethod
+    def of(cls, groups: list[GroupResult], pass_threshold: float) -> EvalResult:
+        """The evaluation that `groups` (one per eval example) make."""
+        rollouts = [r for g in groups for r in g.rollouts]
+        metrics: dict[str, float] = {}
+        for name in sorted({k for r in rollouts for k in r.metrics}):
+            values = [r.metrics[name] for r in rollouts if name in r.metrics]
+            metrics[name] = sum(values) / len(values)
+        n = len(rollouts)
+        passed = [sum(succeeded(r.reward, pass_threshold) for r in g.rollouts) for g in groups]
+        tallies = [(len(g.rollouts) + g.errored, c) for g, c in zip(groups, passed, strict=True)]
+        return cls(
+            reward=sum(r.reward for r in rollouts) / n if n else 0.0,
+            metrics=metrics,
+            num_rollouts=n,
+            errored=sum(g.errored for g in groups),
+            truncated=sum(r.truncated for r in rollouts),
+            pass_at_k=mean_pass_at_k(tallies),
+        )
+
+    def logged(self, prefix: str) -> dict[str, float]:
+        """The metrics this evaluation logs under `prefix` (`eval`, `eval/<environment>`)."""
+        return {
+            f"{prefix}/reward": self.reward,
+            **{f"{prefix}/{k}": v for k, v in self.metrics.items()},
+            f"{prefix}/rollouts": self.num_rollouts,
+            f"{prefix}/errored": self.errored,
+            f"{prefix}/truncated": self.truncated,
+            **{f"{prefix}/pass@{k}": value for k, value in self.pass_at_k.items()},
+        }
 
 
 @dataclass
@@ -214,7 +249,13 @@ class RolloutWorker:
         self.served_name = served_name or (lambda version: config.served_model)
         """The model name that serves weight version v to rollouts: one name whatever the
         version (merged pushes), or that version's adapter (`rlvr.weight_sync.base`)."""
-        self.order = PromptOrder(len(dataset), config.seed)
+        self.order = prompt_order(env, dataset, config)
+        self._sampling = {
+            entry.label: replace(config.sampling, max_tokens=entry.max_tokens)
+            for entry in config.envs
+            if entry.max_tokens is not None
+        }
+        """A mixture environment's own reply length, by its name."""
         self.start_step = start_step
         self.position = data_position
         self.prompt_fits = prompt_fits or (lambda row: True)
@@ -347,34 +388,50 @@ class RolloutWorker:
                 return
             await self._version_event.wait()
 
-    def _sampling_args(self, step: int, position: int, rollout: int) -> dict[str, Any]:
+    def _sampling_args(
+        self, routed: Routed, step: int, position: int, rollout: int
+    ) -> dict[str, Any]:
         seed = None
         if self.cfg.sampling.seed_requests:
             seed = request_seed(self.cfg.seed, step, position, rollout)
-        return build_sampling_args(self.cfg.sampling, self.env.sampling_args, seed)
+        return build_sampling_args(self._sampling_of(routed), routed.env.sampling_args, seed)
+
+    def _sampling_of(self, routed: Routed) -> SamplingConfig:
+        """The run's sampling settings, with a mixture environment's own reply length."""
+        top = (routed.name or "").split("/")[0]
+        return self._sampling.get(top, self.cfg.sampling)
 
     async def _run_groups(
-        self, rows: list[dict], step: int, first_position: int, group_size: int, version: int
+        self, rows: list[Routed], step: int, first_position: int, group_size: int, version: int
     ) -> list[GroupResult]:
-        """Generate and score the groups of `rows`, every request through the model name
-        that serves weight `version`."""
+        """Generate and score the groups of `rows`, each in its environment, every request
+        through the model name that serves weight `version`."""
         limit = self.cfg.batch.max_concurrent
         semaphore = asyncio.Semaphore(limit if limit > 0 else len(rows) or 1)
 
-        async def one(i: int, row: dict) -> GroupResult:
-            args = [self._sampling_args(step, first_position + i, r) for r in range(group_size)]
+        async def one(i: int, routed: Routed) -> GroupResult:
+            position = first_position + i
+            args = [self._sampling_args(routed, step, position, r) for r in range(group_size)]
             async with semaphore:
-                return await run_group(
-                    self.env,
+                group = await run_group(
+                    routed.env,
                     self._client,
                     self.served_name(version),
-                    row,
+                    routed.row,
                     args,
                     self.cfg.batch.max_seq_len,
                     self.cfg.batch.mask_truncated,
                 )
+            return replace(group, env=routed.name, reply_cap=args[0]["max_tokens"])
 
-        return list(await asyncio.gather(*(one(i, row) for i, row in enumerate(rows))))
+        return list(await asyncio.gather(*(one(i, routed) for i, routed in enumerate(rows))))
+
+    async def _run_prompts(
+        self, prompts: _Prompts, step: int, group_size: int, version: int
+    ) -> list[GroupResult]:
+        """The groups of training prompts, each routed to its environment."""
+        rows = [route(self.env, row) for row in prompts.rows]
+        return await self._run_groups(rows, step, prompts.first, group_size, version)
 
     def _next_prompts(self, count: int) -> _Prompts:
         """The next `count` rows whose prompts fit and that the curriculum keeps."""
@@ -405,7 +462,7 @@ class RolloutWorker:
         prompts = self._next_prompts(self.cfg.examples_per_step)
         began = time.perf_counter()
         group_size = self.cfg.batch.rollouts_per_example
-        groups = await self._run_groups(prompts.rows, step, prompts.first, group_size, version)
+        groups = await self._run_prompts(prompts, step, group_size, version)
         self._observe(groups)
         refill = await self._refill(groups, step, version)
         errors = [e for g in groups for e in g.errors]
@@ -445,9 +502,7 @@ class RolloutWorker:
             if not empty:
                 break
             prompts = self._next_prompts(len(empty))
-            fresh = await self._run_groups(
-                prompts.rows, step, prompts.first, batch.rollouts_per_example, version
-            )
+            fresh = await self._run_prompts(prompts, step, batch.rollouts_per_example, version)
             self._observe(fresh)
             for i, group in zip(empty, fresh, strict=True):
                 groups[i] = group
@@ -458,24 +513,29 @@ class RolloutWorker:
         return refill
 
     async def _evaluate(self, num_examples: int, rollouts_per_example: int) -> EvalResult:
-        dataset = self.env.get_eval_dataset(n=num_examples)
-        rows = [dataset[i] for i in range(len(dataset))]
-        with self.clock.lease() as version:
-            groups = await self._run_groups(rows, -1, 0, rollouts_per_example, version)
-        rollouts = [r for g in groups for r in g.rollouts]
-        metrics: dict[str, float] = {}
-        for name in sorted({k for r in rollouts for k in r.metrics}):
-            values = [r.metrics[name] for r in rollouts if name in r.metrics]
-            metrics[name] = sum(values) / len(values)
-        n = len(rollouts)
+        """The eval set of the environment, or of each environment of a mixture (its own
+        `eval_examples` of its own eval set), with the same version throughout."""
+        sizes = {entry.label: entry.eval_examples for entry in self.cfg.envs}
         bar = self.cfg.eval.pass_threshold
-        passed = [sum(succeeded(r.reward, bar) for r in g.rollouts) for g in groups]
-        tallies = [(len(g.rollouts) + g.errored, c) for g, c in zip(groups, passed, strict=True)]
-        return EvalResult(
-            reward=sum(r.reward for r in rollouts) / n if n else 0.0,
-            metrics=metrics,
-            num_rollouts=n,
-            errored=sum(g.errored for g in groups),
-            truncated=sum(r.truncated for r in rollouts),
-            pass_at_k=mean_pass_at_k(tallies),
-        )
+        per_env: dict[str, list[GroupResult]] = {}
+        with self.clock.lease() as version:
+            for name, env in leaves(self.env).items():
+                n = sizes.get((name or "").split("/")[0]) or num_examples
+                dataset = env.get_eval_dataset(n=n)
+                rows = [Routed(env, dataset[i], name) for i in range(len(dataset))]
+                per_env[name or ""] = await self._run_groups(
+                    rows, -1, 0, rollouts_per_example, version
+                )
+        result = EvalResult.of([g for groups in per_env.values() for g in groups], bar)
+        if is_group(self.env):
+            result.per_env = {name: EvalResult.of(g, bar) for name, g in per_env.items()}
+        return result
+
+
+def prompt_order(env: Any, dataset: Any, cfg: Config) -> PromptOrder | MixtureOrder:
+    """The order the rows of `dataset` are used in: drawn by the weights of `envs:`, or in one
+    permutation of all rows (one environment, or a group the environment itself made)."""
+    if cfg.envs and is_group(env):
+        rows = rows_by_env(dataset, env.env_names)
+        return MixtureOrder(rows, [entry.weight for entry in cfg.envs], cfg.seed)
+    return PromptOrder(len(dataset), cfg.seed)

@@ -5,7 +5,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from rlvr.batch import rewards_equal
+from rlvr.batch import RolloutResult, rewards_equal
+from rlvr.config import LossConfig
+
+
+def overlong_penalty(rollout: RolloutResult, reply_cap: int | None, loss: LossConfig) -> float:
+    """DAPO's soft overlong punishment of a rollout (Yu et al., 2025, eq. 13): 0 while its
+    longest turn stays `loss.overlong_buffer` tokens short of the reply cap, rising linearly to
+    `loss.overlong_penalty` at the cap. A reply cut at the cap is mostly unfinished work; the
+    graded penalty teaches the model to finish sooner without the cliff between a reply one
+    token short of the cap and one that hits it (DAPO measured the cliff as noise)."""
+    if not loss.overlong_buffer or not reply_cap:
+        return 0.0
+    buffer = min(loss.overlong_buffer, reply_cap)
+    over = rollout.longest_turn - (reply_cap - buffer)
+    return loss.overlong_penalty * min(1.0, max(0, over) / buffer)
 
 
 def group_advantages(

@@ -35,6 +35,7 @@ from rlvr.model.policy import load_model, load_policy, reference_mode, resolve_d
 from rlvr.model.rope import check_served_rope
 from rlvr.rollouts.client import make_client
 from rlvr.rollouts.groups import UnsupportedEnvironmentError, check_rollout_stage_only
+from rlvr.rollouts.mixture import leaves, load_mixture, routed_filter
 from rlvr.rollouts.prompts import prompt_length_filter
 from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args
 from rlvr.rollouts.worker import RolloutWorker
@@ -248,19 +249,25 @@ class Trainer:
         import verifiers as vf
 
         cfg = self.cfg
-        if self.env is None:
+        if self.env is None and cfg.envs:
+            self.env = load_mixture(cfg.envs)
+        elif self.env is None:
             self.env = vf.load_environment(cfg.env.id, **cfg.env.args)
-        try:
-            build_sampling_args(cfg.sampling, self.env.sampling_args)
-            check_rollout_stage_only(self.env)
-        except (SamplingFilterError, UnsupportedEnvironmentError) as e:
-            raise ConfigError(f"environment {cfg.env.id}: {e}") from None
+        for name, env in leaves(self.env).items():
+            try:
+                build_sampling_args(cfg.sampling, env.sampling_args)
+                check_rollout_stage_only(env)
+            except (SamplingFilterError, UnsupportedEnvironmentError) as e:
+                raise ConfigError(f"environment {name or cfg.env_label}: {e}") from None
 
     def _start_worker(self) -> None:
         cfg = self.cfg
         self.env.set_max_seq_len(cfg.batch.max_seq_len)
-        fits = prompt_length_filter(
-            self.tokenizer, cfg.batch.max_prompt_len, getattr(self.env, "tool_defs", None)
+        fits = routed_filter(
+            self.env,
+            lambda env: prompt_length_filter(
+                self.tokenizer, cfg.batch.max_prompt_len, getattr(env, "tool_defs", None)
+            ),
         )
 
         def client() -> Any:
@@ -489,18 +496,14 @@ class Trainer:
         result = self.worker.evaluate(
             cfg.num_examples, cfg.rollouts_per_example, timeout_s=self._rank0_deadline_s
         )
-        metrics = {
-            "eval/reward": result.reward,
-            **{f"eval/{k}": v for k, v in result.metrics.items()},
-            "eval/rollouts": result.num_rollouts,
-            "eval/errored": result.errored,
-            "eval/truncated": result.truncated,
-            **{f"eval/pass@{k}": value for k, value in result.pass_at_k.items()},
-            "eval/time": time.perf_counter() - began,
-        }
+        metrics = result.logged("eval")
+        for name, each in result.per_env.items():
+            metrics.update(each.logged(f"eval/{name}"))
+        metrics["eval/time"] = time.perf_counter() - began
         self.logger.log(step, metrics)
         passes = "".join(f", pass@{k} {v:.3f}" for k, v in result.pass_at_k.items() if k > 1)
-        self.logger.print(f"eval at step {step}: reward {result.reward:.4f}{passes}")
+        envs = "".join(f", {name} {each.reward:.4f}" for name, each in result.per_env.items())
+        self.logger.print(f"eval at step {step}: reward {result.reward:.4f}{passes}{envs}")
         return metrics
 
     def save(self, step: int) -> Path:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlvr.batch import RolloutResult, Sample, StepBatch, TrainBatch
+from rlvr.batch import GroupResult, RolloutResult, Sample, StepBatch, TrainBatch
 from rlvr.config import Config
 from rlvr.reasoning_vocab.hooks import PolicyHooks
 from rlvr.rollouts.curriculum import curriculum_metrics
-from rlvr.trainer.advantages import group_advantages
+from rlvr.trainer.advantages import group_advantages, overlong_penalty
 from rlvr.trainer.metrics import distribution, mean, metric_means
 
 
@@ -24,18 +24,21 @@ def build_train_batch(
     hooks = hooks or PolicyHooks()
     limit = cfg.batch.max_errored_frac
     groups = [g for g in batch.groups if g.rollouts and not g.too_errored(limit)]
-    advantages, flat = group_advantages(
-        [[r.reward for r in g.rollouts] for g in groups], cfg.loss.scale_rewards
-    )
+    penalties = [[overlong_penalty(r, g.reply_cap, cfg.loss) for r in g.rollouts] for g in groups]
+    shaped = [
+        [r.reward - p for r, p in zip(g.rollouts, ps, strict=True)]
+        for g, ps in zip(groups, penalties, strict=True)
+    ]
+    advantages, flat = group_advantages(shaped, cfg.loss.scale_rewards)
     samples: list[Sample] = []
-    scored: list[tuple[RolloutResult, float]] = []
+    scored: list[tuple[RolloutResult, float, str | None]] = []
     dropped = 0
     for group, group_adv, is_flat in zip(groups, advantages, flat, strict=True):
         if is_flat and cfg.loss.drop_zero_variance:
             dropped += 1
             continue
         for rollout, adv in zip(group.rollouts, group_adv, strict=True):
-            scored.append((rollout, adv))
+            scored.append((rollout, adv, group.env))
             samples += [sample.with_advantage(adv) for sample in rollout.samples]
     kept = {
         "rollouts/zero_variance_groups": sum(flat),
@@ -43,10 +46,13 @@ def build_train_batch(
         "rollouts/dropped_errored_groups": sum(g.too_errored(limit) for g in batch.groups),
     }
     metrics = rollout_metrics(batch, kept, len(samples))
+    if cfg.loss.overlong_buffer:
+        metrics["rollouts/overlong_penalty"] = mean([p for ps in penalties for p in ps])
+    metrics.update(mixture_metrics(batch.groups))
     metrics.update(hooks.rollout_metrics(s for r in batch.rollouts for s in r.samples))
     if batch.curriculum_state is not None:
         metrics.update(curriculum_metrics(batch.curriculum_state, batch.set_aside_prompts))
-    table = [table_row(r, adv) for r, adv in scored[: cfg.logging.samples_per_step]]
+    table = [table_row(r, adv, env) for r, adv, env in scored[: cfg.logging.samples_per_step]]
     return TrainBatch(samples, metrics, table, batch.data_position)
 
 
@@ -77,9 +83,25 @@ def rollout_metrics(batch: StepBatch, kept: dict[str, int], samples: int) -> dic
     }
 
 
-def table_row(rollout: RolloutResult, advantage: float) -> dict[str, Any]:
-    """One row of the sample table (`samples.jsonl`, W&B's `samples`)."""
+def mixture_metrics(groups: list[GroupResult]) -> dict[str, float]:
+    """A mixture's step per environment (`env/<name>/`): its groups, completion tokens per
+    rollout, rewards and its rubric's metrics; empty outside a mixture."""
+    names = sorted({g.env for g in groups if g.env is not None})
+    metrics: dict[str, float] = {}
+    for name in names:
+        rollouts = [r for g in groups if g.env == name for r in g.rollouts]
+        metrics[f"env/{name}/groups"] = sum(g.env == name for g in groups)
+        metrics[f"env/{name}/completion_len"] = mean([r.completion_tokens for r in rollouts])
+        metrics.update(distribution(f"env/{name}/reward", [r.reward for r in rollouts]))
+        metrics.update(metric_means([r.metrics for r in rollouts], f"env/{name}"))
+    return metrics
+
+
+def table_row(rollout: RolloutResult, advantage: float, env: str | None = None) -> dict[str, Any]:
+    """One row of the sample table (`samples.jsonl`, W&B's `samples`); a mixture's rows name
+    their environment."""
     return {
+        **({"env": env} if env is not None else {}),
         "example_id": rollout.example_id,
         "prompt": rollout.prompt_text,
         "completion": rollout.completion_text,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlvr.config import Config, ConfigError
+from rlvr.rollouts.mixture import leaves
 from rlvr.rollouts.request_args import SamplingFilterError, check_logprobs_mode
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.control import ServerControl
@@ -163,9 +164,11 @@ def check_frozen_helpers(push: str, env: Any, cfg: Config) -> str:
     """Refuse merged pushes into a server whose base model the environment uses as a
     frozen helper (vf_planner's worker without worker_base_url): the helper would train
     along with the policy."""
-    if getattr(env, "frozen_model_on_policy_server", False):
+    frozen = [n for n, e in leaves(env).items() if getattr(e, "frozen_model_on_policy_server", 0)]
+    if frozen:
+        name = frozen[0] or cfg.env_label
         raise ConfigError(
-            f"environment {cfg.env.id} uses the policy's server as a frozen model "
+            f"environment {name} uses the policy's server as a frozen model "
             "(e.g. vf_planner's worker), but this run pushes merged weights into it, so "
             "that model would train too. Use LoRA adapter sync (lora.enabled=true, "
             "server.lora_sync=auto or adapter, vf-vllm --enable-lora) or give the "

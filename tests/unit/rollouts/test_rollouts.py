@@ -759,3 +759,87 @@ def test_curriculum_downweights_solved_and_hopeless(tokenizer):
         metrics["curriculum/solved_frac"] >= 2 / 6 and metrics["curriculum/hopeless_frac"] >= 2 / 6
     )
     assert sum(b.set_aside_prompts for b in guided) > 0
+
+
+MIXTURE = (
+    "envs=[{id: vf-a, name: wide, weight: 3, max_tokens: 5},"
+    " {id: vf-b, name: narrow, eval_examples: 1}]"
+)
+
+
+def mixture_worker(tokenizer, *overrides: str, **kwargs) -> RolloutWorker:
+    """A worker on a mixture of two `signal_env`s, weighted 3 to 1, the first with its own
+    reply length, the second with its own eval size."""
+    cfg = load_config(
+        overrides=["batch.batch_size=8", "batch.rollouts_per_example=2", MIXTURE, *overrides]
+    )
+    env = vf.EnvGroup([signal_env(), signal_env()], env_names=["wide", "narrow"])
+    return RolloutWorker(
+        env, env.get_dataset(), cfg, lambda: SeededClient(tokenizer, [""]), **kwargs
+    ).start()
+
+
+def test_mixture_resume_is_exact(tokenizer):
+    """A mixture's step takes its groups by weight (3 of `wide`, 1 of `narrow` in every step),
+    each environment samples with its own reply length, and a resumed run (the batch in flight
+    handed over, the rest from the saved data position) generates what the uninterrupted run
+    did: the same environments, prompts, replies and rewards. The evaluation covers each
+    environment on its own eval set."""
+    overrides = ("batch.async_level=1", "max_steps=4")
+
+    def contents(batch: StepBatch) -> list:
+        return [
+            (g.env, r.example_id, r.completion_text, r.reward)
+            for g in batch.groups
+            for r in g.rollouts
+        ]
+
+    original = mixture_worker(tokenizer, *overrides)
+    try:
+        first = original.get(0, timeout_s=120)
+        deadline = time.monotonic() + 120
+        while not (batches := original.in_flight(1, timeout_s=120)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (in_flight,) = batches
+        publish(original, 1)
+        assert original.get(1, timeout_s=120) is in_flight
+        straight = []
+        for step in (2, 3):
+            publish(original, step)
+            straight.append(original.get(step, timeout_s=120))
+        evaluation = original.evaluate(num_examples=2, rollouts_per_example=2, timeout_s=120)
+    finally:
+        original.close()
+    for batch in (first, in_flight, *straight):
+        envs = [g.env for g in batch.groups]
+        assert sorted(envs) == ["narrow", "wide", "wide", "wide"]
+        assert {g.env: g.reply_cap for g in batch.groups} == {
+            "wide": 5,
+            "narrow": FALLBACK_MAX_TOKENS,
+        }
+    for g in (g for b in (first, in_flight, *straight) for g in b.groups):
+        assert (g.rollouts[0].example_id < 6) == (g.env == "wide")  # ids unique in the mixture
+    assert set(evaluation.per_env) == {"wide", "narrow"}
+    assert evaluation.per_env["wide"].num_rollouts == 4  # eval.num_examples 2 x 2
+    assert evaluation.per_env["narrow"].num_rollouts == 2  # its own eval_examples: 1
+    assert evaluation.num_rollouts == 6
+
+    resumed = mixture_worker(
+        tokenizer,
+        *overrides,
+        start_step=1,
+        version=1,
+        data_position=first.data_position,
+        preloaded=[in_flight],
+    )
+    try:
+        assert resumed.get(1, timeout_s=120) is in_flight
+        again = []
+        for step in (2, 3):
+            publish(resumed, step)
+            again.append(resumed.get(step, timeout_s=120))
+    finally:
+        resumed.close()
+    assert [contents(b) for b in again] == [contents(b) for b in straight]
+    assert [b.data_position for b in again] == [b.data_position for b in straight]
