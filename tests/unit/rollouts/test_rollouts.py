@@ -9,9 +9,11 @@ model's real chat template and answers like vLLM does (prompt_token_ids, token_i
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import time
+from collections.abc import Callable
 
 import pytest
 import verifiers as vf
@@ -676,37 +678,47 @@ def test_dynamic_sampling_resume_is_exact(tokenizer):
     def contents(batch: StepBatch) -> list:
         return [(r.prompt_text, r.completion_text, r.reward) for r in batch.rollouts]
 
-    original = signal_worker(tokenizer, *overrides)
+    straight, resumed = straight_and_resumed(
+        functools.partial(signal_worker, tokenizer, *overrides), 3
+    )
+    in_flight, fresh = straight[1:]
+    assert in_flight.refill_groups + fresh.refill_groups > 0  # the refills are exercised
+    assert resumed[0] is in_flight
+    again = resumed[1]
+    assert contents(again) == contents(fresh)
+    assert (again.refill_groups, again.data_position) == (fresh.refill_groups, fresh.data_position)
+
+
+def straight_and_resumed(
+    make: Callable[..., RolloutWorker], steps: int
+) -> tuple[list[StepBatch], list[StepBatch]]:
+    """The batches of an async_level-1 worker (`make(**kwargs)`) over `steps` steps, and of a
+    second one resumed after step 1 as from a checkpoint (step 1's batch, in flight then, handed
+    over, the data position saved): steps 1.. of each."""
+    original = make()
     try:
-        first = original.get(0, timeout_s=120)
+        straight = [original.get(0, timeout_s=120)]
         deadline = time.monotonic() + 120
         while not (batches := original.in_flight(1, timeout_s=120)):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         (in_flight,) = batches
-        publish(original, 1)
-        assert original.get(1, timeout_s=120) is in_flight
-        publish(original, 2)
-        fresh = original.get(2, timeout_s=120)
+        for step in range(1, steps):
+            publish(original, step)
+            straight.append(original.get(step, timeout_s=120))
     finally:
         original.close()
-    assert in_flight.refill_groups + fresh.refill_groups > 0  # the refills are exercised
-    resumed = signal_worker(
-        tokenizer,
-        *overrides,
-        start_step=1,
-        version=1,
-        data_position=first.data_position,
-        preloaded=[in_flight],
-    )
+    assert straight[1] is in_flight
+    position = straight[0].data_position
+    resumed = make(start_step=1, version=1, data_position=position, preloaded=[in_flight])
     try:
-        assert resumed.get(1, timeout_s=120) is in_flight
-        publish(resumed, 2)
-        again = resumed.get(2, timeout_s=120)
+        again = [resumed.get(1, timeout_s=120)]
+        for step in range(2, steps):
+            publish(resumed, step)
+            again.append(resumed.get(step, timeout_s=120))
     finally:
         resumed.close()
-    assert contents(again) == contents(fresh)
-    assert (again.refill_groups, again.data_position) == (fresh.refill_groups, fresh.data_position)
+    return straight, again
 
 
 def test_curriculum_downweights_solved_and_hopeless(tokenizer):
@@ -794,52 +806,27 @@ def test_mixture_resume_is_exact(tokenizer):
             for r in g.rollouts
         ]
 
-    original = mixture_worker(tokenizer, *overrides)
-    try:
-        first = original.get(0, timeout_s=120)
-        deadline = time.monotonic() + 120
-        while not (batches := original.in_flight(1, timeout_s=120)):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        (in_flight,) = batches
-        publish(original, 1)
-        assert original.get(1, timeout_s=120) is in_flight
-        straight = []
-        for step in (2, 3):
-            publish(original, step)
-            straight.append(original.get(step, timeout_s=120))
-        evaluation = original.evaluate(num_examples=2, rollouts_per_example=2, timeout_s=120)
-    finally:
-        original.close()
-    for batch in (first, in_flight, *straight):
+    make = functools.partial(mixture_worker, tokenizer, *overrides)
+    straight, resumed = straight_and_resumed(make, 4)
+    for batch in straight:
         envs = [g.env for g in batch.groups]
         assert sorted(envs) == ["narrow", "wide", "wide", "wide"]
         assert {g.env: g.reply_cap for g in batch.groups} == {
             "wide": 5,
             "narrow": FALLBACK_MAX_TOKENS,
         }
-    for g in (g for b in (first, in_flight, *straight) for g in b.groups):
-        assert (g.rollouts[0].example_id < 6) == (g.env == "wide")  # ids unique in the mixture
+        for g in batch.groups:
+            assert (g.rollouts[0].example_id < 6) == (g.env == "wide")  # ids unique in the mixture
+    assert resumed[0] is straight[1]
+    assert [contents(b) for b in resumed[1:]] == [contents(b) for b in straight[2:]]
+    assert [b.data_position for b in resumed] == [b.data_position for b in straight[1:]]
+
+    worker = mixture_worker(tokenizer, "max_steps=1", "batch.async_level=0")
+    try:
+        evaluation = worker.evaluate(num_examples=2, rollouts_per_example=2, timeout_s=120)
+    finally:
+        worker.close()
     assert set(evaluation.per_env) == {"wide", "narrow"}
     assert evaluation.per_env["wide"].num_rollouts == 4  # eval.num_examples 2 x 2
     assert evaluation.per_env["narrow"].num_rollouts == 2  # its own eval_examples: 1
     assert evaluation.num_rollouts == 6
-
-    resumed = mixture_worker(
-        tokenizer,
-        *overrides,
-        start_step=1,
-        version=1,
-        data_position=first.data_position,
-        preloaded=[in_flight],
-    )
-    try:
-        assert resumed.get(1, timeout_s=120) is in_flight
-        again = []
-        for step in (2, 3):
-            publish(resumed, step)
-            again.append(resumed.get(step, timeout_s=120))
-    finally:
-        resumed.close()
-    assert [contents(b) for b in again] == [contents(b) for b in straight]
-    assert [b.data_position for b in again] == [b.data_position for b in straight]
