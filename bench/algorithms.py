@@ -28,8 +28,9 @@ metrics.jsonl: the share of groups (a sample is one rollout here, so also of sam
 non-zero advantage, 1 - (zero-variance + errored groups) / groups, beside `batch/refill_groups`
 and `batch/zero_signal_frac` (rlvr.trainer.train_batch).
 
-Everything lands in --out (report.md, report.json, curves.png, one folder per arm); the summary
-also goes to bench/results/algorithms.json. Trailing dotted overrides go to every arm's trainer.
+Everything lands in --out (report.md, report.json, curves.png, train/<arm>, eval/<arm>,
+eval/base); the summary also goes to bench/results/algorithms.json. Trailing dotted overrides go
+to every arm's trainer.
 
 Run:  .venv/bin/python bench/algorithms.py [--budget-min 6] [--eval-examples 100]
           [--eval-rollouts 2] [--arms baseline,dynamic_sampling] [optim.lr=1e-3]
@@ -121,11 +122,11 @@ def run_arm(name: str, base_url: str, data: dict[str, Path], args: argparse.Name
     from rlvr.config import load_config
     from rlvr.eval.plots import read_metrics
 
-    out = args.out.resolve() / name
+    out = args.out.resolve()
     overrides = [
         f"server.base_url={base_url}",
         f"env.args.data_files={data['train']}",
-        f"output_dir={out / 'train'}",
+        f"output_dir={out / 'train' / name}",
         *RUN,
         *args.overrides,
         *ARMS[name],
@@ -137,10 +138,10 @@ def run_arm(name: str, base_url: str, data: dict[str, Path], args: argparse.Name
     load_before = os.getloadavg()[0]
     train_s = train_arm(cfg, args.budget_min * 60)
     load_after = os.getloadavg()[0]
-    evaluate(cfg, base_url, out / "eval", data["heldout"], args)
+    evaluate(cfg, base_url, out / "eval" / name, data["heldout"], args)
     steps = [
         {**r, NONZERO: nonzero_advantage_frac(r, cfg.examples_per_step)}
-        for r in read_metrics(out / "train" / "metrics.jsonl")
+        for r in read_metrics(out / "train" / name / "metrics.jsonl")
         if "reward/mean" in r
     ]
     return {
@@ -163,8 +164,8 @@ def summarise(out: Path, arms: dict[str, dict], args: argparse.Namespace) -> dic
     from rlvr.eval.report import build_report, format_estimate, render_markdown, report_json
     from rlvr.eval.vf_eval import load_run
 
-    runs = [load_run(out / name / "eval", name) for name in arms]
-    report = build_report([*runs, load_run(out / "base" / "eval", "base")])
+    runs = [load_run(out / "eval" / name, name) for name in arms]
+    report = build_report([*runs, load_run(out / "eval" / "base", "base")])
     plot_runs_compared(
         {name: arm["records"] for name, arm in arms.items()},
         out / "curves.png",
@@ -221,7 +222,7 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
     print(f"{len(train_rows)} training and {len(eval_rows)} held-out problems in {out / 'data'}")
     print("evaluating the base model", flush=True)
     evaluate(
-        load_config(RECIPE, args.overrides), base_url, out / "base" / "eval", data["heldout"], args
+        load_config(RECIPE, args.overrides), base_url, out / "eval" / "base", data["heldout"], args
     )
     began = time.perf_counter()
     arms = {name: run_arm(name, base_url, data, args) for name in args.arms}
