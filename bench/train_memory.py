@@ -14,8 +14,14 @@ case), so with 96 of 570 it is high by part of the head's share; `--loss-tokens 
 token a loss token. glibc's heap makes CPU peaks vary from run to run (see
 rlvr.trainer.memory.HEAP_RETENTION).
 
+`--bases` compares the frozen base's storage in one run: `auto` (the default dtype), `float32`,
+`bfloat16`, or a quantized base under LoRA (QLoRA, rlvr.model.quantization): `nf4`, `int8`
+(stored quantized, computing in the default dtype). Each row also gives the measured step's
+wall time (forward, backward and optimizer step; `--threads` threads).
+
 Run:  .venv/bin/python bench/train_memory.py [--tokens 570 1140 2280] [--row-len 570]
           [--loss-tokens 96] [--checkpointing off on] [--device cpu]
+          [--bases auto | float32 bfloat16 nf4 int8]
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save  # noqa: E402
 
 GIB = 2**30
+BASES = ("auto", "float32", "bfloat16", "nf4", "int8")
 
 
 def resident_bytes() -> int:
@@ -85,7 +93,8 @@ def worker(args: argparse.Namespace) -> dict:
     runtime = resident_bytes()
     acc = Accelerator(cpu=args.device == "cpu")
     checkpointing = args.worker == "on"
-    policy = load_policy(ModelConfig(gradient_checkpointing=checkpointing), LoraConfig(), acc)
+    model_cfg = ModelConfig(gradient_checkpointing=checkpointing, **base_settings(args.base))
+    policy = load_policy(model_cfg, LoraConfig(), acc)
     shape = memory.ModelShape.of(policy.model)
     opt = Optimization(acc, policy.model, OptimConfig(), total_steps=10, micro_batch_size=1)
     device = acc.device
@@ -94,10 +103,15 @@ def worker(args: argparse.Namespace) -> dict:
     rows = max(args.tokens[0] // args.row_len, 1)
     mb = micro_batch(rows, args.row_len, args.loss_tokens, shape.vocab)
     memory.reset_peak(device)
+    start = time.perf_counter()
     train_step(opt.model, opt, mb, device)
+    seconds = time.perf_counter() - start
     peak = memory.peak_bytes(device)
     est = memory.estimate(shape, rows * args.row_len, checkpointing, on_cpu=device.type == "cpu")
     return {
+        "base": args.base,
+        "step_s": seconds,
+        "weights_gib": est.weights / GIB,
         "checkpointing": checkpointing,
         "tokens": rows * args.row_len,
         "rows": rows,
@@ -110,14 +124,22 @@ def worker(args: argparse.Namespace) -> dict:
     }
 
 
-def measure(args: argparse.Namespace, tokens: int, checkpointing: str) -> dict:
+def base_settings(base: str) -> dict[str, str]:
+    """ModelConfig fields of a `--bases` choice: a dtype, or a quantization of the default one."""
+    if base in ("nf4", "int8"):
+        return {"quantization": base}
+    return {"dtype": base}
+
+
+def measure(args: argparse.Namespace, tokens: int, checkpointing: str, base: str) -> dict:
     argv = [sys.executable, __file__, "--worker", checkpointing, "--tokens", str(tokens)]
+    argv += ["--base", base]
     for key in ("row_len", "loss_tokens", "device", "threads"):
         argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(
-            f"{tokens} tokens, checkpointing {checkpointing}:\n{done.stderr[-3000:]}"
+            f"{tokens} tokens, checkpointing {checkpointing}, base {base}:\n{done.stderr[-3000:]}"
         )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -130,7 +152,11 @@ def main() -> None:
     parser.add_argument("--checkpointing", nargs="+", choices=["off", "on"], default=["off", "on"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--bases", nargs="+", choices=BASES, default=["auto"], help="the frozen base's storage"
+    )
     parser.add_argument("--worker", choices=["off", "on"], help=argparse.SUPPRESS)
+    parser.add_argument("--base", choices=BASES, default="auto", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
@@ -139,17 +165,23 @@ def main() -> None:
         f"SmolLM2-135M + LoRA, rows of {args.row_len} tokens ({args.loss_tokens or 'all'} "
         f"with loss), {args.device}; GiB"
     )
-    print(f"{'tokens':>7} {'ckpt':>4} {'peak':>7} {'estimate':>8} {'est/peak':>8}")
+    print(
+        f"{'base':>8} {'tokens':>7} {'ckpt':>4} {'peak':>7} {'estimate':>8} {'est/peak':>8} "
+        f"{'weights':>7} {'step s':>7}"
+    )
     runs = []
     for tokens in args.tokens:
         for checkpointing in args.checkpointing:
-            r = measure(args, tokens, checkpointing)
-            runs.append(r)
-            print(
-                f"{r['tokens']:7d} {checkpointing:>4} {r['peak_gib']:7.2f} "
-                f"{r['estimate_gib']:8.2f} {r['estimate_over_peak']:8.2f}"
-            )
-    save("train_memory", {**{k: v for k, v in vars(args).items() if k != "worker"}, "runs": runs})
+            for base in args.bases:
+                r = measure(args, tokens, checkpointing, base)
+                runs.append(r)
+                print(
+                    f"{base:>8} {r['tokens']:7d} {checkpointing:>4} {r['peak_gib']:7.2f} "
+                    f"{r['estimate_gib']:8.2f} {r['estimate_over_peak']:8.2f} "
+                    f"{r['weights_gib']:7.3f} {r['step_s']:7.2f}"
+                )
+    skip = ("worker", "base")
+    save("train_memory", {**{k: v for k, v in vars(args).items() if k not in skip}, "runs": runs})
 
 
 if __name__ == "__main__":

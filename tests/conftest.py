@@ -49,11 +49,14 @@ def _serve(model: str, log_dir: Path, extra: list[str] | None = None):
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir, tmp_path_factory):
     """One real vf-vllm (CPU) on the tiny model, shared by every integration test. It can load
-    LoRA adapters at run time (adapter sync); merged pushes work into it as well."""
+    LoRA adapters at run time (adapter sync); merged pushes work into it as well. Requests may
+    bring their own chat template (tests of templates that rewrite earlier turns)."""
     from rlvr.server.launcher import lora_flags
 
     server = _serve(
-        str(tiny_model_dir), tmp_path_factory.mktemp("tiny-server"), extra=lora_flags(16)
+        str(tiny_model_dir),
+        tmp_path_factory.mktemp("tiny-server"),
+        extra=[*lora_flags(16), "--trust-request-chat-template"],
     )
     server.model_dir = tiny_model_dir
     server.sampling_args = TINY_SAMPLING

@@ -73,3 +73,45 @@ def v1_target_env(target: int, num_prompts: int = 16):
     ]
     taskset = v1.Taskset(source=rows, rewards=[target_share], metrics=[completion_length])
     return v1.Env(taskset=taskset, harness=v1.Harness())
+
+
+def think_stripping_template() -> str:
+    """The tiny model's chat template made Qwen3-like (thinking off): the generation prompt
+    opens with an empty `<think>` block, and past assistant turns are rendered without it (and
+    without any text up to a `</think>`). Re-rendering a conversation therefore changes every
+    earlier turn, as Qwen3's template does."""
+    from rlvr.model.chat_template import TOOL_CHAT_TEMPLATE
+
+    past = "{%- if message.content -%}{{- text(message.content) -}}{%- endif -%}"
+    stripped = (
+        "{%- if message.content -%}"
+        "{{- text(message.content).split('</think>')[-1].lstrip('\\n') -}}{%- endif -%}"
+    )
+    prompt = "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    thinking_off = (
+        "{%- if add_generation_prompt -%}"
+        "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
+    )
+    assert past in TOOL_CHAT_TEMPLATE and prompt in TOOL_CHAT_TEMPLATE
+    return TOOL_CHAT_TEMPLATE.replace(past, stripped).replace(prompt, thinking_off)
+
+
+class _ToolAnswers(vf.MultiTurnEnv):
+    """Answers each model turn as a tool would (a tool result), and the last one before
+    `max_turns` with a user message: a tool rollout for a model too random to call tools."""
+
+    async def env_response(self, messages, state, **kwargs):
+        turn = len(state["trajectory"])
+        if turn == self.max_turns - 1:
+            return [vf.UserMessage(content="Now answer.")]
+        return [vf.ToolMessage(tool_call_id=f"call_{turn}", content=f"result {turn}")]
+
+
+def tool_answers_env(target: int, turns: int = 3, num_prompts: int = 16) -> vf.MultiTurnEnv:
+    """`target_share_env` over `turns` model turns whose environment messages are tool
+    results, then a user message (see `_ToolAnswers`)."""
+    single = target_share_env(target, num_prompts)
+    dataset = single.get_dataset()
+    return _ToolAnswers(
+        dataset=dataset, eval_dataset=dataset, rubric=single.rubric, max_turns=turns
+    )

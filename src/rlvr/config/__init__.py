@@ -19,6 +19,7 @@ from rlvr.config.grpo import (
     LoggingConfig,
     LossConfig,
     MixtureEnvConfig,
+    RolloutsConfig,
     SamplingConfig,
     ServerConfig,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "LossConfig",
     "ModelConfig",
     "OptimConfig",
+    "RolloutsConfig",
     "SFTConfig",
     "SFTDataConfig",
     "SFTTrainConfig",

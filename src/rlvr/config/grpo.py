@@ -17,6 +17,7 @@ from rlvr.config.sections import (
     ModelConfig,
     OptimConfig,
     WandbConfig,
+    check_quantized_base,
 )
 
 
@@ -204,6 +205,26 @@ class LossConfig:
 
 
 @dataclass
+class RolloutsConfig:
+    """`rollouts.*`: how the prompt of a rollout's later turns reaches the server."""
+
+    token_in: bool = False
+    """Send each later turn as token ids: the previous turn's prompt ids, its completion ids
+    verbatim, then the new environment messages (tool results, user messages) rendered as the
+    chat template renders them; the server generates from exactly those ids. A multi-turn
+    rollout then trains as one sample even where the template rewrites earlier turns (Qwen3
+    strips past `<think>` blocks) or re-tokenising a turn boundary differs. false: every turn's
+    prompt is rendered from the messages by the server (such rollouts split into one sample
+    per turn). See docs/training.md#token-in-multi-turn."""
+    keep_thinking: Literal["all", "tool_calls"] = "all"
+    """With token_in, what later turns keep of earlier turns' thinking. `all`: everything, as
+    sampled (every turn extends the previous one). `tool_calls`: kept verbatim across tool
+    results only; a turn after a new user message is rendered from the messages by the chat
+    template, which may drop earlier thinking as the model was trained to see it (that turn
+    starts a new sample)."""
+
+
+@dataclass
 class CurriculumConfig:
     """`curriculum.*`: fewer prompts the policy always solves or always fails."""
 
@@ -316,6 +337,7 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    rollouts: RolloutsConfig = field(default_factory=RolloutsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -396,6 +418,7 @@ class Config:
         require(0 < keep <= 1, "curriculum.keep_prob", keep, "must be in (0, 1]")
         self.model.validate()
         self.lora.validate()
+        check_quantized_base(self.model, self.lora)
         self.checkpoint.validate()
 
     def _check_mixture(self) -> None:

@@ -25,6 +25,11 @@ class ModelConfig:
     when the largest micro-batch fits comfortably without it. true/false: as set."""
     attn_implementation: str | None = None
     """Passed to transformers (e.g. `sdpa`, `flash_attention_2`); None lets it choose."""
+    quantization: Literal["none", "nf4", "int8"] = "none"
+    """The frozen base's storage under LoRA (QLoRA, rlvr.model.quantization): `nf4` (4-bit
+    NormalFloat) or `int8` (per-row absmax) with bitsandbytes, every linear layer but the output
+    head; the embeddings and norms stay in `dtype`. Needs lora.enabled=true. The trainer
+    computes with the dequantized weights, and vf-vllm is given exactly those."""
     reasoning_vocab_size: int = 0
     """A reasoning vocabulary (rlvr.reasoning_vocab.mapping): N extra ids, V + j a copy of the j-th
     non-special token of the tokenizer (-1: a copy of every one), usable only inside think
@@ -49,6 +54,19 @@ class ModelConfig:
             (start, end),
             "must be non-empty and neither may contain the other",
         )
+
+
+def check_quantized_base(model: ModelConfig, lora: LoraConfig) -> None:
+    """A quantized base trains only under LoRA: its weights are frozen integers (no gradient,
+    no optimizer step can move them), so a full fine-tune would train nothing but the norms
+    and embeddings while claiming to train the model."""
+    require(
+        model.quantization == "none" or lora.enabled,
+        "model.quantization",
+        model.quantization,
+        "a quantized base cannot be fine-tuned in full (its weights are frozen integers): "
+        "set lora.enabled=true (QLoRA) or model.quantization=none",
+    )
 
 
 def delimiters_ok(start: str, end: str) -> bool:

@@ -16,6 +16,7 @@ from rlvr.config.sections import (
     ModelConfig,
     OptimConfig,
     WandbConfig,
+    check_quantized_base,
 )
 
 
@@ -118,5 +119,6 @@ class SFTConfig:
         self.optim.validate()
         self.model.validate()
         self.lora.validate()
+        check_quantized_base(self.model, self.lora)
         self.checkpoint.validate()
         self.distributed.validate()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlvr.model.policy import merge_adapter
+from rlvr.model.policy import MERGE_INTO, merge_adapter, merge_statement
 from rlvr.model.publish import (
     PublishError,
     check_hub_access,
@@ -34,6 +34,14 @@ def parse_args() -> argparse.Namespace:
         choices=["auto", "float32", "bfloat16", "float16"],
         help="dtype of the merged weights (auto: float32)",
     )
+    parser.add_argument(
+        "--into",
+        default="trained",
+        choices=MERGE_INTO,
+        help="for an adapter trained on a quantized base (QLoRA): merge into that base "
+        "dequantized, the policy the run trained (trained, default), or into the unquantized "
+        "original, which differs from it by the quantization error (original)",
+    )
     parser.add_argument("--push-to-hub", metavar="REPO", help="Hub model id, e.g. you/model")
     parser.add_argument("--private", action="store_true", help="create the Hub repo private")
     parser.add_argument("--eval-report", type=Path, help="Markdown report for the model card")
@@ -57,6 +65,7 @@ def main() -> None:
     optionally publish it to the Hugging Face Hub with a generated model card.
 
         python scripts/merge_adapter.py outputs/run/final merged/ [--base NAME] [--dtype bfloat16]
+            [--into trained|original]
         python scripts/merge_adapter.py outputs/run/final merged/ --push-to-hub you/model \
             [--private] [--eval-report report.md] [--dry-run]
 
@@ -77,8 +86,10 @@ def main() -> None:
                 raise PublishError(f"--eval-report {args.eval_report}: no such file")
             run = read_run(args.adapter)
             token = None if args.dry_run else check_hub_access()
-        out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
-        print(f"merged model written to {out}")
+        out = merge_adapter(
+            args.adapter, args.out, base=args.base, dtype=args.dtype, into=args.into
+        )
+        print(f"merged model written to {out}: {merge_statement(args.adapter, args.into)}")
         if not repo:
             return
         card = write_card(out, run, repo, args.eval_report)

@@ -15,6 +15,10 @@ weights itself; a full fine-tune elsewhere (one process, DDP) in a half dtype th
 float32 weights and computes in the half dtype under autocast (`mixed_precision`), whatever
 accelerate's own mixed_precision says. Pushes to vf-vllm stream the half dtype.
 
+A quantized base (`model.quantization`, QLoRA) loads through bitsandbytes and is prepared by
+`rlvr.model.quantization` so that it computes with plain dequantized weights, which the server
+is then given (see that module).
+
 Nothing here imports vLLM (the merged-weight stream for vf-vllm lives in
 `rlvr.weight_sync.merged_stream`), so SFT runs on machines that have no vLLM, such as training-only
 GPU hosts.
@@ -33,6 +37,7 @@ import torch
 
 from rlvr.atomic import atomic_directory
 from rlvr.config import ConfigError, LoraConfig, ModelConfig
+from rlvr.model.quantization import bnb_config, prepare_quantized, quantization_of
 from rlvr.reasoning_vocab.hooks import PolicyHooks, policy_hooks
 from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_model, load_tokenizer
 from rlvr.reasoning_vocab.mapping import attach as attach_reasoning_vocab
@@ -92,16 +97,24 @@ def load_model(
     cfg: ModelConfig,
     reasoning_vocab: ReasoningVocab | None = None,
     dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
 ) -> torch.nn.Module:
     """The plain Hugging Face model at `path` in `dtype` (default: `cfg`'s) and `cfg`'s
     attention implementation (also used for the frozen reference of a full fine-tune),
-    expanded by `reasoning_vocab` when it does not carry it yet."""
+    expanded by `reasoning_vocab` when it does not carry it yet. With `cfg.quantization` its
+    linear layers are quantized as they load, on `device` (default: the CPU), where they stay."""
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": dtype or resolve_dtype(cfg.dtype)}
+    dtype = dtype or resolve_dtype(cfg.dtype)
+    kwargs: dict[str, Any] = {"dtype": dtype}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
+    quantized = bnb_config(cfg.quantization, dtype)
+    if quantized is not None:
+        kwargs.update(quantization_config=quantized, device_map={"": device or "cpu"})
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if quantized is not None:
+        prepare_quantized(model, dtype)
     if reasoning_vocab is not None and ReasoningVocab.load(path) is None:
         expand_model(model, reasoning_vocab)
     return model
@@ -237,8 +250,14 @@ def load_policy(
     tokenizer = load_tokenizer(path)
     pad = tokenizer.pad_token_id
     deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    check_quantized_launch(model_cfg.quantization, accelerator.device, deepspeed)
     compute_dtype = master_weights_dtype(model_cfg, lora_cfg.enabled, deepspeed)
-    model = load_model(path, model_cfg, dtype=torch.float32 if compute_dtype else None)
+    model = load_model(
+        path,
+        model_cfg,
+        dtype=torch.float32 if compute_dtype else None,
+        device=accelerator.device,
+    )
     tokenizer, reasoning_vocab = attach_reasoning_vocab(model, tokenizer, model_cfg, path)
     if compute_dtype is not None:  # after any resize: it replaces the head module
         mixed_precision(model, compute_dtype, accelerator.device.type)
@@ -263,6 +282,8 @@ def load_policy(
     if accelerator.is_main_process:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         kind = "LoRA" if lora_cfg.enabled else "full"
+        if model_cfg.quantization != "none":
+            kind += f" on a {model_cfg.quantization} base"
         print(
             f"model {path}: {num_parameters(model) / 1e6:.1f}M parameters, "
             f"{trainable / 1e6:.2f}M trainable ({kind}), dtype {model.dtype}"
@@ -275,6 +296,20 @@ def load_policy(
     pad_id = pad if pad is not None else tokenizer.eos_token_id
     hooks = policy_hooks(reasoning_vocab, tokenizer)
     return Policy(model, tokenizer, pad_id, path, reasoning_vocab, compute_dtype, hooks)
+
+
+def check_quantized_launch(quantization: str, device: torch.device, deepspeed: bool) -> None:
+    """Refuse a quantized base where it cannot load: a device bitsandbytes has no kernels for,
+    or DeepSpeed, whose ZeRO-3 partitions parameters it cannot shard (packed 4-bit bytes,
+    int8 rows with their scales held beside them)."""
+    from rlvr.model.quantization import check_device
+
+    check_device(quantization, device)
+    if quantization != "none" and deepspeed:
+        raise ConfigError(
+            f"model.quantization={quantization!r} is not supported under DeepSpeed (ZeRO-3 "
+            "cannot partition quantized weights): launch without it (one process, or DDP)"
+        )
 
 
 def disable_dropout(model: torch.nn.Module, lora_dropout: float = 0.0) -> None:
@@ -368,10 +403,33 @@ def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], directo
     model.save_pretrained(
         directory, state_dict=state, safe_serialization=True, selected_adapters=["default"], **extra
     )
+    quantization = quantization_of(model)
+    if quantization != "none":
+        (Path(directory) / BASE_QUANTIZATION_FILE).write_text(
+            json.dumps({"quantization": quantization})
+        )
+
+
+BASE_QUANTIZATION_FILE = "base_quantization.json"
+"""Beside an adapter trained on a quantized base: which quantization (`rlvr-merge-adapter` reads
+it to merge into the base the adapter was trained on)."""
+
+
+def adapter_base_quantization(adapter_dir: str | Path) -> str:
+    """The quantization of the base an adapter was trained on (`none` when not recorded)."""
+    path = Path(adapter_dir) / BASE_QUANTIZATION_FILE
+    return json.loads(path.read_text())["quantization"] if path.is_file() else "none"
+
+
+MERGE_INTO = ("trained", "original")
 
 
 def merge_adapter(
-    adapter_dir: str | Path, out_dir: str | Path, base: str | None = None, dtype: str = "auto"
+    adapter_dir: str | Path,
+    out_dir: str | Path,
+    base: str | None = None,
+    dtype: str = "auto",
+    into: str = "trained",
 ) -> Path:
     """Write base model + adapter as one plain Hugging Face model (safetensors + tokenizer).
 
@@ -379,20 +437,33 @@ def merge_adapter(
     hub ids all resolve). An adapter trained with a reasoning vocabulary expands a base that
     lacks one first, and the merged model carries the mapping. Written to a temporary
     directory and renamed, so `out_dir` is either complete or absent.
+
+    An adapter trained on a quantized base (QLoRA) merges, with `into="trained"`, into that
+    base dequantized: the policy the run trained and served. `into="original"` merges it into
+    the unquantized base instead, a model nobody trained: it differs from the trained policy
+    by the base's quantization error (see `merge_statement`).
     """
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from rlvr.model.names import resolve_model
+    from rlvr.model.quantization import dequantize_model
 
+    if into not in MERGE_INTO:
+        raise ValueError(f"merge into {into!r}: choose one of {MERGE_INTO}")
     adapter_dir = Path(adapter_dir)
     config_file = adapter_dir / "adapter_config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{adapter_dir} is not a PEFT adapter (no adapter_config.json)")
     base = base or json.loads(config_file.read_text())["base_model_name_or_path"]
     base_path = resolve_model(base)
+    quantization = adapter_base_quantization(adapter_dir) if into == "trained" else "none"
     torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
+    model_cfg = ModelConfig(name=base_path, quantization=quantization)
+    if quantization == "none":
+        model = load_model(base_path, model_cfg, dtype=torch_dtype)
+    else:  # the trained base: quantized as the trainer did, dequantized to float32, then cast
+        model = dequantize_model(load_model(base_path, model_cfg, dtype=torch.float32))
+        model = model.to(torch_dtype)
     base_vocab = ReasoningVocab.load(base_path)
     reasoning_vocab = ReasoningVocab.load(adapter_dir) or base_vocab
     if reasoning_vocab is not None and base_vocab is None:
@@ -407,3 +478,21 @@ def merge_adapter(
         if reasoning_vocab is not None:
             reasoning_vocab.save(tmp)
     return out
+
+
+def merge_statement(adapter_dir: str | Path, into: str) -> str:
+    """What `merge_adapter(adapter_dir, ..., into=into)` merges the adapter into, in words."""
+    quantization = adapter_base_quantization(adapter_dir)
+    if quantization == "none":
+        return "merged into the base model (the adapter was trained on it unquantized)"
+    if into == "trained":
+        return (
+            f"merged into the {quantization}-dequantized base the adapter was trained on: the "
+            "policy the run trained and served (--into original merges into the unquantized "
+            "base instead)"
+        )
+    return (
+        f"merged into the ORIGINAL unquantized base, although the adapter was trained on its "
+        f"{quantization} quantization: this model differs from the trained policy by the "
+        "base's quantization error (--into trained gives the trained policy)"
+    )

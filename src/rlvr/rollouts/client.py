@@ -1,36 +1,116 @@
 """The OpenAI client the trainer's rollouts use.
 
 vLLM 0.32 has no `/v1/chat/completions/tokens` route, so verifiers'
-`OpenAIChatCompletionsTokenClient` fails from the second turn on. We use the plain
-`OpenAIChatCompletionsClient` (messages in, so every environment works unchanged) and ask vLLM
-for `logprobs` and `return_token_ids`: it then returns `prompt_token_ids` and each choice's
-`token_ids`, which verifiers' own response parser stores in `trajectory[i]["tokens"]`.
+`OpenAIChatCompletionsTokenClient` fails from the second turn on, and verifiers'
+`RendererClient` needs the `renderers` package (not installed here) and parses replies on the
+client with a renderer made for the model. We use the plain `OpenAIChatCompletionsClient`
+(messages in, so every environment works unchanged) and ask vLLM for `logprobs` and
+`return_token_ids`: it then
+returns `prompt_token_ids` and each choice's `token_ids`, which verifiers' own response parser
+stores in `trajectory[i]["tokens"]`.
 
 Verifiers sends a rollout's one `sampling_args` on every turn. `RolloutClient` adds what only
 the request itself knows: the turn's own seed (`rlvr.rollouts.request_args.turn_seed`, from the
 number of turns the rollout has taken) and, for training, a last check that nothing the trainer
 cannot reproduce (a forced tool call, a response format an environment sets per request) reaches the
 sampler.
+
+Token-in turns (`rollouts.token_in`): a later turn's prompt is the previous turn's prompt ids,
+its completion ids verbatim, then the new environment messages as the server's chat template
+renders them (`extend_prompt_ids`). The chat request still carries the messages (vLLM's tool
+and reasoning parsers read the reply as usual) and passes the ids in
+`kv_transfer_params.prompt_token_ids`, which vLLM 0.32's chat route generates from instead of
+rendering the messages (its decode-side reuse of a prompt's ids). The template's rendering of
+the new messages comes from the server's `/tokenize` route, so a `--chat-template` or a
+request's `chat_template`/`chat_template_kwargs` is honoured.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
+from openai import BadRequestError
 from verifiers.clients import OpenAIChatCompletionsClient
 
+from rlvr.config import RolloutsConfig
 from rlvr.rollouts.request_args import check_reproducible, turn_seed
+from rlvr.rollouts.to_samples import MissingTokensError
+
+log = logging.getLogger(__name__)
+
+# The assistant reply of the reference conversation whose rendering shows what the template
+# puts after a reply's text (`extend_prompt_ids`).
+MARKER = "x"
+
+
+class TokenInError(MissingTokensError):
+    """The server generated from other prompt ids than the token-in ids sent: it does not
+    honour `kv_transfer_params.prompt_token_ids` (vLLM before 0.32?), so the trainer would
+    train on a context the sampler never saw. A `MissingTokensError`: it stops the run."""
+
+
+def extend_prompt_ids(
+    previous: list[int],
+    completion: list[int],
+    stopped: bool,
+    reference: list[int],
+    rendered: list[int],
+    marker: list[int],
+) -> list[int] | None:
+    """The next turn's prompt ids: `previous` (the last turn's prompt ids) + `completion` (its
+    sampled ids) verbatim + what the template puts after a reply + the new messages.
+
+    `reference` is the template's rendering of the one-message conversation [assistant
+    `MARKER`] without a generation prompt, `rendered` that of [assistant `MARKER`, *new
+    messages] with it, `marker` the ids of `MARKER`. The ids after the marker in `reference`
+    are the template's closing of a reply (ChatML: `<|im_end|>`, `\\n`); a reply that
+    `stopped` on the first of them (its end-of-turn token) sampled that token itself, so it is
+    not repeated; a reply cut by max_tokens or a stop string gets the whole closing, which
+    the template would render for it too. A lone assistant message keeps templates that
+    treat the last assistant turn or turns before the last user message specially (Qwen3's
+    `<think>` handling) from rendering it differently in the two conversations. None where the
+    renderings do not extend each other (the template rewrites the reply when messages
+    follow) or the marker is not found: the turn is then rendered from its messages."""
+    n = len(marker)
+    ends = [i for i in range(n, len(reference) + 1) if reference[i - n : i] == marker]
+    if not n or not ends or rendered[: len(reference)] != reference:
+        return None
+    end = ends[-1]
+    closing = reference[end:]
+    skip = 0
+    if stopped and completion and completion[-1] in closing:
+        skip = closing.index(completion[-1]) + 1
+    return [*previous, *completion, *rendered[end + skip :]]
+
+
+def _dump(message: Any) -> Any:
+    return message.model_dump() if hasattr(message, "model_dump") else message
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
 
 
 class RolloutClient(OpenAIChatCompletionsClient):
     """verifiers' chat client with per-turn seeds; with `training`, every request is checked
     for sampling the trainer cannot reproduce (SamplingFilterError), including a temperature
-    other than `temperature` (the one the trainer divides by) however the request got it."""
+    other than `temperature` (the one the trainer divides by) however the request got it.
+    With `rollouts.token_in`, later turns are sent as token ids (see the module docstring)."""
 
-    def __init__(self, client: Any, training: bool = True, temperature: float | None = None):
+    def __init__(
+        self,
+        client: Any,
+        training: bool = True,
+        temperature: float | None = None,
+        rollouts: RolloutsConfig | None = None,
+    ):
         super().__init__(client)
         self.training = training
         self.temperature = temperature
+        self.rollouts = rollouts or RolloutsConfig()
+        self._marker: list[int] | None = None
 
     async def get_response(
         self, prompt: Any, model: str, sampling_args: dict[str, Any], tools: Any = None, **kwargs
@@ -42,7 +122,107 @@ class RolloutClient(OpenAIChatCompletionsClient):
         if seed is not None and state is not None:
             turn = len(state.get("trajectory") or [])
             sampling_args = {**sampling_args, "seed": turn_seed(seed, turn)}
-        return await super().get_response(prompt, model, sampling_args, tools, **kwargs)
+        ids = None
+        if self.rollouts.token_in and state is not None:
+            ids = await self.token_in_ids(prompt, model, sampling_args, tools, state)
+        if ids is None:
+            return await super().get_response(prompt, model, sampling_args, tools, **kwargs)
+        extra = dict(sampling_args.get("extra_body") or {})
+        extra["kv_transfer_params"] = {"prompt_token_ids": ids}
+        sampling_args = {**sampling_args, "extra_body": extra}
+        response = await super().get_response(prompt, model, sampling_args, tools, **kwargs)
+        seen = response.message.tokens.prompt_ids if response.message.tokens else None
+        if seen is not None and list(seen) != ids:
+            raise TokenInError(
+                f"rollouts.token_in sent {len(ids)} prompt ids but the server generated from "
+                f"{len(seen)} others: it ignores kv_transfer_params.prompt_token_ids (needs "
+                "vLLM >= 0.32); set rollouts.token_in=false"
+            )
+        return response
+
+    async def token_in_ids(
+        self, prompt: Any, model: str, sampling_args: dict[str, Any], tools: Any, state: Any
+    ) -> list[int] | None:
+        """This turn's token-in prompt ids (`extend_prompt_ids`), or None where the turn is
+        rendered from its messages: the first turn, a conversation that does not continue the
+        last turn's messages (an environment that rewrote them), a new user message under
+        `keep_thinking=tool_calls`, or a template whose renderings cannot be extended."""
+        trajectory = state.get("trajectory") or []
+        if not trajectory:
+            return None
+        step = trajectory[-1]
+        reply = getattr(step.get("response"), "message", None)
+        tokens = getattr(reply, "tokens", None)
+        before = [*step.get("prompt", []), *step.get("completion", [])]
+        if tokens is None or [_dump(m) for m in prompt[: len(before)]] != [
+            _dump(m) for m in before
+        ]:
+            log.warning("token_in: turn %d is rendered from its messages", len(trajectory))
+            return None
+        new = list(prompt[len(before) :])
+        if not new or (
+            self.rollouts.keep_thinking == "tool_calls" and any(_role(m) == "user" for m in new)
+        ):
+            return None
+        native, _ = await self.to_native_prompt(new)
+        native_tools = await self.to_native_tools(tools)
+        template = {
+            k: v
+            for k, v in (sampling_args.get("extra_body") or {}).items()
+            if k in ("chat_template", "chat_template_kwargs")
+        }
+        lone = {"role": "assistant", "content": MARKER}
+        if self._marker is None:
+            self._marker = await self._tokenize({"model": model, "prompt": MARKER})
+        try:
+            reference, rendered = await asyncio.gather(
+                self._chat_ids(model, [lone], native_tools, template, generation_prompt=False),
+                self._chat_ids(model, [lone, *native], native_tools, template),
+            )
+        except BadRequestError as e:  # a template that refuses the lone reply's conversation
+            log.warning("token_in: turn %d is rendered from its messages (%s)", len(trajectory), e)
+            return None
+        ids = extend_prompt_ids(
+            list(tokens.prompt_ids),
+            list(tokens.completion_ids),
+            reply.finish_reason in ("stop", "tool_calls"),
+            reference,
+            rendered,
+            self._marker,
+        )
+        if ids is None:
+            log.warning(
+                "token_in: the chat template's renderings of turn %d do not extend each other; "
+                "the turn is rendered from its messages",
+                len(trajectory),
+            )
+        return ids
+
+    async def _chat_ids(
+        self,
+        model: str,
+        messages: list[dict],
+        tools: Any,
+        template: dict[str, Any],
+        generation_prompt: bool = True,
+    ) -> list[int]:
+        body = {
+            "model": model,
+            "messages": messages,
+            "add_generation_prompt": generation_prompt,
+            **template,
+        }
+        if tools:
+            body["tools"] = tools
+        return await self._tokenize(body)
+
+    async def _tokenize(self, body: dict[str, Any]) -> list[int]:
+        """vLLM's `/tokenize` (at the server's root, beside `/v1`) of a prompt or messages."""
+        root = str(self.client.base_url).rstrip("/").removesuffix("/v1")
+        answer = await self.client.with_options(base_url=root).post(
+            "/tokenize", body={"add_special_tokens": False, **body}, cast_to=dict
+        )
+        return list(answer["tokens"])
 
 
 def make_client(
@@ -52,8 +232,10 @@ def make_client(
     max_connections: int,
     training: bool = True,
     temperature: float | None = None,
+    rollouts: RolloutsConfig | None = None,
 ) -> RolloutClient:
-    """A verifiers chat client on vf-vllm (`training`, `temperature`: see `RolloutClient`).
+    """A verifiers chat client on vf-vllm (`training`, `temperature`, `rollouts`: see
+    `RolloutClient`).
 
     Idle connections are dropped before uvicorn's 5 s keep-alive timeout (reusing one the
     server is closing fails with a read error), and connection errors are retried; a request
@@ -70,4 +252,4 @@ def make_client(
     oai = AsyncOpenAI(
         base_url=base_url, api_key=api_key or "EMPTY", max_retries=2, http_client=http
     )
-    return RolloutClient(oai, training, temperature)
+    return RolloutClient(oai, training, temperature, rollouts)

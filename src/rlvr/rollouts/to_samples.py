@@ -8,7 +8,8 @@ trains every turn with the exact context the sampler saw. Where re-rendering the
 changes earlier tokens (a template that drops reasoning, a tool call re-serialised differently
 from how it was sampled, BPE merging across the turn boundary), a new sample starts at that
 turn: merging would train on a context the sampler never saw. Either way the ids are exactly
-those vLLM reported, never re-tokenized text.
+those vLLM reported, never re-tokenized text. `rollouts.token_in` (rlvr.rollouts.client) sends
+later turns as the previous turn's ids extended, so those turns merge.
 """
 
 from __future__ import annotations

@@ -277,6 +277,7 @@ class Trainer:
                 cfg.server.timeout_s,
                 max_connections=max(cfg.batch.batch_size * 2, 64),
                 temperature=cfg.sampling.temperature,
+                rollouts=cfg.rollouts,
             )
 
         self.worker = RolloutWorker(

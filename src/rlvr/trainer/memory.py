@@ -11,7 +11,9 @@ settings that fit neither way with a ConfigError that names the knobs to turn.
 What the estimate counts, per rank (`MemoryEstimate`):
 
 - weights: every parameter in its dtype (divided over the ranks under ZeRO-3), plus a frozen
-  reference copy for full fine-tuning with a KL penalty;
+  reference copy for full fine-tuning with a KL penalty; a quantized base (QLoRA) counts its
+  stored bytes (packed codes and their scales, `rlvr.model.quantization.parameter_bytes`) and
+  the one layer's weight it dequantizes at a time, twice (forward and backward's copies);
 - optimizer: gradients and AdamW states of the trainable parameters only (LoRA: the adapter),
   in float32 (and a float32 master copy when the parameters are in a lower precision, as bf16
   full fine-tuning needs to keep small updates), divided under ZeRO-3;
@@ -51,6 +53,7 @@ from typing import Any
 import torch
 
 from rlvr.config import ConfigError
+from rlvr.model.quantization import largest_dequantized_bytes, parameter_bytes
 from rlvr.trainer.logprobs import MAX_CHUNK_ELEMENTS, MAX_SAVED_ELEMENTS
 from rlvr.trainer.prefix_tree import tree_attention
 
@@ -97,6 +100,9 @@ class ModelShape:
     trainable: int
     dtype_bytes: int
     """Bytes per element of the weights and activations (float32 4, bfloat16 2)."""
+    weight_bytes: int | None = None
+    """What the weights hold when not `params` x `dtype_bytes` (a quantized base: its stored
+    bytes and its largest layer's dequantized copies); None: `params` x `dtype_bytes`."""
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelShape | None:
@@ -111,6 +117,8 @@ class ModelShape:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         params = list(model.parameters())
+        dtype_bytes = next(p for p in params if p.is_floating_point()).element_size()
+        quantized = largest_dequantized_bytes(model, dtype_bytes)
         return cls(
             layers=config.num_hidden_layers,
             hidden=config.hidden_size,
@@ -120,7 +128,8 @@ class ModelShape:
             vocab=config.vocab_size,
             params=sum(getattr(p, "ds_numel", p.numel()) for p in params),
             trainable=sum(getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad),
-            dtype_bytes=params[0].element_size(),
+            dtype_bytes=dtype_bytes,
+            weight_bytes=sum(map(parameter_bytes, params)) + 2 * quantized if quantized else None,
         )
 
     def layer_activation_bytes(self) -> int:
@@ -188,7 +197,7 @@ def estimate(
     the weights for a full fine-tune's KL penalty; `tree_mask`: the micro-batch may be a
     folded prefix tree with a dense mask (see the module docstring)."""
     b = shape.dtype_bytes
-    weights = shape.params * b // shards
+    weights = (shape.weight_bytes or shape.params * b) // shards
     master = 4 if b < 4 else 0
     optimizer = shape.trainable * (OPTIMIZER_BYTES + master) // shards
     layer = shape.layer_activation_bytes()

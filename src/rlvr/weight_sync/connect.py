@@ -8,6 +8,10 @@ by vLLM on its frozen base (`rlvr.weight_sync.adapter`), or the transfer of merg
 (`rlvr.weight_sync.merged`, streamed by `rlvr.weight_sync.merged_stream`), and tells the other
 ranks, which then connect with it (they only join the trainer-side gathers of ZeRO-3 shards).
 Either way the trainer gets a `rlvr.weight_sync.base.WeightPush` and never asks which.
+
+A LoRA policy on a quantized base (QLoRA) computes with the dequantized base, not the server's
+original one; under adapter sync that base is pushed once at start through the merged transfer
+(`push_trained_base`), and adapters then go onto it. Merged pushes stream it dequantized anyway.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlvr.config import Config, ConfigError
+from rlvr.model.quantization import quantization_of
 from rlvr.rollouts.mixture import leaves
 from rlvr.rollouts.request_args import SamplingFilterError, check_logprobs_mode
 from rlvr.weight_sync.base import WeightPush
@@ -60,15 +65,23 @@ def connect(
     server, rank = cfg.server, accelerator.process_index
     merged = merged_push(cfg, rank)
     control, unwrapped = merged.control, accelerator.unwrap_model(model)
-    way = None
+    way = base_transfer = None
     if accelerator.is_main_process:
         check_served_vocabulary(control, reasoning_vocab, cfg)
         check_served_logprobs(control, cfg)
         way = choose_push(merged, cfg, unwrapped, env, say)
+        if way == "adapter" and quantization_of(unwrapped) != "none":
+            base_transfer = merged.resolve()
     if accelerator.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 
-        way = broadcast_object_list([way])[0]
+        way, base_transfer = broadcast_object_list([(way, base_transfer)])[0]
+    if base_transfer is not None:
+        push_trained_base(merged, unwrapped, compute_dtype, base_transfer, start_step)
+        say(
+            f"pushed the dequantized {quantization_of(unwrapped)} base ({base_transfer}): "
+            "the server's base model now computes what the trainer's base computes"
+        )
     if way == "adapter":
         weights = AdapterPush(control, server.base_url, server.adapter_name, rank)
         weights.connect(unwrapped)
@@ -83,6 +96,21 @@ def connect(
         ids = probe_ids(tokenizer, reasoning_vocab)
         probe = PushProbe(ids, server.probe_kl_max, server.probe_noise)
     return Connection(weights, control, way, probe)
+
+
+def push_trained_base(
+    merged: MergedPush, model: Any, dtype: Any, backend: str, version: int
+) -> None:
+    """Replace the server's base weights by the base `model` computes with (its quantized
+    layers dequantized, no adapter), through the merged transfer `backend`; every rank calls
+    it. Without this a QLoRA run's adapters would be served on the unquantized original: the
+    sampler would sample from another model than the trainer scores (ratio and push probe
+    off by the quantization error, see docs/training.md#quantized-bases-qlora)."""
+    from rlvr.weight_sync.merged_stream import MergedWeightSource
+
+    merged.connect(MergedWeightSource(model, dtype=dtype, with_adapters=False), backend)
+    merged.push(version)
+    merged.disconnect()
 
 
 def merged_push(cfg: Config, rank: int) -> MergedPush:

@@ -254,11 +254,16 @@ class MergedPush(WeightPush):
         """`served_model`, whatever the version: the server holds only the newest weights."""
         return self.served_model
 
-    def close(self) -> None:
-        """Shut the transfer engine down and close the connection."""
+    def disconnect(self) -> None:
+        """Shut the transfer engine down; the server's `control` stays open (an adapter push
+        goes on using it after a QLoRA run's one base push)."""
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+    def close(self) -> None:
+        """Shut the transfer engine down and close the connection."""
+        self.disconnect()
         self.control.close()
 
 
@@ -267,15 +272,16 @@ def push_merged_adapter(base_url: str, model: str, adapter: str | Path) -> float
     merged, into the vf-vllm at `base_url`; returns the push's seconds.
 
     This is what a LoRA GRPO run resuming from `adapter` sends on its first push, so a warm
-    start (an SFT adapter) is evaluated exactly as GRPO will start from it."""
-    from transformers import AutoModelForCausalLM
-
-    from rlvr.config import LoraConfig
+    start (an SFT adapter) is evaluated exactly as GRPO will start from it. An adapter trained
+    on a quantized base (QLoRA) goes onto that base, dequantized, as it trained."""
+    from rlvr.config import LoraConfig, ModelConfig
     from rlvr.model.names import resolve_model
-    from rlvr.model.policy import apply_lora
+    from rlvr.model.policy import adapter_base_quantization, apply_lora, load_model
     from rlvr.weight_sync.merged_stream import MergedWeightSource
 
-    base = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32)
+    path = resolve_model(model)
+    cfg = ModelConfig(name=path, quantization=adapter_base_quantization(adapter))
+    base = load_model(path, cfg, dtype=torch.float32)
     policy = apply_lora(base, LoraConfig(resume_from=str(adapter)))
     with MergedPush(base_url, model) as weights:
         weights.connect(MergedWeightSource(policy))

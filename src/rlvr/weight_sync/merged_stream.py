@@ -9,6 +9,11 @@ computed one module at a time, so the server runs a plain model at full base-mod
 the trainer's base + adapter agrees with it to float rounding (the mismatch-KL metric checks
 this every step).
 
+A quantized base (QLoRA, `rlvr.model.quantization`) goes out dequantized, exactly the weights
+its layers compute with, and with the adapter merged in as above. `with_adapters=False` streams
+that base alone: under adapter sync it is pushed once at start, so that vLLM applies the adapter
+to the base the trainer computes with rather than to the unquantized original.
+
 Memory: no rank ever holds more than one module's merged weight beyond the model itself. Under
 ZeRO-3 each module's parameters are gathered (on all ranks, in lockstep, as vLLM's
 `WeightSource` contract requires), merged, sent by rank 0, and released before the next.
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.model.policy import zero3_gather
+from rlvr.model.quantization import dequantized_weight, is_quantized_layer
 from rlvr.reasoning_vocab.mapping import trained_rows_params, with_trained_rows
 
 
@@ -103,6 +109,22 @@ class _Entry:
     tokens_layer: torch.nn.Module | None = None
     """Set for the base weight of PEFT trainable token rows (a reasoning vocabulary's rows):
     the trained rows replace the base ones on the fly."""
+    quantized: torch.nn.Module | None = None
+    """Set for a quantized layer's weight (QLoRA): it goes out dequantized."""
+
+    def meta(self, dtype: torch.dtype | None) -> TensorMeta:
+        """What this entry streams, in `dtype` (None: its own)."""
+        layer = self.quantized
+        if layer is None:
+            return TensorMeta(self.name, dtype or self.param.dtype, full_shape(self.param))
+        shape = (layer.out_features, layer.in_features)
+        return TensorMeta(self.name, dtype or layer.compute_dtype, shape)
+
+    def base_value(self) -> torch.Tensor:
+        """The entry's base weight as the trainer computes with it (call it gathered)."""
+        if self.quantized is not None:
+            return dequantized_weight(self.quantized)
+        return self.param.detach()
 
 
 class MergedWeightSource:
@@ -112,6 +134,8 @@ class MergedWeightSource:
     trainer uses one source for full fine-tuning and LoRA alike. `dtype`: the dtype every
     tensor travels in (a mixed-precision policy's compute dtype: its float32 master weights
     reach the server in the dtype it serves); None keeps each parameter's own.
+    `with_adapters=False`: the base alone, as the trainer computes with it (see the module
+    docstring).
     """
 
     def __init__(
@@ -120,9 +144,11 @@ class MergedWeightSource:
         gather: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager]
         | None = None,
         dtype: torch.dtype | None = None,
+        with_adapters: bool = True,
     ):
         self.gather = gather or zero3_gather
         self.dtype = dtype
+        self.with_adapters = with_adapters
         self.entries = self._plan(base_model(model))
 
     @staticmethod
@@ -142,14 +168,13 @@ class MergedWeightSource:
             if lora is not None and any(lora.use_dora.get(a) for a in lora.active_adapters):
                 raise NotImplementedError("streaming merged weights does not support DoRA")
             tokens = owner if isinstance(owner, TrainableTokensLayer) else None
-            entries.append(_Entry(target, param, lora, tokens))
+            layer = modules.get(owner_name)
+            quantized = layer if is_quantized_layer(layer) and name.endswith("weight") else None
+            entries.append(_Entry(target, param, lora, tokens, quantized))
         return entries
 
     def metadata(self) -> list[TensorMeta]:
-        return [
-            TensorMeta(e.name, self.dtype or e.param.dtype, full_shape(e.param))
-            for e in self.entries
-        ]
+        return [e.meta(self.dtype) for e in self.entries]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self._tensors():
@@ -157,13 +182,13 @@ class MergedWeightSource:
 
     def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for entry in self.entries:
-            if entry.tokens_layer is not None:
+            if entry.tokens_layer is not None and self.with_adapters:
                 yield entry.name, self._with_trained_rows(entry)
                 continue
-            layer = entry.lora_layer
+            layer = entry.lora_layer if self.with_adapters else None
             if layer is None:
                 with self.gather([entry.param]):
-                    tensor = entry.param.detach()
+                    tensor = entry.base_value()
                     # A gathered ZeRO-3 tensor is freed when the context exits, possibly
                     # before the engine has consumed it: hand out a copy.
                     yield entry.name, tensor.clone() if hasattr(entry.param, "ds_id") else tensor
@@ -173,7 +198,7 @@ class MergedWeightSource:
             for a in adapters:
                 params += adapter_factors(layer, a)
             with self.gather(params), torch.no_grad():
-                yield entry.name, merged_weight(entry.param.detach(), layer, adapters)
+                yield entry.name, merged_weight(entry.base_value(), layer, adapters)
 
     def _with_trained_rows(self, entry: _Entry) -> torch.Tensor:
         layer = entry.tokens_layer
