@@ -26,16 +26,21 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
    merged model (`merged`, rollouts request the base name): step time, push time and
    generation tokens/s, so a LoRA serving cost that eats the push gain shows in the step time.
 4. Prefix sharing (no server). The trainer's forward_backward (SmolLM2-135M, LoRA) on the
-   same synthetic groups with `batch.prefix_sharing` on and off, alternating which goes first,
-   at the issue's shapes (prompt tokens, group size, completion tokens): (a) 1,000 / 8 / 128,
-   (b) 470 / 8 / 90, (c) 150 / 8 / 128, and (d) 60 / 8 / 256 with the folded layout forced
-   (`MIN_SAVED_FRACTION` off): its samples share too little to join a tree, so it times the
-   tree mask's own cost on the same tokens. Seconds per step, the process's peak resident
-   memory above its level before the pass (RSS: only the first pass of a process is exact,
-   later ones reuse freed memory), tokens forwarded. Prints `prefix_sharing_speedup=` (a).
+   same synthetic groups in three layouts, rotating which goes first: unshared, folded into
+   prefix trees with the node split of `rlvr.trainer.tree_sdpa` (the trainer's layout), and
+   the same trees through one SDPA call per row with the dense W x W mask the trainer used
+   before (the baseline: every query scored against every key of its row, then masked). The
+   issue's shapes (prompt tokens, group size, completion tokens): (a) 1,000 / 8 / 128,
+   (b) 470 / 8 / 90, (c) 150 / 8 / 128, (d) 60 / 8 / 256, all folded whatever
+   `MIN_SHARED_FRACTION` and `MIN_SAVED_FRACTION` say, so that the numbers can set them.
+   Seconds per step, the process's peak resident memory above its level before the pass (RSS:
+   only the first pass of a process is exact, later ones reuse freed memory), tokens forwarded.
+   Prints `prefix_sharing_speedup=` (a) and `prefix_sharing_speedup_<shape>=` for each shape
+   (unshared / split), with the dense baseline's speedup and each layout's peak beside it.
 
 Run:  .venv/bin/python bench/train_step.py [--steps 4] [--batch-size 16] [--max-tokens 128]
           [--layouts-max-tokens 512] [--parts layouts overlap sync prefix]
+          [--prefix-shapes a b c d] [--prefix-repeats 2]
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save  # noqa: E402
+from common import machine, save  # noqa: E402
 from serve_throughput import SERVER_FLAGS, measure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,13 +273,14 @@ def run(base_url: str, args: argparse.Namespace) -> dict:
     return payload
 
 
-# (name, prompt tokens, completion tokens, fold even below MIN_SAVED_FRACTION)
+# (name, prompt tokens, completion tokens)
 PREFIX_SHAPES = (
-    ("a: long prompt", 1000, 128, False),
-    ("b: tool schemas", 470, 90, False),
-    ("c: gsm8k-like", 150, 128, False),
-    ("d: short prompt, long answers", 60, 256, True),
+    ("a: long prompt", 1000, 128),
+    ("b: tool schemas", 470, 90),
+    ("c: gsm8k-like", 150, 128),
+    ("d: short prompt, long answers", 60, 256),
 )
+PREFIX_LAYOUTS = ("unshared", "split", "dense")
 
 
 class PeakRSS:
@@ -353,16 +359,60 @@ def prefix_group(prompt_len: int, completion_len: int, group: int, g) -> list:
     return samples
 
 
-def timed_pass(trainer, samples: list, sharing: bool) -> dict:
-    trainer.cfg.batch.prefix_sharing = sharing
-    trainer.model.zero_grad()
+def dense_mask_collate(collate):
+    """The folded collate of `rlvr.trainer.prefix_tree` with the baseline's attention: no node
+    plan, and the dense [R, 1, W, W] mask of the tree's rule, which transformers hands to
+    SDPA as it is."""
+    import torch
+
+    from rlvr.trainer.prefix_tree import FoldedMicroBatch, visibility
+
+    class DenseMask(FoldedMicroBatch):
+        def model_inputs(self) -> dict:
+            rows, width = self.scope_end.shape
+            b = torch.arange(rows, device=self.scope_end.device)[:, None, None]
+            index = torch.arange(width, device=self.scope_end.device)
+            mask = visibility(self.scope_end)(b, None, index[None, :, None], index[None, None, :])
+            return {
+                "input_ids": self.tree_ids,
+                "position_ids": self.tree_positions,
+                "attention_mask": mask[:, None],
+            }
+
+    def folded(*args, **kwargs):
+        return DenseMask(**{**vars(collate(*args, **kwargs)), "tree_plan": None})
+
+    return folded
+
+
+def timed_pass(trainer, samples: list, layout: str) -> dict:
+    """One forward_backward of `samples` in `layout` (see PREFIX_LAYOUTS), every sample that
+    shares a prefix folded (both thresholds off) unless unshared."""
+    import rlvr.trainer.prefix_tree as prefix_tree
     from rlvr.batch import TrainBatch
 
+    trainer.cfg.batch.prefix_sharing = layout != "unshared"
+    trainer.model.zero_grad()
     batch = TrainBatch(samples, metrics={}, table=[], data_position=0)
-    with PeakRSS() as memory:
-        began = time.perf_counter()
-        trained = trainer.forward_backward(batch)
-        seconds = time.perf_counter() - began
+    saved = (
+        prefix_tree.MIN_SHARED_FRACTION,
+        prefix_tree.MIN_SAVED_FRACTION,
+        prefix_tree.collate_folded,
+    )
+    prefix_tree.MIN_SHARED_FRACTION = prefix_tree.MIN_SAVED_FRACTION = 0.0
+    if layout == "dense":
+        prefix_tree.collate_folded = dense_mask_collate(saved[2])
+    try:
+        with PeakRSS() as memory:
+            began = time.perf_counter()
+            trained = trainer.forward_backward(batch)
+            seconds = time.perf_counter() - began
+    finally:
+        (
+            prefix_tree.MIN_SHARED_FRACTION,
+            prefix_tree.MIN_SAVED_FRACTION,
+            prefix_tree.collate_folded,
+        ) = saved
     return {
         "seconds": seconds,
         "peak_gib": memory.gib,
@@ -373,32 +423,29 @@ def timed_pass(trainer, samples: list, sharing: bool) -> dict:
 
 
 def compare_prefix_sharing(args: argparse.Namespace, out: Path) -> dict:
-    """Shared vs unshared forward_backward on the same samples, per shape (see the docstring)."""
+    """Split, unshared and dense-mask forward_backward on the same samples, per shape (see the
+    docstring)."""
     import torch
-
-    import rlvr.trainer.prefix_tree
 
     trainer = prefix_trainer(args, out)
     g = torch.Generator().manual_seed(0)
     warm = prefix_group(64, 16, args.prefix_group, g)
-    timed_pass(trainer, warm, True), timed_pass(trainer, warm, False)
-    results = {}
-    for name, prompt_len, completion_len, force in PREFIX_SHAPES:
+    for layout in PREFIX_LAYOUTS:
+        timed_pass(trainer, warm, layout)
+    results = {"machine_before": machine()}
+    for name, prompt_len, completion_len in PREFIX_SHAPES:
+        if name[0] not in args.prefix_shapes:
+            continue
         groups = [
             prefix_group(prompt_len, completion_len, args.prefix_group, g)
             for _ in range(args.prefix_groups)
         ]
         samples = [s for group in groups for s in group]
-        threshold = rlvr.trainer.prefix_tree.MIN_SAVED_FRACTION
-        rlvr.trainer.prefix_tree.MIN_SAVED_FRACTION = 0.0 if force else threshold
-        runs: dict[str, list[dict]] = {"shared": [], "unshared": []}
-        try:
-            for i in range(args.prefix_repeats):
-                order = ("shared", "unshared") if i % 2 == 0 else ("unshared", "shared")
-                for layout in order:
-                    runs[layout].append(timed_pass(trainer, samples, layout == "shared"))
-        finally:
-            rlvr.trainer.prefix_tree.MIN_SAVED_FRACTION = threshold
+        runs: dict[str, list[dict]] = {layout: [] for layout in PREFIX_LAYOUTS}
+        for i in range(args.prefix_repeats):
+            for j in range(len(PREFIX_LAYOUTS)):  # rotate which layout goes first
+                layout = PREFIX_LAYOUTS[(i + j) % len(PREFIX_LAYOUTS)]
+                runs[layout].append(timed_pass(trainer, samples, layout))
         row = {
             layout: {
                 "seconds": statistics.fmean(r["seconds"] for r in rs),
@@ -409,17 +456,27 @@ def compare_prefix_sharing(args: argparse.Namespace, out: Path) -> dict:
             }
             for layout, rs in runs.items()
         }
-        row["speedup"] = row["unshared"]["seconds"] / row["shared"]["seconds"]
+        unshared = row["unshared"]["seconds"]
+        row["speedup"] = unshared / row["split"]["seconds"]
+        row["dense_speedup"] = unshared / row["dense"]["seconds"]
         row["tokens"] = sum(len(s) for s in samples)
-        row["forced"] = force
         results[name] = row
         print(
-            f"  {name}: {row['tokens']} tokens, shared {row['shared']['forwarded_tokens']:.0f}; "
-            f"{row['unshared']['seconds']:.1f} s -> {row['shared']['seconds']:.1f} s "
-            f"({row['speedup']:.2f}x), peak {row['unshared']['peak_gib']:.2f} -> "
-            f"{row['shared']['peak_gib']:.2f} GiB",
+            f"  {name}: {row['tokens']} tokens, folded {row['split']['forwarded_tokens']:.0f}; "
+            f"unshared {unshared:.1f} s, split {row['split']['seconds']:.1f} s "
+            f"({row['speedup']:.2f}x), dense mask {row['dense']['seconds']:.1f} s "
+            f"({row['dense_speedup']:.2f}x); peak GiB unshared "
+            f"{row['unshared']['peak_gib']:.2f}, split {row['split']['peak_gib']:.2f}, "
+            f"dense {row['dense']['peak_gib']:.2f}; load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
+        print(
+            f"prefix_sharing_speedup_{name[0]}={row['speedup']:.2f} "
+            f"(dense mask {row['dense_speedup']:.2f}, peak {row['split']['peak_gib']:.2f} GiB "
+            f"vs unshared {row['unshared']['peak_gib']:.2f} GiB)",
+            flush=True,
+        )
+    results["machine_after"] = machine()
     return results
 
 
@@ -475,6 +532,13 @@ def main() -> None:
     parser.add_argument("--prefix-group", type=int, default=8, help="prefix part: group size")
     parser.add_argument("--prefix-groups", type=int, default=1, help="prefix part: groups a step")
     parser.add_argument(
+        "--prefix-shapes",
+        nargs="+",
+        choices=[shape[0][0] for shape in PREFIX_SHAPES],
+        default=[shape[0][0] for shape in PREFIX_SHAPES],
+        help="prefix part: which of the shapes (a) to (d) to time",
+    )
+    parser.add_argument(
         "--prefix-repeats",
         type=int,
         default=2,
@@ -488,8 +552,9 @@ def main() -> None:
         print("prefix sharing (forward_backward, shared vs unshared, same samples):", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             payload["prefix_sharing"] = compare_prefix_sharing(args, Path(tmp))
-        speedup = payload["prefix_sharing"][PREFIX_SHAPES[0][0]]["speedup"]
-        print(f"prefix_sharing_speedup={speedup:.2f}")
+        if PREFIX_SHAPES[0][0] in payload["prefix_sharing"]:
+            speedup = payload["prefix_sharing"][PREFIX_SHAPES[0][0]]["speedup"]
+            print(f"prefix_sharing_speedup={speedup:.2f}")
     served = set(args.parts) - {"prefix"}
     if served and args.base_url:
         payload.update(run(args.base_url, args))
@@ -501,6 +566,8 @@ def main() -> None:
         with VLLMServer("smollm2-135m", extra_args=flags) as server:
             payload.update(run(server.base_url, args))
     name = "train_step" if served else "train_step_prefix"  # keep the served parts' results
+    if not served and len(args.prefix_shapes) < len(PREFIX_SHAPES):  # keep the full run's
+        name += "_" + "".join(args.prefix_shapes)
     save(name, {"model": "smollm2-135m", "env": "vf-deepscaler", **vars(args), **payload})
 
 

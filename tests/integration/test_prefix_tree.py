@@ -6,7 +6,34 @@ from __future__ import annotations
 
 import pytest
 import torch
-from unit.trainer.test_prefix_tree import ATOL
+from unit.trainer.test_prefix_tree import ATOL, policy, step_samples
+
+
+@pytest.mark.slow
+def test_prefix_tree_flex_attention_forward_matches_unshared_on_cpu(tiny_model_dir):
+    """The GPU path's forward on the CPU (compiled flex attention runs forward there, not
+    backward: `test_prefix_tree_flex_attention_matches_unshared_on_gpu`): the tree's block
+    mask gives every sample's log-probabilities as its own forward does. Slow: compiling flex
+    attention and the block mask takes minutes on two cores."""
+    from rlvr.reasoning_vocab.mapping import load_tokenizer
+    from rlvr.trainer.logprobs import sequence_scores
+    from rlvr.trainer.micro_batches import collate
+    from rlvr.trainer.prefix_tree import collate_folded, fold_rows, tree_attention
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    samples = step_samples(lambda t: tokenizer.encode(t, add_special_tokens=False))
+    model, _, _, gate, pad_id = policy(tiny_model_dir, True, False, "flex_attention")
+    assert tree_attention(model) == "flex_attention"
+    rows = fold_rows(samples, 10_000)
+    ordered = [s for row in rows for s in row]
+    folded = collate_folded(rows, pad_id, "flex_attention")
+    unshared = collate([[s] for s in ordered], pad_id)
+    model.eval()
+    with torch.no_grad():
+        got = sequence_scores(model, folded, 0.8, mask_logits=gate.logit_mask(folded)).logprobs
+        want = sequence_scores(model, unshared, 0.8, mask_logits=gate.logit_mask(unshared))
+    assert got.shape == want.logprobs.shape and bool(want.logprobs.ne(0).any())
+    assert torch.allclose(got, want.logprobs, atol=ATOL)
 
 
 @pytest.mark.integration

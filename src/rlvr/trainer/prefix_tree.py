@@ -20,11 +20,13 @@ positions in their samples, so they continue from the end of the shared part.
 Attention. A token at row index k is read by the samples from the one that placed it up to
 the last sample that still shares it; they occupy the contiguous indices up to `scope_end[k]`.
 So query q sees key k iff `k <= q < scope_end[k]`: one integer per token defines the whole
-mask, at any depth. On the CPU (and wherever the model runs `sdpa`) the mask is materialised
-as a [rows, 1, W, W] boolean tensor that transformers hands to SDPA as it is; with
-`attn_implementation=flex_attention` (GPUs) the same rule is a flex-attention `mask_mod`
-whose block mask skips the blocks no query reads, and no W x W mask exists. Everything else is
-shared by the two paths.
+mask, at any depth. With sdpa (the CPU path) no mask is built: `rlvr.trainer.tree_sdpa` cuts
+each row into the tree's nodes and attends each node's queries to its ancestors' keys and its
+own, so a token's attention costs what it sees, never the square of the whole row; the plan
+is made once per micro-batch (`collate_folded`) and the model's forward hands it to every
+layer. With `attn_implementation=flex_attention` (GPUs) the same rule is a flex-attention
+`mask_mod` whose block mask skips the blocks no query reads, and no W x W mask exists.
+Everything else is shared by the two paths.
 
 Predictions. Column t of a sample's next-token grid (predicting token t+1) reads the hidden
 state of its token t wherever the tree placed it. The last shared token therefore feeds one
@@ -37,13 +39,14 @@ The loss, its masks, the sampler's log-probabilities, the advantages and the rea
 per-position rule all stay on the unshared [samples, longest - 1] grid of
 `rlvr.trainer.micro_batches`: only the forward's input changes.
 
-When it pays. Folding saves the shared tokens' forward and backward but attends over the
-folded row's full width (the dense mask computes every W x W score, read or not), and with
-sdpa forfeits the causal fast path, which on a CPU costs more than a little saved work.
-A sample joins a row only when it shares at least `MIN_SHARED_FRACTION` of its tokens with
-it, and a step whose fold saves less than `MIN_SAVED_FRACTION` of its tokens keeps the
-unshared layout (bench/train_step.py --parts prefix measures both sides; docs/training.md has the
-numbers).
+When it pays. Under the node split a folded step scores the query-key pairs the unshared
+layout scores, less the shared tokens' repeats, and runs the shared tokens' projections and
+MLPs once; what it adds is gathering each node's queries, keys and values and one SDPA call
+per bucket of nodes. So a fold is faster wherever it saves tokens at all, and the thresholds
+only keep out folds too small to repay that bookkeeping: a sample joins a row when it shares
+at least `MIN_SHARED_FRACTION` of its tokens with it, and a step whose fold saves less than
+`MIN_SAVED_FRACTION` of its tokens keeps the unshared layout (bench/train_step.py --parts
+prefix measures both sides; docs/training.md has the numbers).
 
 Micro-batches. A folded row is never wider than the unshared layout's largest micro-batch
 (`batch.micro_batch_tokens` slots, or `micro_batch_size` x the step's longest sample if that
@@ -66,17 +69,20 @@ from rlvr.batch import MicroBatch, Row, Sample
 from rlvr.config import BatchConfig
 from rlvr.trainer.micro_batches import collate, largest_micro_batch, padding_micro_batch, slot_count
 from rlvr.trainer.micro_batches import rank_micro_batches as unshared_micro_batches
+from rlvr.trainer.tree_sdpa import NodePlan, node_plan
+from rlvr.trainer.tree_sdpa import register as register_tree_sdpa
 
 log = logging.getLogger(__name__)
 
-MIN_SHARED_FRACTION = 0.25
+MIN_SHARED_FRACTION = 0.15
 """A sample joins a folded row only when at least this share of its tokens is already there:
-a sample that shares little adds the W x W attention of a wider row for few saved tokens."""
+below it the saved tokens no longer clearly repay the node split's bookkeeping (the least
+sharing measured faster folded: 60-token prompts before 256-token replies, 19%)."""
 
-MIN_SAVED_FRACTION = 0.5
-"""Below this share of a step's tokens saved by folding, the step keeps the unshared layout:
-the dense mask makes a folded pass slower per token than causal attention without one, so a
-fold that saves little is a slowdown (docs/training.md#shared-prefix-training has the numbers)."""
+MIN_SAVED_FRACTION = 0.1
+"""Below this share of a step's tokens saved by folding, the step keeps the unshared layout.
+A fold is faster wherever measured (down to 14% saved, docs/training.md#shared-prefix-training
+has the numbers); below this the gain would be within the bookkeeping's cost and the noise."""
 
 TREE_ATTENTION = ("sdpa", "flex_attention")
 """Attention implementations that take the tree's mask: a dense boolean mask (sdpa) or a block
@@ -178,18 +184,12 @@ def compiled_block_mask() -> Callable[..., Any]:
     return torch.compile(create_block_mask, dynamic=True)
 
 
-def tree_attention_mask(scope_end: torch.Tensor, attention: str) -> Any:
-    """The attention mask of folded rows with `scope_end` [R, W] (see `visibility`): a
-    [R, 1, W, W] boolean tensor for sdpa, a block mask (no W x W tensor, fully masked blocks
-    skipped, built without one: `compiled_block_mask`) for flex attention."""
+def flex_block_mask(scope_end: torch.Tensor) -> Any:
+    """flex attention's block mask of folded rows with `scope_end` [R, W] (see `visibility`):
+    fully masked blocks skipped, built without a W x W tensor (`compiled_block_mask`)."""
     rows, width = scope_end.shape
-    visible = visibility(scope_end)
-    if attention == "flex_attention":
-        build = compiled_block_mask()
-        return build(visible, rows, None, width, width, device=scope_end.device)
-    b = torch.arange(rows, device=scope_end.device)[:, None, None]
-    index = torch.arange(width, device=scope_end.device)
-    return visible(b, None, index[None, :, None], index[None, None, :])[:, None]
+    build = compiled_block_mask()
+    return build(visibility(scope_end), rows, None, width, width, device=scope_end.device)
 
 
 @dataclass
@@ -209,18 +209,34 @@ class FoldedMicroBatch(MicroBatch):
     """[S, L-1] for each prediction of the unshared grid, the flat index (row * W + column)
     of the folded hidden state it is made from."""
     attention: str = "sdpa"
-    """Which mask the forward gets (see `tree_attention_mask`)."""
+    """How the forward attends: the node split of `tree_plan` (sdpa) or a block mask built
+    from `scope_end` (flex attention)."""
+    tree_plan: NodePlan | None = None
+    """sdpa: the nodes of the folded rows and how each attends (`rlvr.trainer.tree_sdpa`)."""
 
     def model_inputs(self) -> dict[str, Any]:
-        mask = tree_attention_mask(self.scope_end, self.attention)
+        inputs = {"input_ids": self.tree_ids, "position_ids": self.tree_positions}
+        if self.attention == "flex_attention":
+            return {**inputs, "attention_mask": flex_block_mask(self.scope_end)}
+        # a 4-D mask stops transformers from building one (it would read the folded positions
+        # as packed samples); `tree_sdpa` reads the plan instead. It hides every key, so a
+        # model that does not hand `tree_plan` to its attention fails the start-up layout check
+        rows, width = self.tree_ids.shape
+        hidden = torch.zeros((), dtype=torch.bool, device=self.tree_ids.device)
         return {
-            "input_ids": self.tree_ids,
-            "position_ids": self.tree_positions,
-            "attention_mask": mask,
+            **inputs,
+            "attention_mask": hidden.expand(rows, 1, width, width),
+            "tree_plan": self.tree_plan,
         }
 
     def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
         return hidden.flatten(0, 1)[self.hidden_index[select]]
+
+    def to(self, device: torch.device | str) -> FoldedMicroBatch:
+        moved = super().to(device)
+        if self.tree_plan is not None:
+            moved.tree_plan = self.tree_plan.to(device)
+        return moved
 
 
 def collate_folded(rows: list[Row], pad_id: int, attention: str) -> FoldedMicroBatch:
@@ -245,7 +261,13 @@ def collate_folded(rows: list[Row], pad_id: int, attention: str) -> FoldedMicroB
             s += 1
     flat = collate([[sample] for sample in samples], pad_id)
     tree = {"tree_ids": ids, "tree_positions": positions, "scope_end": scope_end}
-    return FoldedMicroBatch(**vars(flat), **tree, hidden_index=hidden_index, attention=attention)
+    plan = None
+    if attention == "sdpa":
+        register_tree_sdpa()
+        plan = node_plan(scope_end, [len(t.ids) for t in trees])
+    return FoldedMicroBatch(
+        **vars(flat), **tree, hidden_index=hidden_index, attention=attention, tree_plan=plan
+    )
 
 
 def saved_fraction(samples: list[Sample], rows: list[Row]) -> float:

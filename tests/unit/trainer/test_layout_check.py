@@ -16,9 +16,10 @@ from rlvr.trainer.layout_check import check_shared_layouts
 
 
 class DropsTheMask(Qwen2ForCausalLM):
-    """Ignores the attention mask it is given: a folded row's tokens then read their siblings."""
+    """Ignores the attention mask and the tree's node plan it is given (as a model with an
+    attention of its own would): a folded row's tokens then read their siblings."""
 
-    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, tree_plan=None, **kwargs):
         return super().forward(input_ids=input_ids, **kwargs)
 
 

@@ -5,6 +5,7 @@ keeps groups whole across ranks."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from rlvr.trainer.grpo import micro_batch_loss
 from rlvr.trainer.logprobs import sequence_scores
 from rlvr.trainer.micro_batches import padding_micro_batch
 from rlvr.trainer.prefix_tree import (
+    MIN_SAVED_FRACTION,
     FoldedMicroBatch,
     collate_folded,
     common_prefix,
@@ -28,6 +30,8 @@ from rlvr.trainer.prefix_tree import (
     tree_attention,
     visibility,
 )
+from rlvr.trainer.tree_sdpa import NodePlan, tree_sdpa
+from rlvr.trainer.tree_sdpa import register as register_tree_sdpa
 
 ATOL = 1e-5
 
@@ -183,7 +187,7 @@ def test_prefix_tree_matches_unshared_with_per_sequence_losses(tiny_model_dir, s
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (flex attention kernels)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for flex backward")
 def test_prefix_tree_flex_attention_matches_unshared_on_gpu(tiny_model_dir, samples):
     """The GPU path: flex attention with the tree's block mask (no dense mask) gives the
     unshared layout's log-probabilities, loss terms and gradients."""
@@ -203,6 +207,12 @@ def assert_fold_matches_unshared(setup, samples: list[Sample], attention: str) -
         {id(long_prompt), id(short_prompt)} <= {id(s) for row in mb for s in row}
         for mb in plan.micro_batches
     )
+    assert_same_training(folded, unshared, samples)
+
+
+def assert_same_training(folded, unshared, samples: list[Sample]) -> None:
+    """Two `train_step` results agree: summed loss terms, every gradient and every token's
+    log-probability, to `ATOL`."""
     sums = ("loss", "loss/total", "loss/kl_ref", "entropy", "ratio/mean", "mismatch_kl")
     for key in sums:
         # sums over ~200 tokens: float32's rounding of the sum, relative
@@ -214,6 +224,90 @@ def assert_fold_matches_unshared(setup, samples: list[Sample], attention: str) -
         assert torch.allclose(folded[1][name], grad, atol=ATOL), name
     for s in samples:
         assert torch.allclose(folded[2][id(s)], unshared[2][id(s)], atol=ATOL)
+
+
+def multi_turn_samples(encode) -> list[Sample]:
+    """A tree three levels deep: a game rollout split into one sample per turn (each turn's
+    sample a prefix of the next), rollouts branching from it after its first and its second
+    turn; and a single-turn group of another prompt, whose row is narrower (padding)."""
+    g = torch.Generator().manual_seed(1)
+    game = encode("You play tic-tac-toe against an opponent on a 3x3 board. Your move:")
+    moves = [encode(m) for m in (" X at 5", " X at 9", " X at 3")]
+    replies = [encode(r) for r in (" O at 1. Your move:", " O at 7. Your move:")]
+    turns = [(moves[0], True), (replies[0], False), (moves[1], True)]
+    turns += [(replies[1], False), (moves[2], True)]
+    samples = [rollout(game, turns[: 1 + 2 * t], g) for t in range(3)]
+    samples.append(rollout(game, [*turns[:2], (encode(" X at 2"), True)], g))
+    samples.append(rollout(game, [*turns[:4], (encode(" X at 1"), True)], g))
+    question = encode("Q: 3+4? <think>")
+    for answer in (" seven </think> 7", " 7", " hmm </think> eight"):
+        samples.append(rollout(question, [(encode(answer), True)], g))
+    return samples
+
+
+def test_prefix_tree_deeper_multi_turn_trees_match_unshared(tiny_model_dir):
+    """Deeper trees (a rollout's turns, each sample a prefix of the next), several trees per
+    micro-batch and padded rows, full fine-tuning with gradient checkpointing: the node split
+    gives the unshared layout's log-probabilities, loss terms and gradients to 1e-5."""
+    from rlvr.reasoning_vocab.mapping import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    samples = multi_turn_samples(lambda t: tokenizer.encode(t, add_special_tokens=False))
+    setup = policy(tiny_model_dir, False, True)
+    folded = train_step(*setup, samples, "sdpa")
+    plan = folded[3]
+    assert any(len(mb) > 1 for mb in plan.micro_batches)  # several trees in one micro-batch
+    mb = plan.collate(next(mb for mb in plan.micro_batches if len(mb) > 1))
+    assert mb.tree_plan.padding and max(len(b.ancestors) for b in mb.tree_plan.buckets) >= 2
+    assert_same_training(folded, train_step(*setup, samples, None), samples)
+
+
+def test_prefix_tree_nodes_attend_exactly_what_the_tree_allows():
+    """On random trees of every shape (shared prompts, samples that are prefixes of others,
+    duplicates, several rows of different widths), the node split scores each query against
+    exactly the keys `k <= q < scope_end[k]` allows, padding against itself alone."""
+    g = torch.Generator().manual_seed(5)
+
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high, (1,), generator=g))
+
+    for _ in range(20):
+        sequences: list[list[int]] = []
+        for _ in range(draw(2, 9)):  # each continues a prefix of an earlier one (or none)
+            base = sequences[draw(0, len(sequences))] if sequences else []
+            tail = torch.randint(3, 6, (draw(0, 6),), generator=g).tolist()  # few ids: deep trees
+            sequences.append(base[: draw(0, len(base) + 1)] + tail or [3])
+        samples = [Sample(ids, [0] * len(ids), [0.0] * len(ids)) for ids in sequences]
+        rows = fold_rows(samples, 10_000) + fold_rows([Sample([9], [0], [0.0])], 10)
+        mb = collate_folded(rows, 0, "sdpa")
+        r, w = mb.scope_end.shape
+        index = torch.arange(w)
+        rule = visibility(mb.scope_end)(
+            torch.arange(r)[:, None, None], None, index[None, :, None], index[None, None, :]
+        )
+        assert torch.equal(attended(mb.tree_plan, r, w), rule)
+
+
+def test_tree_sdpa_without_a_plan_is_the_models_own_sdpa(tiny_model_dir):
+    """Registered under "sdpa", the tree attention leaves every forward without a node plan
+    (unshared micro-batches, generation, other models) to transformers' own sdpa: the same
+    logits, bit for bit, with and without it registered."""
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    register_tree_sdpa()
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is tree_sdpa
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    ids = torch.randint(3, 400, (2, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(ids).logits
+        AttentionInterface.register("sdpa", sdpa_attention_forward)
+        try:
+            theirs = model(ids).logits
+        finally:
+            AttentionInterface.register("sdpa", tree_sdpa)
+    assert torch.equal(ours, theirs)
 
 
 def test_prefix_tree_folds_every_shared_prefix_once(samples):
@@ -239,9 +333,9 @@ def test_prefix_tree_folds_every_shared_prefix_once(samples):
 
 def test_prefix_tree_continuations_do_not_see_each_other(tiny_model_dir):
     """Rewriting one continuation changes no other continuation's log-probabilities, which
-    equal their samples' forwards on their own; in the mask no continuation token sees
-    another continuation, every one sees the whole prompt, and the flex-attention rule gives
-    the same mask."""
+    equal their samples' forwards on their own; in what the node split scores no continuation
+    token sees another continuation, every one sees the whole prompt, and the flex-attention
+    rule gives the same mask."""
     from torch.nn.attention.flex_attention import create_mask
     from transformers import AutoModelForCausalLM
 
@@ -267,7 +361,7 @@ def test_prefix_tree_continuations_do_not_see_each_other(tiny_model_dir):
         expected = alone.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
         sampled = slice(len(prompt) - 1, None)
         assert torch.allclose(before[ids][sampled], expected[sampled], atol=ATOL)
-    mask = mb.model_inputs()["attention_mask"]
+    mask = attended(mb.tree_plan, *mb.scope_end.shape)[:, None]
     tree = row_tree(row)
     own = [set(placed[len(prompt) :]) for placed in tree.locations]
     for i, queries in enumerate(own):
@@ -278,6 +372,34 @@ def test_prefix_tree_continuations_do_not_see_each_other(tiny_model_dir):
     rows, width = mb.scope_end.shape
     flex = create_mask(visibility(mb.scope_end), rows, 1, width, width, device="cpu")
     assert torch.equal(flex, mask)
+
+
+def attended(plan: NodePlan, rows: int, width: int) -> torch.Tensor:
+    """[R, W, W] the keys each query of the folded rows is scored against under `plan`: a
+    bucket's keys are its ancestors' tokens then each member's own, its mask (or causal, for
+    roots) says which a query reads; a padding token reads itself. One row's query never
+    meets another row's key (asserted)."""
+    bounds = [0, *itertools.accumulate(plan.sizes)]
+    tokens = [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+    seen = torch.zeros(rows * width, rows * width, dtype=torch.bool)
+    for bucket in plan.buckets:
+        ancestors = [k for a in bucket.ancestors for k in tokens[a]]
+        for g, member in enumerate(bucket.members):
+            own = tokens[member]
+            for i, query in enumerate(own):
+                if bucket.mask is None:
+                    seen[query, own[: i + 1]] = True
+                    continue
+                keys = torch.tensor(ancestors + own)
+                visible = bucket.mask[g, 0, i, : len(keys)]
+                assert not bucket.mask[g, 0, i, len(keys) :].any()  # no padding key
+                seen[query, keys[visible]] = True
+    for node in plan.padding:
+        seen[tokens[node], tokens[node]] = True
+    blocks = seen.view(rows, width, rows, width)
+    for r in range(rows):
+        assert not blocks[r].any(dim=(0, 2))[[x for x in range(rows) if x != r]].any()
+    return torch.stack([blocks[r, :, r] for r in range(rows)])
 
 
 def test_prefix_tree_ranks_get_whole_trees_and_equal_micro_batch_counts(samples):
@@ -291,8 +413,9 @@ def test_prefix_tree_ranks_get_whole_trees_and_equal_micro_batch_counts(samples)
 
 
 def test_prefix_sharing_keeps_the_unshared_layout_where_it_saves_little():
-    """Short prompts with long completions: the fold would save under MIN_SAVED_FRACTION of
-    the tokens, so the step is laid out unshared; with a long prompt it folds."""
+    """Prompts so short beside their completions that the fold would save under
+    MIN_SAVED_FRACTION of the tokens: the step is laid out unshared; with a long prompt it
+    folds."""
     g = torch.Generator().manual_seed(0)
     cfg = load_config().batch
 
@@ -308,7 +431,8 @@ def test_prefix_sharing_keeps_the_unshared_layout_where_it_saves_little():
         return isinstance(plan.collate(plan.micro_batches[0]), FoldedMicroBatch)
 
     assert folds(group(200), "sdpa") and not folds(group(200), None)
-    assert not folds(group(10), "sdpa")
+    short = max(1, int(100 * MIN_SAVED_FRACTION))  # saves 7/8 * short / (short + 100)
+    assert not folds(group(short), "sdpa")
 
 
 def test_prefix_sharing_is_off_where_a_sliding_window_can_bind():
