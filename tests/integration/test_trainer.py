@@ -292,8 +292,20 @@ def test_multi_turn_requests_use_a_distinct_seed_per_turn(tiny_server, tmp_path)
 
 
 def test_multi_turn_resume_samples_the_same_turns(tiny_server, tmp_path):
+    """A multi-turn run stopped after step 1 and resumed samples every turn of the later steps
+    as the uninterrupted run did: the same rewards, tokens and losses. Adapter sync pins each
+    batch to its version; with merged pushes the push after step 1 lands in the middle of the
+    in-flight batch at a time the machine's load decides, and the later turns' server
+    log-probabilities (the loss's behaviour policy) move with it."""
     env = multi_turn_target_env(target_id(tiny_server.model_dir), turns=3)
-    extra = ["max_steps=3", "batch.batch_size=16", "batch.async_level=1"]
+    extra = [
+        "max_steps=3",
+        "batch.batch_size=16",
+        "batch.async_level=1",
+        "server.lora_sync=adapter",
+        f"lora.target_modules={ADAPTER_TARGETS}",
+    ]
+    restore_base_weights(tiny_server)  # adapters are served over the base other tests pushed
     straight = Trainer(config(tiny_server, tmp_path / "a", *extra), env=env).run()
     assert all(h["rollouts/turns"] == 3 for h in straight)
     out = tmp_path / "b"
