@@ -69,6 +69,17 @@ class Routed:
     name: str | None
     """The environment's name in the mixture ("a/b" inside nested groups); None outside one."""
 
+    @property
+    def entry(self) -> str:
+        """The `envs:` entry the row came from ("" outside a mixture)."""
+        return mixture_entry(self.name)
+
+
+def mixture_entry(name: str | None) -> str:
+    """The `envs:` entry a leaf environment's name belongs to: its first part ("" for None),
+    where the entry's own settings (reply length, eval size) live."""
+    return (name or "").split("/")[0]
+
 
 def route(env: Any, row: Mapping[str, Any]) -> Routed:
     """The environment of `env` (a group or not) that runs `row`, and the row without the

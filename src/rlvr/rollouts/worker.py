@@ -29,7 +29,15 @@ from rlvr.config import Config, SamplingConfig
 from rlvr.pass_at_k import mean_pass_at_k, succeeded
 from rlvr.rollouts.curriculum import Curriculum
 from rlvr.rollouts.groups import run_group
-from rlvr.rollouts.mixture import MixtureOrder, Routed, is_group, leaves, route, rows_by_env
+from rlvr.rollouts.mixture import (
+    MixtureOrder,
+    Routed,
+    is_group,
+    leaves,
+    mixture_entry,
+    route,
+    rows_by_env,
+)
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import build_sampling_args, request_seed
 
@@ -398,8 +406,7 @@ class RolloutWorker:
 
     def _sampling_of(self, routed: Routed) -> SamplingConfig:
         """The run's sampling settings, with a mixture environment's own reply length."""
-        top = (routed.name or "").split("/")[0]
-        return self._sampling.get(top, self.cfg.sampling)
+        return self._sampling.get(routed.entry, self.cfg.sampling)
 
     async def _run_groups(
         self, rows: list[Routed], step: int, first_position: int, group_size: int, version: int
@@ -520,7 +527,7 @@ class RolloutWorker:
         per_env: dict[str, list[GroupResult]] = {}
         with self.clock.lease() as version:
             for name, env in leaves(self.env).items():
-                n = sizes.get((name or "").split("/")[0]) or num_examples
+                n = sizes.get(mixture_entry(name)) or num_examples
                 dataset = env.get_eval_dataset(n=n)
                 rows = [Routed(env, dataset[i], name) for i in range(len(dataset))]
                 per_env[name or ""] = await self._run_groups(
