@@ -1,10 +1,12 @@
 """Shared bits of the benchmarks: summary statistics (percentiles from rlvr.eval.stats), saving
 results as JSON beside the printout (every benchmark writes the same envelope: benchmark, date,
 machine), and the stages of the "does it learn?" benchmarks (bench/learning*.py): a vf-eval run
-of a served policy and a training script run as a user runs it."""
+of a served policy, a training script run as a user runs it, the whole demonstrations -> SFT ->
+GRPO pipeline with an evaluation of every stage, and its report."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -13,7 +15,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +116,188 @@ def run_script(script: str, config: Path, out: Path, overrides: Sequence[str]) -
 
 def estimate_json(estimate: Estimate) -> dict[str, Any]:
     return {"mean": estimate.mean, "low": estimate.low, "high": estimate.high, "n": estimate.n}
+
+
+# ---- the base -> SFT -> GRPO pipeline of the learning benchmarks ------------------------------
+
+STAGES = ("base", "sft", "grpo")
+STAGE_LABELS = {"base": "base", "sft": "SFT", "grpo": "SFT + GRPO"}
+
+
+def timed(times: dict[str, float], name: str, step: Callable[..., Any], *args: Any) -> Any:
+    """`step(*args)`, its wall time recorded in `times[name]` (seconds) and printed."""
+    began = time.perf_counter()
+    result = step(*args)
+    times[name] = round(time.perf_counter() - began, 1)
+    print(f"{name}: {times[name]:.0f} s", flush=True)
+    return result
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What a learning benchmark runs: its two recipes, the served base model and its server
+    flags, where its stages land (`out`), and its own demonstrations and evaluation.
+
+    `demonstrations()` writes the SFT rows and returns their files; `evaluate(base_url, dir)`
+    evaluates the policy the server holds into `dir` (held-out rows, through vf-eval)."""
+
+    sft_recipe: Path
+    grpo_recipe: Path
+    out: Path
+    demonstrations: Callable[[], list[Path]]
+    evaluate: Callable[[str, Path], Any]
+    server_flags: Sequence[str]
+    model: str = "smollm2-135m"
+
+    @property
+    def adapter(self) -> Path:
+        return self.out / "sft" / "final"
+
+
+def run_pipeline(
+    pipeline: Pipeline,
+    sft_overrides: Sequence[str],
+    grpo_overrides: Sequence[str],
+    reuse_sft: bool = False,
+) -> dict[str, float]:
+    """Demonstrations, SFT on them, then with one vf-vllm: evaluate the base, push base + SFT
+    adapter (merged, as GRPO's first push does) and evaluate it, GRPO from the adapter pushing
+    into the same server, evaluate its last push. `reuse_sft` keeps `out`'s demonstrations,
+    adapter and base/SFT evaluations and reruns GRPO and its evaluation. Returns the wall time
+    of every stage and the total (seconds)."""
+    from rlvr.server.process import VLLMServer
+    from rlvr.weight_sync.merged import push_merged_adapter
+
+    out, evaluate = pipeline.out, pipeline.evaluate
+    kept = [out / "eval" / "base", out / "eval" / "sft", pipeline.adapter]
+    if reuse_sft and (missing := [str(p) for p in kept if not p.exists()]):
+        raise SystemExit(f"--reuse sft: {', '.join(missing)} missing; run without it first")
+    times: dict[str, float] = {}
+    began = time.perf_counter()
+    if reuse_sft:
+        print(f"1-4. reusing the demonstrations, SFT adapter and evaluations in {out}", flush=True)
+    else:
+        print("1. demonstrations", flush=True)
+        files = timed(times, "demonstrations", pipeline.demonstrations)
+        print("2. SFT", flush=True)
+        train_files = f"data.train_files=[{', '.join(str(f) for f in files)}]"
+        sft = [train_files, *sft_overrides]
+        timed(times, "sft", run_script, "sft.py", pipeline.sft_recipe, out / "sft", sft)
+    with VLLMServer(pipeline.model, extra_args=list(pipeline.server_flags)) as server:
+        url = server.base_url
+        if not reuse_sft:
+            print("3. evaluating the base model", flush=True)
+            timed(times, "eval_base", evaluate, url, out / "eval" / "base")
+            print("4. evaluating the SFT policy (base + adapter pushed)", flush=True)
+            push = (url, pipeline.model, pipeline.adapter)
+            timed(times, "push_sft", push_merged_adapter, *push)
+            timed(times, "eval_sft", evaluate, url, out / "eval" / "sft")
+        print("5. GRPO from the SFT adapter", flush=True)
+        grpo = [f"server.base_url={url}", f"lora.resume_from={pipeline.adapter}", *grpo_overrides]
+        timed(times, "grpo", run_script, "train.py", pipeline.grpo_recipe, out / "train", grpo)
+        print("   evaluating the GRPO policy (the server holds its last push)", flush=True)
+        timed(times, "eval_grpo", evaluate, url, out / "eval" / "grpo")
+    times["total"] = round(time.perf_counter() - began, 1)
+    return times
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """The evaluation report of the three stages: per stage, each bar's estimate (the reward
+    and rubric metrics), and the paired differences (vs base, and GRPO - SFT)."""
+
+    stages: dict[str, dict[str, Estimate]]
+    differences: dict[str, Estimate]
+    grpo_minus_sft: Estimate
+    markdown: str
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "stages": {
+                stage: {bar: estimate_json(e) for bar, e in bars.items()}
+                for stage, bars in self.stages.items()
+            },
+            "paired_differences": {name: estimate_json(e) for name, e in self.differences.items()},
+            "grpo_beats_sft_ci_excludes_zero": (self.grpo_minus_sft.low or 0.0) > 0,
+        }
+
+
+def stage_report(out: Path, bars: dict[str, str | None], unit: str) -> StageReport:
+    """rlvr.eval.report over `out`/eval/{base,sft,grpo} (each stage's mean reward with its CI
+    clustered by example, paired differences against the base) plus GRPO - SFT paired per
+    `unit` (e.g. "question"), written to report.md and report.json and printed. `bars` maps a
+    label to a rubric metric, or to None for the reward."""
+    from rlvr.eval.report import (
+        build_report,
+        compare,
+        format_estimate,
+        metric_estimate,
+        render_markdown,
+        report_json,
+    )
+    from rlvr.eval.vf_eval import load_run
+
+    runs = {stage: load_run(out / "eval" / stage, STAGE_LABELS[stage]) for stage in STAGES}
+    report = build_report(list(runs.values()))
+    grpo_vs_sft = compare(runs["sft"], runs["grpo"])
+    grpo_name = f"{grpo_vs_sft.name} - {grpo_vs_sft.baseline}"
+    markdown = render_markdown(report) + (
+        f"\n{grpo_name} (paired per {unit}, {grpo_vs_sft.paired_examples} {unit}s): "
+        f"{format_estimate(grpo_vs_sft.difference, '+')}\n"
+    )
+    atomic_write_text(out / "report.md", markdown)
+    atomic_write_text(out / "report.json", report_json(report))
+    print(markdown)
+    stages = {
+        STAGE_LABELS[stage]: {
+            label: summary.reward if key is None else metric_estimate(runs[stage], key)
+            for label, key in bars.items()
+        }
+        for stage, summary in zip(STAGES, report.runs, strict=True)
+    }
+    differences = {f"{c.name} - {c.baseline}": c.difference for c in report.comparisons}
+    differences[grpo_name] = grpo_vs_sft.difference
+    return StageReport(stages, differences, grpo_vs_sft.difference, markdown)
+
+
+def plot_stages(report: StageReport, out: Path, ylabel: str, title: str) -> Path:
+    """Grouped bars: one group per bar of the report, one bar per stage, with 95% CIs."""
+    from rlvr.eval.plots import plot_estimate_bars
+
+    labels = list(next(iter(report.stages.values())))
+    series = {stage: list(bars.values()) for stage, bars in report.stages.items()}
+    return plot_estimate_bars(labels, series, out, ylabel=ylabel, title=title)
+
+
+def pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options every base -> SFT -> GRPO benchmark takes: `--reuse sft` (`run_pipeline`'s
+    `reuse_sft`), `--sft KEY=VALUE` (repeatable) for SFT and trailing dotted GRPO overrides; add
+    them last (the overrides are positional)."""
+    parser.add_argument(
+        "--reuse", choices=["sft"], help="keep --out's stages 1-4; rerun GRPO and after"
+    )
+    parser.add_argument(
+        "--sft",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="SFT override (repeatable), e.g. train.max_steps=2",
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted GRPO overrides, e.g. max_steps=2")
+
+
+def save_pipeline(
+    name: str, args: argparse.Namespace, recipes: Sequence[Path], payload: dict
+) -> Path:
+    """`save(name, ...)` of a pipeline benchmark's `payload`, headed by its recipes (relative to
+    the repository) and the `pipeline_arguments` the run was given."""
+    return save(
+        name,
+        {
+            "recipes": [str(recipe.relative_to(ROOT)) for recipe in recipes],
+            "reuse": args.reuse,
+            "sft_overrides": args.sft,
+            "overrides": args.overrides,
+            **payload,
+        },
+    )

@@ -591,27 +591,58 @@ BAD_CALLS: list[tuple[list[ToolCall], str]] = [
 ]
 
 
+LAST_CALL = call("search_the_web", {"query": "y"}, "last")
+
+
 def test_bad_tool_use_gets_explained_and_the_rollout_runs_to_max_turns(fixture_path):
-    """Each turn makes one kind of mistake; the last turn's calls go unanswered because the
-    episode stops at max_turns right after the model's reply."""
+    """Each turn makes one kind of mistake; the last allowed turn's calls are answered too
+    (the prompt promises N turns) and the episode ends with them."""
     env = load_environment(data_files=str(fixture_path), max_turns=len(BAD_CALLS) + 1)
 
     def policy(prompt):
         turn = turns_taken(prompt)
-        return BAD_CALLS[turn][0] if turn < len(BAD_CALLS) else BAD_CALLS[0][0]
+        return BAD_CALLS[turn][0] if turn < len(BAD_CALLS) else [LAST_CALL]
 
     state = rollout_state(env, policy)
     assert state["error"] is None
-    assert state["stop_condition"] == "max_turns_reached"
+    assert state["stop_condition"] == "has_final_env_response"
+    assert turns_taken(state["completion"]) == len(BAD_CALLS) + 1
     replies = tool_replies(state["completion"])
     errors = [r for r in replies if r.startswith("Error: ")]
     for _, expected in BAD_CALLS:
         assert any(expected in r for r in errors), expected
-    assert len(replies) == sum(len(calls) for calls, _ in BAD_CALLS)
+    assert len(replies) == sum(len(calls) for calls, _ in BAD_CALLS) + 1
+    assert "unknown tool 'search_the_web'" in replies[-1]
     asyncio.run(env.rubric.score_rollout(state))
     assert state["reward"] == 0.0
     assert state["metrics"]["format"] == 0.0
     assert state["metrics"]["tool_errors"] == len(errors)
+
+
+def test_a_submission_in_the_last_allowed_turn_is_paid(fixture_path, fixture_rows):
+    """The prompt says "at most N turns": an agent that searches each hop and submits in turn
+    N is paid as it is with turns to spare (verifiers alone stops before running turn N's
+    calls); one that needs more turns is cut after its Nth and gets no (N+1)th."""
+    agent = decomposition_agent(fixture_rows)
+    limit = 3  # two searches and the submission of a two-hop question
+    tight = {
+        o["example_id"]: o
+        for o in run(load_environment(data_files=str(fixture_path), max_turns=limit), agent)
+    }
+    roomy = {
+        o["example_id"]: o
+        for o in run(load_environment(data_files=str(fixture_path), max_turns=10), agent)
+    }
+    paid = 0
+    for example_id, out in tight.items():
+        hops = len(sub_questions(fixture_rows[question_of(out["prompt"])]))
+        assert turns_taken(out["completion"]) == min(hops + 1, limit)
+        if hops + 1 <= limit:
+            assert out["reward"] == roomy[example_id]["reward"]
+            paid += out["reward"] >= 0.9
+        else:
+            assert out["reward"] == 0.0
+    assert paid >= 1, "no two-hop row was paid for its last-turn submission"
 
 
 PATHOLOGICAL_ARGUMENTS = {

@@ -56,6 +56,20 @@ class MuSiQueEnv(DefaultSampling, vf.StatefulToolEnv):
         """The question's index, built on its first search and reused afterwards."""
         return self.index_cache.get(index_key(info), lambda: index_from_info(info))
 
+    @vf.stop
+    async def max_turns_reached(self, state: vf.State) -> bool:
+        """The turn limit, but only once the last turn's tool calls have run: the prompt says
+        "at most N turns", so a submission in turn N must count (verifiers would stop before
+        running it). `env_response` then ends the episode after answering those calls."""
+        if not await super().max_turns_reached(state):
+            return False
+        last_turn = state["trajectory"][-1]["completion"]
+        answered = state.get("final_env_response") is not None
+        return answered or not any(tool_calls(message) for message in last_turn)
+
+    def _turns_used_up(self, state: vf.State) -> bool:
+        return 0 < self.max_turns <= len(state["trajectory"])
+
     async def setup_state(self, state: vf.State) -> None:
         state["seen_doc_ids"] = []
         state["submission"] = None
@@ -124,7 +138,8 @@ class MuSiQueEnv(DefaultSampling, vf.StatefulToolEnv):
     async def env_response(
         self, messages: vf.Messages, state: vf.State, **kwargs: Any
     ) -> vf.Messages:
-        """One tool message per call, in order; a valid submission ends the episode."""
+        """One tool message per call, in order; a valid submission, or the last turn's calls,
+        end the episode."""
         calls = tool_calls(messages[-1])
         replies: vf.Messages = [
             ToolMessage(
@@ -134,6 +149,6 @@ class MuSiQueEnv(DefaultSampling, vf.StatefulToolEnv):
             )
             for position, call in enumerate(calls)
         ]
-        if state.get("submission") is not None:
+        if state.get("submission") is not None or self._turns_used_up(state):
             state["final_env_response"] = replies
         return replies

@@ -14,6 +14,8 @@ Two kinds of policy play:
   conversation so far) to the reply: the assistant's text, or a list of `vf.ToolCall` for a
   tool-calling turn. It is driven through `rlvr.testing.ScriptedClient`, no server involved.
   `vf_openspiel.scripted:random_mover` is one (`random_mover(seed)(messages) -> str`).
+  `--policy-args` (a JSON object) goes to the factory as keyword arguments:
+  `vf_musique.scripted:hop_searcher` takes the MuSiQue files it looks its rows up in.
 - any OpenAI-compatible model (`--model NAME`, at `--base-url URL`, or served here by vf-vllm).
 
 Rollouts are kept when they ran without error, reached `--min-reward` and meet every
@@ -70,9 +72,13 @@ def load_policy_factory(spec: str) -> PolicyFactory:
     return factory
 
 
-def scripted_policy(spec: str, seed: int) -> Policy:
-    """The policy the factory `spec` makes for `seed`, checked to be callable."""
-    policy = load_policy_factory(spec)(seed)
+def scripted_policy(spec: str, seed: int, policy_args: dict[str, Any] | None = None) -> Policy:
+    """The policy the factory `spec` makes for `seed` (and the keyword `policy_args`, e.g. the
+    data files an oracle demonstrator looks its rows up in), checked to be callable."""
+    try:
+        policy = load_policy_factory(spec)(seed, **(policy_args or {}))
+    except TypeError as e:
+        raise PolicyError(f"--policy {spec!r} with --policy-args {policy_args}: {e}") from e
     if not callable(policy):
         raise PolicyError(
             f"--policy {spec!r}: calling it with the seed must return a policy (a function "
@@ -156,6 +162,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     who.add_argument("--policy", help="MODULE:FUNCTION, a policy factory (see the module doc)")
     who.add_argument("--model", help="a model name: embedded, directory, hub id or adapter")
     parser.add_argument("--seed", type=int, default=0, help="seed given to the policy factory")
+    parser.add_argument(
+        "--policy-args", type=json_object, default={}, help="with --policy: its keyword args"
+    )
     parser.add_argument("--base-url", help="with --model: a running server serving it")
     parser.add_argument("--server-args", default="", help="with --model: extra vf-vllm flags")
     parser.add_argument("-T", "--temperature", type=float, help="with --model")
@@ -177,6 +186,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.policy and (args.base_url or args.server_args):
         parser.error("--base-url and --server-args go with --model")
+    if args.model and args.policy_args:
+        parser.error("--policy-args goes with --policy")
     return args
 
 
@@ -186,7 +197,7 @@ def run(args: argparse.Namespace) -> Written:
 
     from rlvr.testing import ScriptedClient
 
-    policy = scripted_policy(args.policy, args.seed) if args.policy else None  # fails fast
+    policy = scripted_policy(args.policy, args.seed, args.policy_args) if args.policy else None
     env = vf.load_environment(args.env, **args.env_args)
     rows = environment_rows(env, args.num_rows, args.split)
     common = dict(
