@@ -67,9 +67,6 @@ class MuSiQueEnv(DefaultSampling, vf.StatefulToolEnv):
         answered = state.get("final_env_response") is not None
         return answered or not any(tool_calls(message) for message in last_turn)
 
-    def _turns_used_up(self, state: vf.State) -> bool:
-        return 0 < self.max_turns <= len(state["trajectory"])
-
     async def setup_state(self, state: vf.State) -> None:
         state["seen_doc_ids"] = []
         state["submission"] = None
@@ -149,6 +146,7 @@ class MuSiQueEnv(DefaultSampling, vf.StatefulToolEnv):
             )
             for position, call in enumerate(calls)
         ]
-        if state.get("submission") is not None or self._turns_used_up(state):
+        last_turn = await super().max_turns_reached(state)
+        if state.get("submission") is not None or last_turn:
             state["final_env_response"] = replies
         return replies
