@@ -179,15 +179,27 @@ def test_unfit_settings_fail_before_the_first_step(tiny_model_dir, tmp_path, mon
     assert trainer.weights is None and trainer.worker is None and trainer.history == []
 
 
+def _resident_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no /proc/self/status on this system")
+
+
 def test_peak_is_reset_per_step():
+    """After a reset the CPU peak is today's resident size, so a step's peak is its own.
+
+    Where the kernel ignores clear_refs (some sandboxes do) the peak stays the lifetime
+    high-water mark of the test process, which earlier tests raised; the test then skips,
+    since no assertion about a per-step peak can hold there."""
     device = torch.device("cpu")
     memory.reset_peak(device)
     start = memory.peak_bytes(device)
+    if start > _resident_bytes() + 64 * 2**20:
+        pytest.skip("this kernel does not reset the resident high-water mark (clear_refs)")
     big = torch.ones(64 * 2**20)  # 256 MiB, touched
     del big
     raised = memory.peak_bytes(device)
     assert raised > start + 200 * 2**20
     memory.reset_peak(device)
-    if memory.peak_bytes(device) >= raised:
-        pytest.skip("this kernel does not reset the resident high-water mark (clear_refs)")
     assert memory.peak_bytes(device) < raised - 200 * 2**20
