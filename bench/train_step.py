@@ -37,10 +37,15 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
    only the first pass of a process is exact, later ones reuse freed memory), tokens forwarded.
    Prints `prefix_sharing_speedup=` (a) and `prefix_sharing_speedup_<shape>=` for each shape
    (unshared / split), with the dense baseline's speedup and each layout's peak beside it.
+5. End to end (`bench/step_e2e.py`). Real runs of scripts/train.py against one vf-vllm with
+   prefix sharing on and off, same seed: GSM8K (full fine-tune, 8 rollouts x <= 128 tokens,
+   batches of 8 and 64), vf-musique with its tools, tic-tac-toe. Each step's parts (wait for
+   rollouts, forward/backward, optimizer, push) and `e2e_prefix_speedup_<shape>=` per shape.
 
 Run:  .venv/bin/python bench/train_step.py [--steps 4] [--batch-size 16] [--max-tokens 128]
           [--layouts-max-tokens 512] [--parts layouts overlap sync prefix]
           [--prefix-shapes a b c d] [--prefix-repeats 2]
+          [--e2e-shapes gsm8k-b8 gsm8k-b64 musique tic-tac-toe] [--e2e-steps 2]
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import step_e2e  # noqa: E402
 from common import machine, save  # noqa: E402
 from serve_throughput import SERVER_FLAGS, measure  # noqa: E402
 
@@ -509,6 +515,16 @@ def print_overlap(runs: list[dict]) -> str:
     return best["setting"]
 
 
+def end_to_end(args: argparse.Namespace) -> dict:
+    """The e2e part: its own vf-vllm (tool calling on, 4,096-token context), or --base-url."""
+    if args.base_url:
+        return step_e2e.run(args.base_url, args.e2e_shapes, args.e2e_steps)
+    from rlvr.server.process import VLLMServer
+
+    with VLLMServer("smollm2-135m", extra_args=step_e2e.SERVER_FLAGS) as server:
+        return step_e2e.run(server.base_url, args.e2e_shapes, args.e2e_steps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default=None, help="an existing vf-vllm on smollm2-135m")
@@ -526,7 +542,7 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         nargs="+",
-        choices=["layouts", "overlap", "sync", "prefix"],
+        choices=["layouts", "overlap", "sync", "prefix", "e2e"],
         default=["layouts", "overlap", "sync"],
     )
     parser.add_argument("--prefix-group", type=int, default=8, help="prefix part: group size")
@@ -544,6 +560,14 @@ def main() -> None:
         default=2,
         help="prefix part: timed passes per layout and shape",
     )
+    parser.add_argument(
+        "--e2e-shapes",
+        nargs="+",
+        choices=step_e2e.SHAPES,
+        default=list(step_e2e.SHAPES),
+        help="e2e part: which shapes to train",
+    )
+    parser.add_argument("--e2e-steps", type=int, default=2, help="e2e part: measured steps")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -555,7 +579,9 @@ def main() -> None:
         if PREFIX_SHAPES[0][0] in payload["prefix_sharing"]:
             speedup = payload["prefix_sharing"][PREFIX_SHAPES[0][0]]["speedup"]
             print(f"prefix_sharing_speedup={speedup:.2f}")
-    served = set(args.parts) - {"prefix"}
+    if "e2e" in args.parts:
+        payload["e2e"] = end_to_end(args)
+    served = set(args.parts) - {"prefix", "e2e"}
     if served and args.base_url:
         payload.update(run(args.base_url, args))
     elif served:
@@ -565,7 +591,7 @@ def main() -> None:
         flags = [*SERVER_FLAGS, *(lora_flags(16) if "sync" in args.parts else [])]
         with VLLMServer("smollm2-135m", extra_args=flags) as server:
             payload.update(run(server.base_url, args))
-    name = "train_step" if served else "train_step_prefix"  # keep the served parts' results
+    name = "train_step" if served else "train_step_" + "_".join(sorted(args.parts))
     if not served and len(args.prefix_shapes) < len(PREFIX_SHAPES):  # keep the full run's
         name += "_" + "".join(args.prefix_shapes)
     save(name, {"model": "smollm2-135m", "env": "vf-deepscaler", **vars(args), **payload})
