@@ -53,7 +53,7 @@ from rlvr.trainer.loss import (
     policy_loss,
     summarise,
 )
-from rlvr.trainer.memory import GIB, Budget, peak_bytes, reset_peak
+from rlvr.trainer.memory import GIB, Budget, peak_bytes, reset_peak, split_cost
 from rlvr.trainer.metrics import Laps, RunLogger, step_line
 from rlvr.trainer.micro_batches import largest_micro_batch
 from rlvr.trainer.optimizer import Optimization, make_accelerator
@@ -210,6 +210,7 @@ class Trainer:
         )
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.hooks = policy.hooks
+        self.split_cost = split_cost(self.model)  # what a folded micro-batch's plan charges
         self.ref_model = None
         if cfg.loss.beta > 0 and not cfg.lora.enabled:
             if self.ds:
@@ -225,7 +226,7 @@ class Trainer:
         b = self.cfg.batch
         tokens = largest_micro_batch(b.micro_batch_size, b.micro_batch_tokens, b.max_seq_len)
         knob = "batch.micro_batch_tokens" if b.micro_batch_tokens else "batch.micro_batch_size"
-        return Budget(tokens, knob, b.max_seq_len, "batch.max_seq_len", b.prefix_sharing)
+        return Budget(tokens, knob, b.max_seq_len, "batch.max_seq_len")
 
     def _connect_server(self) -> None:
         """How weights reach the server (see rlvr.weight_sync.connect); every rank joins."""
@@ -389,7 +390,7 @@ class Trainer:
         if cfg.batch.prefix_sharing:
             attention = tree_attention(self.model, cfg.batch.max_seq_len)
         plan = plan_micro_batches(
-            batch.samples, self.rank, self.world, cfg.batch, self.pad_id, attention
+            batch.samples, self.rank, self.world, cfg.batch, self.pad_id, attention, self.split_cost
         )
         mine = plan.micro_batches
         self.model.train()

@@ -101,7 +101,7 @@ def layout_errors(
     from accelerate.utils import extract_model_from_parallel
 
     vocab = extract_model_from_parallel(model).config.vocab_size
-    rows = fold_rows(probe_samples(vocab), max_width=10**9)
+    rows = fold_rows(probe_samples(vocab), max_cost=10**9)
     ordered = [s for row in rows for s in row]
     unshared = _logprobs(model, collate([[s] for s in ordered], pad_id), device)
     firsts = {id(row[0]) for row in rows}

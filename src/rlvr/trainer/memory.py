@@ -27,11 +27,12 @@ What the estimate counts, per rank (`MemoryEstimate`):
   the output head's share in `rlvr.trainer.logprobs`, every slot taken as a loss token (the worst
   case): the float32 softmax kept for backward (up to `MAX_SAVED_ELEMENTS`) and one chunk's logits,
   log-softmax and softmax while it is computed;
-- a folded prefix tree's dense attention mask (`rlvr.trainer.prefix_tree`, with sdpa), which
-  SDPA copies into the attention dtype in every layer and keeps for backward: up to
-  `tokens`^2 elements a layer;
 - allocator (CPU only): freed activation memory glibc's heap keeps (`HEAP_RETENTION`);
 - runtime (CPU only): the interpreter and libraries (`CPU_RUNTIME_BYTES`).
+
+A folded prefix-tree micro-batch (`rlvr.trainer.prefix_tree`) is planned to keep no more than
+the budget's slots would unshared, its node split's extra copies charged (`split_cost`), so
+the one estimate covers both layouts.
 
 Activations are scaled by `ACTIVATION_MARGIN` (backward's transient gradients and the small
 tensors the formula leaves out). The constants are fitted to `bench/train_memory.py` so that the
@@ -55,7 +56,7 @@ import torch
 from rlvr.config import ConfigError
 from rlvr.model.quantization import largest_dequantized_bytes, parameter_bytes
 from rlvr.trainer.logprobs import MAX_CHUNK_ELEMENTS, MAX_SAVED_ELEMENTS
-from rlvr.trainer.prefix_tree import tree_attention
+from rlvr.trainer.prefix_tree import SplitCost
 
 GIB = 2**30
 
@@ -78,6 +79,15 @@ transformers, accelerate, peft), measured on the CPU."""
 CHECKPOINT_OFF_FRACTION = 0.8
 """Gradient checkpointing stays off only when the step fits in this share of free memory:
 recomputation costs about a third more compute, running out of memory costs the run."""
+
+SPLIT_COPIES = 1.5
+"""The node split's copies of a layer's queries, keys and values, in units of their widths:
+the pieces it cuts and the padded stacks of shared calls (fitted: 1.1x on a tiny Llama, 1.35x
+on SmolLM2's shape)."""
+
+SPLIT_MARGIN = 1.2
+"""`split_cost` over what its terms count: log-sum-exps, the padding of unequal nodes in one
+call, and the fit's spread (0.93-1.06 of it)."""
 
 OPTIMIZER_BYTES = 16
 """Per trainable parameter: a float32 gradient, AdamW's two float32 moments and its
@@ -190,25 +200,18 @@ def estimate(
     on_cpu: bool = True,
     shards: int = 1,
     reference_copy: bool = False,
-    tree_mask: bool = False,
 ) -> MemoryEstimate:
     """The peak of one training step for a micro-batch of `tokens` slots; `shards`: ranks
     ZeRO-3 divides parameters and optimizer states over; `reference_copy`: a frozen copy of
-    the weights for a full fine-tune's KL penalty; `tree_mask`: the micro-batch may be a
-    folded prefix tree with a dense mask (see the module docstring)."""
+    the weights for a full fine-tune's KL penalty. A folded prefix-tree micro-batch costs no
+    more than `tokens` unshared slots (`rlvr.trainer.prefix_tree` plans it so, charging
+    `split_cost`), so one estimate covers both layouts."""
     b = shape.dtype_bytes
     weights = (shape.weight_bytes or shape.params * b) // shards
     master = 4 if b < 4 else 0
     optimizer = shape.trainable * (OPTIMIZER_BYTES + master) // shards
     layer = shape.layer_activation_bytes()
-    if checkpointing:  # each layer's input, and one layer recomputed with its gradients
-        per_token = shape.layers * shape.hidden * b + 2 * layer
-    else:
-        per_token = shape.layers * layer
-    per_token += 3 * shape.hidden * 4  # final norm, the head's selected hidden states
-    live = per_token * tokens + _head_bytes(tokens, shape.vocab)
-    if tree_mask:
-        live += _tree_mask_bytes(tokens, b, saved_by=1 if checkpointing else shape.layers)
+    live = slot_bytes(shape, checkpointing) * tokens + _head_bytes(tokens, shape.vocab)
     heap = shape.layers * layer * tokens if on_cpu else 0
     return MemoryEstimate(
         tokens=tokens,
@@ -222,14 +225,45 @@ def estimate(
     )
 
 
-def _tree_mask_bytes(tokens: int, dtype_bytes: int, saved_by: int) -> int:
-    """A folded micro-batch's boolean [rows, width, width] mask, the model's copy of it in the
-    attention dtype, and the copy SDPA makes in every layer and keeps for backward (`saved_by`
-    layers at once; measured with saved-tensor hooks: tests/unit/trainer/test_memory.py).
-    Rows x width is at most `tokens`, so rows x width^2 is at most `tokens`^2: one row as wide
-    as the budget, the worst case (4096 slots of SmolLM2 in float32 without checkpointing: 31
-    copies of 64 MiB)."""
-    return tokens * tokens * (1 + dtype_bytes * (1 + saved_by))
+def slot_bytes(shape: ModelShape, checkpointing: bool) -> int:
+    """What a slot of a micro-batch keeps for backward: every layer's activations, or with
+    checkpointing each layer's input and one layer recomputed with its gradients; plus the final
+    norm and the head's selected hidden states."""
+    layer = shape.layer_activation_bytes()
+    if checkpointing:
+        per_token = shape.layers * shape.hidden * shape.dtype_bytes + 2 * layer
+    else:
+        per_token = shape.layers * layer
+    return per_token + 3 * shape.hidden * 4
+
+
+def split_cost(model: torch.nn.Module) -> SplitCost:
+    """What the sdpa node split keeps for backward beyond the unshared layout, in its slots.
+
+    `rlvr.trainer.tree_sdpa` cuts every layer's queries, keys and values into the nodes'
+    pieces (copies), attends each node's queries to its ancestors' keys and values concatenated
+    with its own (per gathered token, key/value width x 2; the CPU kernel takes grouped heads
+    without repeating them) under a mask SDPA may widen to float32, per query-key pair. Each is
+    kept in every layer that keeps activations (all of them, or with checkpointing the
+    recomputed one and its backward). The head reads one hidden state per sample token, not
+    per folded token, so a gathered token also pays the head's share of a slot. Fitted with
+    saved-tensor hooks on SmolLM2's shape and a tiny Llama (`SPLIT_COPIES`; the gathered tokens
+    came to the key/value width x 2 exactly); `SPLIT_MARGIN` covers the rest
+    (tests/unit/trainer/test_memory.py checks budgets). The planner charges this
+    (`rlvr.trainer.prefix_tree`), so a folded micro-batch keeps no more than the budget's slots
+    would unshared. Zero when the model's shape is unknown (nothing was sized)."""
+    shape = ModelShape.of(model)
+    if shape is None:
+        return SplitCost()
+    checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
+    b, slot = shape.dtype_bytes, slot_bytes(shape, checkpointing)
+    layers = SPLIT_MARGIN * (2 if checkpointing else shape.layers)
+    return SplitCost(
+        per_slot=layers * SPLIT_COPIES * (shape.attention_width + 2 * shape.kv_width) * b / slot,
+        # the keys and values, and the sample's predictions of the head (`slot_bytes`' last term)
+        per_gathered=(layers * 2 * shape.kv_width * b + 3 * shape.hidden * 4) / slot,
+        per_pair=layers * 4 / slot,
+    )
 
 
 def _head_bytes(tokens: int, vocab: int) -> int:
@@ -254,9 +288,6 @@ class Budget:
     """Slots a micro-batch holds at least: one sample of the longest length allowed."""
     floor_knob: str
     """The config field that sets `floor`."""
-    prefix_sharing: bool = False
-    """Micro-batches may be folded prefix trees (`rlvr.trainer.prefix_tree`), whose dense mask
-    the estimate counts when the model's attention takes one."""
 
 
 @dataclass(frozen=True)
@@ -299,7 +330,6 @@ def plan_memory(
         "on_cpu": device.type == "cpu",
         "shards": shards,
         "reference_copy": reference_copy,
-        "tree_mask": budget.prefix_sharing and tree_attention(model, budget.floor) == "sdpa",
     }
     for option in options:
         est = estimate(shape, budget.tokens, option, **kwargs)

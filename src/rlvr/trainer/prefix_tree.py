@@ -48,16 +48,22 @@ at least `MIN_SHARED_FRACTION` of its tokens with it, and a step whose fold save
 `MIN_SAVED_FRACTION` of its tokens keeps the unshared layout (bench/train_step.py --parts
 prefix measures both sides; docs/training.md has the numbers).
 
-Micro-batches. A folded row is never wider than the unshared layout's largest micro-batch
-(`batch.micro_batch_tokens` slots, or `micro_batch_size` x the step's longest sample if that
-binds first), and a folded micro-batch holds no more slots than that, so activation memory
-stays within what the memory check sized for the unshared layout. Rows, not samples, are distributed
-over ranks (a group is never cut in two by sharding), balanced by folded tokens.
+Micro-batches. A folded micro-batch costs no more activation memory than the unshared layout's
+largest (`batch.micro_batch_tokens` slots, or `micro_batch_size` x the step's longest sample if
+that binds first), which is what the memory check sized. Under the node split its cost in
+slots of that layout is more than its folded slots: the split also keeps, in every layer, the
+queries, keys and values cut into nodes, each node's ancestors' keys and values beside its own,
+and each masked call's mask (`SplitCost`, derived from the model's shape by
+`rlvr.trainer.memory.split_cost`: SmolLM2 pays about a tenth of a slot more per folded slot and
+a thirtieth per gathered token). Rows are cut and micro-batches grouped by that cost. Rows, not
+samples, are distributed over ranks (a group is never cut in two by sharding), balanced by
+folded tokens.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,21 +104,99 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def fold_rows(samples: list[Sample], max_width: int) -> list[Row]:
+@dataclass(frozen=True)
+class SplitCost:
+    """What the sdpa node split (`rlvr.trainer.tree_sdpa`) keeps for backward beyond the
+    unshared layout, in slots of that layout; `rlvr.trainer.memory.split_cost` derives it from
+    the model's shape. All zero: no split to pay for (flex attention, or an unknown shape)."""
+
+    per_slot: float = 0.0
+    """Per folded slot: the queries, keys and values cut into the nodes' pieces."""
+    per_gathered: float = 0.0
+    """Per gathered token (`RowAccount.gathered`): the keys and values a node attends, and
+    the hidden state the head predicts from for its sample."""
+    per_pair: float = 0.0
+    """Per query-key pair a masked call scores (`RowAccount.pairs`): its mask."""
+
+    def micro_batch(self, accounts: list[RowAccount]) -> float:
+        """A folded micro-batch's cost in slots of the unshared layout."""
+        slots = len(accounts) * max(a.width for a in accounts)
+        extra = sum(self.per_gathered * a.gathered + self.per_pair * a.pairs for a in accounts)
+        return slots * (1 + self.per_slot) + extra
+
+
+@dataclass(frozen=True)
+class RowAccount:
+    """A folded row's size in the terms its memory depends on, kept as samples join it."""
+
+    width: int
+    """Folded tokens."""
+    tokens: int
+    """Tokens of its samples."""
+    samples: int
+    first: int
+    """Length of its first sample."""
+    root: int
+    """Tokens every sample shares (the row's root node)."""
+    later_pairs: int
+    """Each later sample's placed tokens x its length."""
+
+    @classmethod
+    def start(cls, length: int) -> RowAccount:
+        return cls(length, length, 1, length, length, 0)
+
+    def join(self, length: int, shared: int) -> RowAccount:
+        """The row with a sample of `length` tokens sharing `shared` with the last one."""
+        return RowAccount(
+            self.width + length - shared,
+            self.tokens + length,
+            self.samples + 1,
+            self.first,
+            min(self.root, shared),
+            self.later_pairs + (length - shared) * length,
+        )
+
+    @property
+    def gathered(self) -> int:
+        """Tokens whose keys and values the split gathers: every sample's (each node below the
+        root attends its ancestors' and its own); none for one sample (one causal call)."""
+        return self.tokens if self.samples > 1 else 0
+
+    @property
+    def pairs(self) -> int:
+        """Query-key pairs the masked calls score, at most: each token below the root against
+        the tokens of the sample that placed it."""
+        if self.samples == 1:
+            return 0
+        return (self.first - self.root) * self.first + self.later_pairs
+
+
+def row_account(row: Row) -> RowAccount:
+    account = RowAccount.start(len(row[0]))
+    for prev, s in itertools.pairwise(row):
+        account = account.join(len(s), common_prefix(prev.input_ids, s.input_ids))
+    return account
+
+
+def fold_rows(samples: list[Sample], max_cost: int, cost: SplitCost = SplitCost()) -> list[Row]:
     """Samples into rows of folded samples (see the module docstring): in lexicographic order
     of their ids, each joins the current row when it shares at least `MIN_SHARED_FRACTION` of
-    its tokens with its predecessor and the row stays within `max_width` folded tokens."""
+    its tokens with its predecessor and the row still costs at most `max_cost` slots."""
     rows: list[Row] = []
-    width = 0
+    account = RowAccount.start(0)
     for s in sorted(samples, key=lambda s: s.input_ids):
         shared = common_prefix(rows[-1][-1].input_ids, s.input_ids) if rows else 0
-        added = len(s) - shared
-        if rows and shared >= MIN_SHARED_FRACTION * len(s) and width + added <= max_width:
+        joined = account.join(len(s), shared)
+        if (
+            rows
+            and shared >= MIN_SHARED_FRACTION * len(s)
+            and cost.micro_batch([joined]) <= max_cost
+        ):
             rows[-1].append(s)
-            width += added
+            account = joined
         else:
             rows.append([s])
-            width = len(s)
+            account = RowAccount.start(len(s))
     return rows
 
 
@@ -277,31 +361,41 @@ def saved_fraction(samples: list[Sample], rows: list[Row]) -> float:
 
 
 def rank_folded_micro_batches(
-    rows: list[Row], rank: int, world_size: int, max_slots: int, pad_id: int
+    rows: list[Row],
+    rank: int,
+    world_size: int,
+    max_slots: int,
+    pad_id: int,
+    cost: SplitCost = SplitCost(),
 ) -> list[list[Row]]:
     """This rank's micro-batches of folded rows: rows go to ranks largest first, each to the
     rank with the fewest folded tokens so far; each rank groups its rows (widest first) into
-    micro-batches of at most `max_slots` slots; every rank gets the busiest rank's count, topped
-    up with padding micro-batches (see `rlvr.trainer.micro_batches.padding_micro_batch`)."""
+    micro-batches that cost at most `max_slots` slots (`SplitCost.micro_batch`); every rank gets the
+    busiest rank's count, topped up with padding micro-batches (see
+    `rlvr.trainer.micro_batches.padding_micro_batch`)."""
     shares: list[list[Row]] = [[] for _ in range(world_size)]
     load = [0] * world_size
     for row in sorted(rows, key=folded_width, reverse=True):
         r = load.index(min(load))
         shares[r].append(row)
         load[r] += folded_width(row)
-    batches = [_group(share, max_slots) for share in shares]
+    batches = [_group(share, max_slots, cost) for share in shares]
     count = max(len(b) for b in batches)
     return batches[rank] + [padding_micro_batch(pad_id)] * (count - len(batches[rank]))
 
 
-def _group(rows: list[Row], max_slots: int) -> list[list[Row]]:
-    """Consecutive rows (widest first) into micro-batches of at most `max_slots` slots."""
+def _group(rows: list[Row], max_slots: int, cost: SplitCost) -> list[list[Row]]:
+    """Consecutive rows (widest first) into micro-batches costing at most `max_slots` slots."""
     batches: list[list[Row]] = []
+    accounts: list[RowAccount] = []
     for row in rows:
-        if batches and folded_slot_count(batches[-1] + [row]) <= max_slots:
+        account = row_account(row)
+        if batches and cost.micro_batch(accounts + [account]) <= max_slots:
             batches[-1].append(row)
+            accounts.append(account)
         else:
             batches.append([row])
+            accounts = [account]
     return batches
 
 
@@ -323,18 +417,21 @@ def plan_micro_batches(
     cfg: BatchConfig,
     pad_id: int,
     attention: str | None,
+    cost: SplitCost = SplitCost(),
 ) -> Plan:
     """Folded micro-batches when `attention` (see `tree_attention`) can take the tree's mask
     and the fold saves at least `MIN_SAVED_FRACTION` of the step's tokens; otherwise the
     unshared layout of `rlvr.trainer.micro_batches`. Decided from the whole step, so every rank
-    decides alike."""
+    decides alike. `cost`: what the sdpa node split keeps beyond the unshared layout (see the
+    module docstring; flex attention keeps nothing beyond it)."""
     longest = max((len(s) for s in samples), default=0)
     max_slots = largest_micro_batch(cfg.micro_batch_size, cfg.micro_batch_tokens, longest)
     if attention is not None:
-        rows = fold_rows(samples, max_slots)
+        split = cost if attention == "sdpa" else SplitCost()
+        rows = fold_rows(samples, max_slots, split)
         saved = saved_fraction(samples, rows)
         if saved >= MIN_SAVED_FRACTION:
-            mine = rank_folded_micro_batches(rows, rank, world_size, max_slots, pad_id)
+            mine = rank_folded_micro_batches(rows, rank, world_size, max_slots, pad_id, split)
             fold = functools.partial(collate_folded, pad_id=pad_id, attention=attention)
             return Plan(mine, fold, folded_slot_count, _folded_tokens)
     mine = unshared_micro_batches(

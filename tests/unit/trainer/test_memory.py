@@ -12,9 +12,16 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rlvr.batch import Sample
 from rlvr.config import ConfigError, load_config
 from rlvr.trainer import memory
 from rlvr.trainer.memory import GIB, Budget, ModelShape, estimate, plan_memory
+from rlvr.trainer.prefix_tree import (
+    SplitCost,
+    collate_folded,
+    fold_rows,
+    rank_folded_micro_batches,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -33,11 +40,9 @@ def llama(layers: int = 2) -> torch.nn.Module:
     return LlamaForCausalLM(config).float().train()
 
 
-def saved_activation_bytes(
-    model: torch.nn.Module, tokens: int, mask: torch.Tensor | None = None
-) -> int:
-    """Bytes autograd keeps for backward after the decoder's forward on `tokens` tokens
-    (distinct storages, parameters excluded), with `mask` as its attention mask if given."""
+def saved_activation_bytes(model: torch.nn.Module, tokens: int, inputs: dict | None = None) -> int:
+    """Bytes autograd keeps for backward after the decoder's forward on `tokens` random tokens,
+    or on `inputs` when given (distinct storages, parameters excluded)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -47,9 +52,9 @@ def saved_activation_bytes(
             storages[storage.data_ptr()] = storage.nbytes()
         return t
 
-    ids = torch.randint(0, 256, (1, tokens))
+    inputs = inputs or {"input_ids": torch.randint(0, 256, (1, tokens))}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.model(input_ids=ids, **({} if mask is None else {"attention_mask": mask}))
+        model.model(**inputs)
     return sum(storages.values())
 
 
@@ -87,21 +92,57 @@ def test_estimate_grows_with_tokens_and_checkpointing_saves_activations():
     assert sharded.optimizer == pytest.approx(large.optimizer / 4, abs=1)
 
 
-def test_estimate_counts_a_folded_trees_dense_mask():
-    """A prefix tree's dense mask (sdpa) is copied into the attention dtype and kept for
-    backward in every layer: the estimate's share for it covers what autograd really keeps."""
-    model, tokens = llama(layers=4), 256
+def folded_group(prompt: int, completion: int, group: int, g: torch.Generator) -> list[Sample]:
+    """A GRPO group: `group` samples of one `prompt`-token prompt and their own completions."""
+    shared = torch.randint(0, 256, (prompt,), generator=g).tolist()
+    return [
+        Sample(
+            shared + torch.randint(0, 256, (completion,), generator=g).tolist(),
+            [0] * prompt + [1] * completion,
+            [0.0] * (prompt + completion),
+            1.0,
+        )
+        for _ in range(group)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "completion", "group"),
+    [(200, 16, 16), (64, 64, 8), (24, 100, 4), (120, 24, 32), (40, 140, 2)],
+)
+def test_a_folded_micro_batch_keeps_no_more_than_its_budget(prompt, completion, group):
+    """The node split keeps copies of each layer's queries, keys and values, each node's
+    ancestors' keys and values and its masks; the planner charges them (`split_cost`), so a
+    folded micro-batch keeps no more than the budget's slots would unshared, at long prompts,
+    many siblings and long completions alike. Charging nothing overruns the budget."""
+    model, budget = llama(layers=4), 512
     model.config._attn_implementation = "sdpa"
-    mask = torch.ones(tokens, tokens, dtype=torch.bool).tril()[None, None]
-    kept = saved_activation_bytes(model, tokens, mask) - saved_activation_bytes(model, tokens)
-    shape = ModelShape.of(model)
-    counted = (
-        estimate(shape, tokens, False, tree_mask=True).activations
-        - estimate(shape, tokens, False).activations
-    )
-    assert kept <= counted <= 1.5 * kept
-    with_mask_checkpointed = estimate(shape, tokens, True, tree_mask=True).activations
-    assert with_mask_checkpointed - estimate(shape, tokens, True).activations < counted / 2
+    cost = memory.split_cost(model)
+    unshared = saved_activation_bytes(model, budget)
+    samples = folded_group(prompt, completion, group, torch.Generator().manual_seed(prompt))
+
+    def kept(cost: SplitCost) -> list[int]:
+        rows = fold_rows(samples, budget, cost)
+        assert any(len(row) > 1 for row in rows)  # the split runs
+        plan = rank_folded_micro_batches(rows, 0, 1, budget, 0, cost)
+        folded = [collate_folded(mb, 0, "sdpa").model_inputs() for mb in plan]
+        return [saved_activation_bytes(model, budget, inputs) for inputs in folded]
+
+    assert max(kept(cost)) <= unshared
+    if (prompt, group) == (200, 16):
+        assert max(kept(SplitCost())) > 1.2 * unshared
+
+
+def test_split_cost_follows_the_model_and_checkpointing():
+    """A folded slot costs a little more than an unshared one, checkpointing keeps one layer's
+    split instead of every layer's, and a model of unknown shape is charged nothing."""
+    model = llama(layers=8)
+    full = memory.split_cost(model)
+    assert 0.05 < full.per_slot < 0.5 and 0 < full.per_gathered < full.per_slot
+    model.gradient_checkpointing_enable({"use_reentrant": False})
+    checkpointed = memory.split_cost(model)
+    assert checkpointed.per_slot < full.per_slot
+    assert memory.split_cost(SimpleNamespace(config=SimpleNamespace())) == SplitCost()
 
 
 def fake_accelerator(processes: int = 1) -> SimpleNamespace:
