@@ -39,16 +39,6 @@ from common import ROOT, run_script
 
 DATA = ROOT.parent / "shared" / "data"
 EXAMPLES = ROOT / "configs" / "examples"
-SERVER_FLAGS = [
-    "--dtype",
-    "float32",
-    "--enforce-eager",
-    "--max-model-len",
-    "4096",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "hermes",
-]
 SHAPES = ("gsm8k-b8", "gsm8k-b64", "musique", "tic-tac-toe")
 PARTS = ("time/wait_rollouts", "time/forward_backward", "time/optimizer", "time/weight_push")
 

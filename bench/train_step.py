@@ -516,12 +516,13 @@ def print_overlap(runs: list[dict]) -> str:
 
 
 def end_to_end(args: argparse.Namespace) -> dict:
-    """The e2e part: its own vf-vllm (tool calling on, 4,096-token context), or --base-url."""
+    """The e2e part: its own vf-vllm (the tests' flags: float32, tool calling, 4,096-token
+    context), or --base-url."""
     if args.base_url:
         return step_e2e.run(args.base_url, args.e2e_shapes, args.e2e_steps)
-    from rlvr.server.process import VLLMServer
+    from rlvr.server.process import EXACT_FLAGS, VLLMServer
 
-    with VLLMServer("smollm2-135m", extra_args=step_e2e.SERVER_FLAGS) as server:
+    with VLLMServer("smollm2-135m", extra_args=EXACT_FLAGS) as server:
         return step_e2e.run(server.base_url, args.e2e_shapes, args.e2e_steps)
 
 
