@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, estimate_json, save  # noqa: E402
-from learning import RECIPE, SERVER_FLAGS, evaluate  # noqa: E402
+from common import ROOT, SERVER_FLAGS, estimate_json, save  # noqa: E402
+from learning import RECIPE, evaluate  # noqa: E402
 
 from rlvr.data.arithmetic import arithmetic_splits, write_jsonl  # noqa: E402
 from rlvr.trainer.cadence import Cadence, run_steps  # noqa: E402

@@ -24,6 +24,9 @@ from rlvr.atomic import atomic_write_text
 from rlvr.eval.stats import Estimate, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
+SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
+"""vf-vllm flags of the benchmarks that serve SmolLM2 on the CPU: float32 (the trainer's dtype, so
+log-probabilities compare), eager (compiling costs more start-up than it saves), 2,048 tokens."""
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -30,12 +30,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, estimate_json, evaluate_stage, run_script, save  # noqa: E402
+from common import (  # noqa: E402
+    ROOT,
+    SERVER_FLAGS,
+    estimate_json,
+    evaluate_stage,
+    run_script,
+    save,
+)
 
 from rlvr.data.arithmetic import arithmetic_splits, write_jsonl  # noqa: E402
 
 RECIPE = ROOT / "configs" / "examples" / "learn_deepscaler_smollm2_cpu.yaml"
-SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
 CURVES = ("reward/mean", "mismatch_kl", "time/step")
 
 

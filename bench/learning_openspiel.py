@@ -50,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     ROOT,
+    SERVER_FLAGS,
     Pipeline,
     evaluate_stage,
     pipeline_arguments,
@@ -63,7 +64,6 @@ from common import (  # noqa: E402
 SFT_RECIPE = ROOT / "configs" / "examples" / "sft_openspiel_smollm2_cpu.yaml"
 GRPO_RECIPE = ROOT / "configs" / "examples" / "learn_openspiel_smollm2_cpu.yaml"
 DEMO_POLICY = "vf_openspiel.scripted:quiet_mover"
-SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
 # vf_openspiel's default opening depth, which every earlier run of this bench demonstrated and
 # evaluated with: the demonstrations (so the SFT stage is the one measured before) and the
 # held-out games keep it whatever depth GRPO trains at, so their numbers compare with those runs.

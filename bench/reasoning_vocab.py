@@ -33,8 +33,7 @@ from statistics import fmean
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save  # noqa: E402
-from learning import SERVER_FLAGS  # noqa: E402
+from common import SERVER_FLAGS, save  # noqa: E402
 
 from rlvr.data.arithmetic import arithmetic_splits, write_jsonl  # noqa: E402
 

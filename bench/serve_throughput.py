@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save  # noqa: E402
+from common import SERVER_FLAGS, save  # noqa: E402
 
-SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
 DEFAULT_PROMPT = "Solve step by step and put the final answer in \\boxed{}: what is 17 * 23 + 4?"
 
 

@@ -64,8 +64,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_e2e  # noqa: E402
-from common import machine, save  # noqa: E402
-from serve_throughput import SERVER_FLAGS, measure  # noqa: E402
+from common import SERVER_FLAGS, machine, save  # noqa: E402
+from serve_throughput import measure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "deepscaler" / "preview_first803.jsonl"

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save, summary  # noqa: E402
+from common import SERVER_FLAGS, save, summary  # noqa: E402
 
 from rlvr.model.names import ensure_embedded_model  # noqa: E402
 from rlvr.server.launcher import lora_flags  # noqa: E402
@@ -71,9 +71,6 @@ def worker_load_seconds(server_log: str) -> list[float]:
         )
         loads += [float(x) for x in re.findall(pattern, server_log)[1:]]
     return loads
-
-
-SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
 
 
 def merged_pushes(policy, model, repeats: int, times: dict[str, list[float]]) -> list[float]:
