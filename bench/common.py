@@ -142,7 +142,9 @@ class Pipeline:
     flags, where its stages land (`out`), and its own demonstrations and evaluation.
 
     `demonstrations()` writes the SFT rows and returns their files; `evaluate(base_url, dir)`
-    evaluates the policy the server holds into `dir` (held-out rows, through vf-eval)."""
+    evaluates the policy the server holds into `dir` = `out`/eval/<stage> (held-out rows,
+    through vf-eval), and into `out`/<folder>/eval/<stage> for each further evaluation set
+    named in `eval_folders`."""
 
     sft_recipe: Path
     grpo_recipe: Path
@@ -151,6 +153,8 @@ class Pipeline:
     evaluate: Callable[[str, Path], Any]
     server_flags: Sequence[str]
     model: str = "smollm2-135m"
+    eval_folders: Sequence[str] = ("",)
+    """Folders under `out` holding an eval/<stage> per evaluation set ("" is `out` itself)."""
 
     @property
     def adapter(self) -> Path:
@@ -172,7 +176,8 @@ def run_pipeline(
     from rlvr.weight_sync.merged import push_merged_adapter
 
     out, evaluate = pipeline.out, pipeline.evaluate
-    kept = [out / "eval" / "base", out / "eval" / "sft", pipeline.adapter]
+    evaluations = [out / f / "eval" / stage for f in pipeline.eval_folders for stage in STAGES[:2]]
+    kept = [*evaluations, pipeline.adapter]
     if reuse_sft and (missing := [str(p) for p in kept if not p.exists()]):
         raise SystemExit(f"--reuse sft: {', '.join(missing)} missing; run without it first")
     times: dict[str, float] = {}

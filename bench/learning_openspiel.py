@@ -189,9 +189,6 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit(f"--eval-seed {args.eval_seed} is the training games' seed")
     out = args.out.resolve()
     sets = eval_sets(args)
-    kept = [out / g.folder / "eval" / stage for g in sets for stage in ("base", "sft")]
-    if args.reuse == "sft" and (missing := [str(p) for p in kept if not p.exists()]):
-        raise SystemExit(f"--reuse sft: {', '.join(missing)} missing; run without it first")
     set_times: dict[str, float] = {}
 
     def evaluate(base_url: str, where: Path) -> None:
@@ -215,6 +212,7 @@ def run(args: argparse.Namespace) -> dict:
         demonstrations=lambda: make_demonstrations(cfg, out, args.demo_games),
         evaluate=evaluate,
         server_flags=SERVER_FLAGS,
+        eval_folders=[games.folder for games in sets],
     )
     times = run_pipeline(pipeline, args.sft, args.overrides, args.reuse == "sft")
     return summarise(out, {**times, **set_times}, args)
