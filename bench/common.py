@@ -28,6 +28,8 @@ SERVER_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "204
 """vf-vllm flags of the benchmarks that serve SmolLM2 on the CPU: float32 (the trainer's dtype, so
 log-probabilities compare), eager (compiling costs more start-up than it saves), 2,048 tokens."""
 RESULTS = Path(__file__).resolve().parent / "results"
+STEP_PARTS = ("time/wait_rollouts", "time/forward_backward", "time/optimizer", "time/weight_push")
+"""The trainer's metrics that split a step's time (they add up to it at async_level 0)."""
 
 
 def summary(values: Sequence[float], *, ms: bool = False) -> dict[str, float]:

@@ -35,12 +35,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import ROOT, run_script
+from common import ROOT, STEP_PARTS, run_script
 
 DATA = ROOT.parent / "shared" / "data"
 EXAMPLES = ROOT / "configs" / "examples"
 SHAPES = ("gsm8k-b8", "gsm8k-b64", "musique", "tic-tac-toe")
-PARTS = ("time/wait_rollouts", "time/forward_backward", "time/optimizer", "time/weight_push")
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ def timed_run(shape: Shape, sharing: bool, base_url: str, steps: int, out: Path)
         "prefix_sharing": sharing,
         "steps_measured": len(steady),
         "step_s": mean("time/step"),
-        **{key: mean(key) for key in PARTS},
+        **{key: mean(key) for key in STEP_PARTS},
         "samples_per_step": mean("rollouts/samples"),
         "rollouts_per_step": mean("rollouts/count"),
         "turns_per_rollout": mean("rollouts/turns"),

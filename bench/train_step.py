@@ -64,12 +64,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_e2e  # noqa: E402
-from common import SERVER_FLAGS, machine, save  # noqa: E402
+from common import SERVER_FLAGS, STEP_PARTS, machine, save  # noqa: E402
 from serve_throughput import measure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "deepscaler" / "preview_first803.jsonl"
-BREAKDOWN = ("time/wait_rollouts", "time/forward_backward", "time/optimizer", "time/weight_push")
 
 
 def config(base_url: str, args: argparse.Namespace, out: Path, *extra: str):
@@ -200,7 +199,7 @@ def overlap_run(base_url: str, args: argparse.Namespace, name: str, out: Path, *
         "overrides": list(extra),
         "steps_measured": len(steady),
         "step_s": statistics.fmean(h["time/step"] for h in steady),
-        **{key: statistics.fmean(h[key] for h in steady) for key in BREAKDOWN},
+        **{key: statistics.fmean(h[key] for h in steady) for key in STEP_PARTS},
         "generate_s": statistics.fmean(h["time/generate"] for h in steady),
         "completion_tokens_per_step": tokens / len(steady),
         "pipeline_tokens_per_s": tokens / wall,
