@@ -16,8 +16,9 @@ GRPO alone has nothing to learn from; the recipe is the field's warm start:
 4. Pushes base + SFT adapter (merged) into the server, as the GRPO trainer's first push does,
    and evaluates that policy the same way.
 5. GRPO (scripts/train.py --config configs/examples/learn_openspiel_smollm2_cpu.yaml,
-   `lora.resume_from` the SFT adapter, outcome reward, its own `max_random_steps`), pushing
-   weights into the same server after every step; then evaluates the served final policy.
+   `lora.resume_from` the SFT adapter; one move per rollout from its own, deeper openings,
+   scored by random playouts), pushing weights into the same server after every step; then
+   evaluates the served final policy on whole games, as the earlier stages.
 6. Writes, per evaluation set, the evaluation report (rlvr.eval.report: each stage's mean
    outcome reward with a 95% CI clustered by game; paired per-game differences SFT - base and
    GRPO - SFT) and a PNG of the outcome reward, legal-move rate and win/draw/loss per stage;
@@ -68,6 +69,10 @@ DEMO_POLICY = "vf_openspiel.scripted:quiet_mover"
 # evaluated with: the demonstrations (so the SFT stage is the one measured before) and the
 # held-out games keep it whatever depth GRPO trains at, so their numbers compare with those runs.
 SFT_RANDOM_STEPS = 4
+# What the demonstrations and every evaluation play, whatever GRPO trains on (the recipe trains
+# single moves, scored by playouts, and forfeits at the first illegal reply): whole games with
+# the environment's defaults, as every earlier run of this bench played them.
+WHOLE_GAMES = {"mode": "game", "playouts": 1, "max_illegal_moves": 2, "reward_mode": "outcome"}
 # what a stage figure shows: the reward, then rubric metrics (vf_openspiel's README)
 BARS = {
     "outcome reward": None,
@@ -94,6 +99,7 @@ class EvalSet:
     def env_args(self, seed: int) -> dict[str, Any]:
         """vf_openspiel arguments over the recipe's: these games, drawn with task seed `seed`."""
         return {
+            **WHOLE_GAMES,
             "seed": seed,
             "num_tasks_per_case": self.games,
             "max_random_steps": self.random_steps,
@@ -114,7 +120,12 @@ def make_demonstrations(cfg: Any, out: Path, games: int) -> list[Path]:
     from rlvr.data.demonstrations import main as demos
 
     path = out / "data" / "demos.jsonl"
-    env_args = {**cfg.env.args, "num_tasks_per_case": games, "max_random_steps": SFT_RANDOM_STEPS}
+    env_args = {
+        **cfg.env.args,
+        **WHOLE_GAMES,
+        "num_tasks_per_case": games,
+        "max_random_steps": SFT_RANDOM_STEPS,
+    }
     demos(
         [
             *("--env", cfg.env.id, "--env-args", json.dumps(env_args)),

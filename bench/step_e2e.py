@@ -40,6 +40,14 @@ from common import ROOT, STEP_PARTS, run_script
 DATA = ROOT.parent / "shared" / "data"
 EXAMPLES = ROOT / "configs" / "examples"
 SHAPES = ("gsm8k-b8", "gsm8k-b64", "musique", "tic-tac-toe")
+WHOLE_GAMES = (
+    "env.args.mode=game",
+    "env.args.playouts=1",
+    "env.args.max_illegal_moves=2",
+    "batch.batch_size=64",
+)
+"""The tic-tac-toe shape's overrides of its recipe (which trains single moves): whole games of
+8 positions x 8, the multi-turn shape whose turns share their prefixes, as measured before."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ def shapes(out: Path) -> list[Shape]:
         Shape(
             "tic-tac-toe",
             EXAMPLES / "learn_openspiel_smollm2_cpu.yaml",
-            common,
+            (*WHOLE_GAMES, *common),
             ROOT / "outputs" / "learn-openspiel" / "sft" / "final",
         ),
     ]

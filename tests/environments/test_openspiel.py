@@ -110,6 +110,8 @@ def test_game_list_and_game_configs_build_one_case_per_pair():
         ({"model_player": 2}, "has 2 players"),
         ({"model_player": "first"}, "model_player must be"),
         ({"num_tasks_per_case": 0}, "num_tasks_per_case must be"),
+        ({"mode": "move", "playouts": 0}, "playouts must be"),
+        ({"playouts": 8}, "needs mode='move'"),
         ({"opponent": "mcts", "mcts_simulations": 0}, "mcts_simulations must be"),
         ({"truncation_reward": 1.5}, "truncation_reward must be a number in"),
         ({"truncation_reward": "position"}, "truncation_reward must be a number in"),
@@ -194,6 +196,37 @@ def test_move_mode_is_one_decision_scored_by_a_playout():
         assert record["replies"] == 1 and record["model_moves"] == 1
         assert record["ended_by"] == "game_over"
         assert len(state["trajectory"]) == 1
+
+
+def random_play_value(state: pyspiel.State, seat: int) -> float:
+    """`seat`'s expected return, mapped into [0, 1], when every seat plays uniformly random
+    legal moves from `state` (exact; small games only)."""
+    if state.is_terminal():
+        return (state.returns()[seat] + 1) / 2
+    return statistics.fmean(random_play_value(state.child(a), seat) for a in state.legal_actions())
+
+
+def test_move_mode_playouts_score_a_move_by_its_value_against_random_play():
+    """With 64 playouts a move's reward is within the sampling error of its exact value under
+    random play (one playout is a single 0 / 0.5 / 1 draw of it); a winning move scores 1."""
+    env = vf_openspiel.load_environment(
+        cases=["tic_tac_toe"], mode="move", playouts=64, max_random_steps=8, num_tasks_per_case=12
+    )
+    errors = []
+    for index, row in enumerate(env.get_dataset()):
+        state = play(env, row, random_mover(index))
+        record, start = state["openspiel"], row["info"]["start_actions"]
+        position = pyspiel.load_game("tic_tac_toe").new_initial_state()
+        for action in [*start, record["history"][len(start)]]:  # the opening, then the move
+            position.apply_action(action)
+        exact = random_play_value(position, record["seat"])
+        assert state["reward"] == pytest.approx(exact, abs=0.25), row["info"]
+        if exact == 1.0:
+            assert state["reward"] == 1.0
+        errors.append(abs(state["reward"] - exact))
+        assert "Scored by 64 playouts" in state["completion"][-1].content
+        assert play(env, row, random_mover(index))["reward"] == state["reward"]  # reproducible
+    assert statistics.fmean(errors) < 0.08
 
 
 def test_turn_limit_counts_moves_not_illegal_replies_and_scores_the_minimum():

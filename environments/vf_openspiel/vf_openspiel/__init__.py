@@ -32,6 +32,7 @@ def load_environment(
     num_tasks_per_case: int = 100,
     max_random_steps: int = 4,
     mode: str = "game",
+    playouts: int = 1,
     reward_mode: str = "outcome",
     opponent: str = "random",
     mcts_simulations: int = 100,
@@ -50,6 +51,9 @@ def load_environment(
     _check_choice("mode", mode, MODES)
     _check_choice("reward_mode", reward_mode, REWARD_MODES)
     _check_at_least("num_tasks_per_case", num_tasks_per_case, 1)
+    _check_at_least("playouts", playouts, 1)
+    if playouts > 1 and mode != "move":
+        raise ValueError(f"playouts={playouts} scores a single move: it needs mode='move'")
     _check_at_least("max_random_steps", max_random_steps, 0)
     _check_at_least("max_illegal_moves", max_illegal_moves, 0)
     _check_at_least("max_turns", max_turns, 1)
@@ -84,6 +88,7 @@ def load_environment(
         mode=mode,
         max_illegal_moves=max_illegal_moves,
         max_moves=1 if mode == "move" else max_turns,
+        playouts=playouts,
         dataset=rows,
         eval_dataset=rows,
         system_prompt=system_prompt,

@@ -60,6 +60,7 @@ class OpenSpielEnv(DefaultSampling, vf.MultiTurnEnv):
         mode: str,
         max_illegal_moves: int,
         max_moves: int,
+        playouts: int = 1,
         **kwargs: Any,
     ):
         # verifiers counts replies; a game needs at most max_moves legal replies plus the illegal
@@ -70,6 +71,7 @@ class OpenSpielEnv(DefaultSampling, vf.MultiTurnEnv):
         self.mode = mode
         self.max_illegal_moves = max_illegal_moves
         self.max_moves = max_moves
+        self.playouts = playouts
 
     async def setup_state(self, state: vf.State) -> None:
         info = state["info"]
@@ -99,9 +101,14 @@ class OpenSpielEnv(DefaultSampling, vf.MultiTurnEnv):
 
     def _result_text(self, state: vf.State) -> str:
         session: GameSession = state[SESSION_KEY]
-        game, returns = session.game, session.returns()
+        game, returns = session.game, state[RECORD_KEY]["returns"] or session.returns()
         result = verdict(returns, session.seat, game.min_utility(), game.max_utility())
         past = {"win": "won", "loss": "lost", "draw": "drew"}[result]
+        if self.playouts > 1:
+            return (
+                f"Scored by {self.playouts} playouts: on average you {past} (your mean return "
+                f"{returns[session.seat]:g}, all {returns})."
+            )
         return f"Game over: you {past} (your return {returns[session.seat]:g}, all {returns})."
 
     async def env_response(
@@ -126,7 +133,9 @@ class OpenSpielEnv(DefaultSampling, vf.MultiTurnEnv):
         played = next(text for legal, text in session.legal_moves() if legal == action)
         if self.mode == "move":
             session.apply(action)
-            await self._run(session, session.playout)
+            record["returns"] = await self._run(
+                session, lambda: session.playout_returns(self.playouts)
+            )
             return self._finish(
                 state, "game_over", f"You played {played}. {self._result_text(state)}"
             )
@@ -154,6 +163,7 @@ class OpenSpielEnv(DefaultSampling, vf.MultiTurnEnv):
             # Stopped by verifiers (error, prompt too long, token budget, timeout): scored as a loss
             # so that running out of context is never better than losing on the board.
             record["ended_by"] = "aborted"
-        record["returns"] = session.returns()
+        if record["returns"] is None:  # move mode scored its playouts already
+            record["returns"] = session.returns()
         record["game_length"] = session.player_moves()
         record["history"] = list(session.history)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import statistics
 
 import pyspiel
 
@@ -18,6 +19,7 @@ from .opponents import CHANCE, Opponent, RandomOpponent, sample_chance
 
 START_STREAM = 0
 PLY_STREAM = 1
+PLAYOUT_STREAM = 2
 
 
 def rng_seed(task: int, stream: int, index: int) -> int:
@@ -127,6 +129,30 @@ class GameSession:
         """Finishes the game with the opponent's policy on every seat (move mode's evaluation)."""
         while not self.state.is_terminal():
             self.auto_step(self.opponent)
+
+    def playout_returns(self, playouts: int) -> list[float]:
+        """Move mode's score: every seat's mean return over `playouts` games finished from
+        here with the opponent's policy on every seat.
+
+        One playout is a single sample of what the move is worth (against a random opponent
+        a good move often loses and a blunder often wins), the many average that noise away.
+        The first playout finishes this session's own game (its history is the record's); the
+        others replay the history into sessions seeded apart (`PLAYOUT_STREAM`), so each draws
+        its own moves and all are reproducible.
+        """
+        games = [self] + [
+            GameSession(
+                self.game,
+                self.seat,
+                rng_seed(self.seed, PLAYOUT_STREAM, index),
+                self.opponent,
+                self.history,
+            )
+            for index in range(1, playouts)
+        ]
+        for game in games:
+            game.playout()
+        return [statistics.fmean(seat) for seat in zip(*(g.returns() for g in games), strict=True)]
 
     # ------------------------------------------------------------------ what the model sees
     @property
