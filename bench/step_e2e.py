@@ -36,14 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import ROOT, STEP_PARTS, run_script
+from learning_openspiel import WHOLE_GAMES
 
 DATA = ROOT.parent / "shared" / "data"
 EXAMPLES = ROOT / "configs" / "examples"
 SHAPES = ("gsm8k-b8", "gsm8k-b64", "musique", "tic-tac-toe")
-WHOLE_GAMES = (
-    "env.args.mode=game",
-    "env.args.playouts=1",
-    "env.args.max_illegal_moves=2",
+TIC_TAC_TOE_GAMES = (
+    *(f"env.args.{key}={value}" for key, value in WHOLE_GAMES.items()),
     "batch.batch_size=64",
 )
 """The tic-tac-toe shape's overrides of its recipe (which trains single moves): whole games of
@@ -88,6 +87,8 @@ def shapes(out: Path) -> list[Shape]:
         "batch.async_level=0",
         "batch.dynamic_sampling=false",  # a refill round would time the draw, not the layout
         "checkpoint.every=0",
+        "eval.every=0",  # evaluations run between steps: time the bench waits, not a step part
+        "eval.at_start=false",
         "wandb.mode=disabled",
         "seed=0",
     )
@@ -110,7 +111,7 @@ def shapes(out: Path) -> list[Shape]:
         Shape(
             "tic-tac-toe",
             EXAMPLES / "learn_openspiel_smollm2_cpu.yaml",
-            (*WHOLE_GAMES, *common),
+            (*TIC_TAC_TOE_GAMES, *common),
             ROOT / "outputs" / "learn-openspiel" / "sft" / "final",
         ),
     ]
