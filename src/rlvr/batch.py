@@ -218,6 +218,12 @@ class TrainBatch:
         return sum(s.num_loss_tokens for s in self.samples)
 
     @cached_property
+    def has_signal(self) -> bool:
+        """Some loss token carries a non-zero advantage; without one the policy-gradient loss
+        and its gradient are exactly 0."""
+        return any(s.advantage != 0.0 and s.num_loss_tokens for s in self.samples)
+
+    @cached_property
     def loss_sequences(self) -> int:
         """Samples with at least one loss token (the per-sequence aggregations' count)."""
         return sum(1 for s in self.samples if s.num_loss_tokens)

@@ -97,6 +97,16 @@ def micro_batch_loss(
     return normalised_loss(terms.loss_sum, normaliser, world_size), terms
 
 
+def has_gradient(batch: TrainBatch, beta: float) -> bool:
+    """Whether a step's loss can move the weights: some loss token with a non-zero advantage,
+    or the KL penalty (`beta` > 0), which pulls toward the reference whatever the advantages.
+
+    A step without either (every group dropped, or every group's rewards equal) skips forward,
+    backward and the optimizer: AdamW would otherwise move the weights on its momentum alone,
+    repeating the last step that had signal at two thirds or more of its size."""
+    return batch.loss_tokens > 0 and (batch.has_signal or beta > 0)
+
+
 @dataclass
 class Trained:
     """What one step's forward/backward measured, over all ranks."""
@@ -320,7 +330,9 @@ class Trainer:
         batch = laps.time("time/wait_rollouts", self._next_batch, step)
         trained = laps.time("time/forward_backward", self.forward_backward, batch)
         lr = self.opt.lr
-        grad_norm = laps.time("time/optimizer", self.opt.step, batch.loss_tokens > 0)
+        grad_norm = laps.time(
+            "time/optimizer", self.opt.step, has_gradient(batch, self.cfg.loss.beta)
+        )
         pushed = self.push_weights(step + 1)
         self.data_position = batch.data_position
         metrics = self._step_metrics(batch, trained, lr, grad_norm, pushed, laps)
@@ -384,7 +396,9 @@ class Trainer:
             cfg.loss, global_tokens, batch.loss_sequences, cfg.batch.max_seq_len
         )
         stats = StepStats()
-        if global_tokens == 0:  # every group dropped (alike on every rank: the count is global)
+        if not has_gradient(
+            batch, cfg.loss.beta
+        ):  # alike on every rank: the batch is the whole step's
             return Trained(summarise({}), forwarded=batch.tokens, slots=batch.tokens)
         attention = None
         if cfg.batch.prefix_sharing:

@@ -191,9 +191,10 @@ class Optimization:
 
     def step(self, has_gradient: bool) -> float:
         """One clipped optimizer step; returns the gradient norm before clipping. Skipped when
-        no token had loss (Adam would still move the weights on momentum alone); the LR
-        schedule advances either way. A gradient norm that is not finite raises
-        `NonFiniteStepError` before the weights move (see `_clipped_norm`, `_deepspeed_step`)."""
+        the step's loss has no gradient (`rlvr.trainer.grpo.has_gradient`: Adam would still
+        move the weights on momentum alone); the LR schedule advances either way. A gradient
+        norm that is not finite raises `NonFiniteStepError` before the weights move (see
+        `_clipped_norm`, `_deepspeed_step`)."""
         grad_norm = 0.0
         if has_gradient:
             if self.deepspeed:

@@ -20,10 +20,10 @@ from accelerate import Accelerator
 from support import zero3_launch
 from transformers import get_scheduler
 
-from rlvr.batch import Sample
+from rlvr.batch import Sample, TrainBatch
 from rlvr.config import LoraConfig, ModelConfig, OptimConfig, load_config
 from rlvr.model.policy import load_policy
-from rlvr.trainer.grpo import micro_batch_loss
+from rlvr.trainer.grpo import has_gradient, micro_batch_loss
 from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.optimizer import NonFiniteStepError, Optimization, lr_factor, make_accelerator
 
@@ -88,6 +88,35 @@ def test_non_finite_gradients_stop_the_step(lora_run):
     with pytest.raises(NonFiniteStepError, match=r"^step 2: the loss is nan; the optimizer"):
         opt.check_loss(math.nan)
     opt.check_loss(0.25)
+
+
+def test_a_step_without_signal_leaves_the_weights_where_they_are(lora_run):
+    """A batch whose every advantage is 0 has no gradient, and the trainer skips its optimizer
+    step: stepping AdamW on that zero gradient after a step with signal would still move the
+    weights, by two thirds of the last update. The KL penalty, or one group with signal,
+    gives a step its gradient back; a batch without loss tokens has none either way."""
+    opt, backward = lora_run
+    vocab = opt.model.config.vocab_size
+
+    def batch(samples: list[Sample]) -> TrainBatch:
+        return TrainBatch(samples, metrics={}, table=[], data_position=0)
+
+    flat = batch(_samples(vocab, 0.0))
+    assert not has_gradient(flat, beta=0.0)
+    assert has_gradient(flat, beta=0.04)
+    assert has_gradient(batch(_samples(vocab, 0.0) + _samples(vocab, 1.0)), beta=0.0)
+    unmasked = [Sample(s.input_ids, [0] * len(s), [0.0] * len(s), 1.0) for s in flat.samples]
+    assert not has_gradient(batch(unmasked), beta=0.04)
+
+    before, lr = _trainable(opt), opt.lr
+    backward(0.0)
+    assert all(not p.grad.any() for _, p in opt.named_params)  # the gradient is exactly 0
+    opt.step(has_gradient=False)  # what the trainer does
+    assert all(torch.equal(before[n], p) for n, p in opt.named_params)
+    backward(0.0)
+    opt.step(has_gradient=True)  # what it must not do: AdamW's momentum alone moves them
+    moved = max((p - before[n]).abs().max().item() for n, p in opt.named_params)
+    assert moved == pytest.approx(0.67 * lr, rel=0.01)  # Adam's bias-corrected momentum
 
 
 def test_one_infinite_gradient_is_named(lora_run):
@@ -168,8 +197,8 @@ import json, math, sys
 import torch
 from transformers import AutoModelForCausalLM
 from rlvr.config import load_config
-from rlvr.trainer.grpo import micro_batch_loss
-from rlvr.batch import Sample
+from rlvr.trainer.grpo import has_gradient, micro_batch_loss
+from rlvr.batch import Sample, TrainBatch
 from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.optimizer import NonFiniteStepError, Optimization, make_accelerator
 
