@@ -396,9 +396,8 @@ class Trainer:
             cfg.loss, global_tokens, batch.loss_sequences, cfg.batch.max_seq_len
         )
         stats = StepStats()
-        if not has_gradient(
-            batch, cfg.loss.beta
-        ):  # alike on every rank: the batch is the whole step's
+        # nothing to train (alike on every rank: the batch is the whole step's)
+        if not has_gradient(batch, cfg.loss.beta):
             return Trained(summarise({}), forwarded=batch.tokens, slots=batch.tokens)
         attention = None
         if cfg.batch.prefix_sharing:
