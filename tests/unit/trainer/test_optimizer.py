@@ -197,8 +197,8 @@ import json, math, sys
 import torch
 from transformers import AutoModelForCausalLM
 from rlvr.config import load_config
-from rlvr.trainer.grpo import has_gradient, micro_batch_loss
-from rlvr.batch import Sample, TrainBatch
+from rlvr.trainer.grpo import micro_batch_loss
+from rlvr.batch import Sample
 from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.optimizer import NonFiniteStepError, Optimization, make_accelerator
 
