@@ -214,11 +214,13 @@ def run_pipeline(
 @dataclass(frozen=True)
 class StageReport:
     """The evaluation report of the three stages: per stage, each bar's estimate (the reward
-    and rubric metrics), and the paired differences (vs base, and GRPO - SFT)."""
+    and rubric metrics), the paired differences (vs base, and GRPO - SFT) and GRPO - SFT in
+    each rubric metric (which parts of the reward GRPO moved)."""
 
     stages: dict[str, dict[str, Estimate]]
     differences: dict[str, Estimate]
     grpo_minus_sft: Estimate
+    grpo_minus_sft_parts: dict[str, Estimate]
     markdown: str
 
     def json(self) -> dict[str, Any]:
@@ -228,19 +230,26 @@ class StageReport:
                 for stage, bars in self.stages.items()
             },
             "paired_differences": {name: estimate_json(e) for name, e in self.differences.items()},
+            "grpo_minus_sft_parts": {
+                key: estimate_json(e) for key, e in self.grpo_minus_sft_parts.items()
+            },
             "grpo_beats_sft_ci_excludes_zero": (self.grpo_minus_sft.low or 0.0) > 0,
         }
 
 
-def stage_report(out: Path, bars: dict[str, str | None], unit: str) -> StageReport:
+def stage_report(
+    out: Path, bars: dict[str, str | None], unit: str, parts: Sequence[str] = ()
+) -> StageReport:
     """rlvr.eval.report over `out`/eval/{base,sft,grpo} (each stage's mean reward with its CI
     clustered by example, paired differences against the base) plus GRPO - SFT paired per
-    `unit` (e.g. "question"), written to report.md and report.json and printed. `bars` maps a
-    label to a rubric metric, or to None for the reward."""
+    `unit` (e.g. "question"), in the reward and in each rubric metric of `bars` and `parts`,
+    written to report.md and report.json and printed. `bars` maps a label to a rubric metric,
+    or to None for the reward."""
     from rlvr.eval.report import (
         build_report,
         compare,
         format_estimate,
+        metric_difference,
         metric_estimate,
         render_markdown,
         report_json,
@@ -251,9 +260,16 @@ def stage_report(out: Path, bars: dict[str, str | None], unit: str) -> StageRepo
     report = build_report(list(runs.values()))
     grpo_vs_sft = compare(runs["sft"], runs["grpo"])
     grpo_name = f"{grpo_vs_sft.name} - {grpo_vs_sft.baseline}"
-    markdown = render_markdown(report) + (
-        f"\n{grpo_name} (paired per {unit}, {grpo_vs_sft.paired_examples} {unit}s): "
-        f"{format_estimate(grpo_vs_sft.difference, '+')}\n"
+    keys = [key for key in bars.values() if key is not None] + list(parts)
+    part_differences = {key: metric_difference(runs["sft"], runs["grpo"], key) for key in keys}
+    markdown = render_markdown(report) + "".join(
+        [
+            f"\n{grpo_name} (paired per {unit}, {grpo_vs_sft.paired_examples} {unit}s): "
+            f"{format_estimate(grpo_vs_sft.difference, '+')}\n\n",
+            f"{grpo_name} in each rubric metric (paired per {unit}):\n\n",
+            "| metric | difference [95% CI] |\n| --- | --- |\n",
+            *(f"| `{key}` | {format_estimate(e, '+')} |\n" for key, e in part_differences.items()),
+        ]
     )
     atomic_write_text(out / "report.md", markdown)
     atomic_write_text(out / "report.json", report_json(report))
@@ -267,7 +283,7 @@ def stage_report(out: Path, bars: dict[str, str | None], unit: str) -> StageRepo
     }
     differences = {f"{c.name} - {c.baseline}": c.difference for c in report.comparisons}
     differences[grpo_name] = grpo_vs_sft.difference
-    return StageReport(stages, differences, grpo_vs_sft.difference, markdown)
+    return StageReport(stages, differences, grpo_vs_sft.difference, part_differences, markdown)
 
 
 def plot_stages(report: StageReport, out: Path, ylabel: str, title: str) -> Path:

@@ -119,7 +119,7 @@ def summarise(out: Path, times: dict[str, float], args: argparse.Namespace) -> d
     from rlvr.eval.report import metric_estimate
     from rlvr.eval.vf_eval import load_run
 
-    report = stage_report(out, BARS, "question")
+    report = stage_report(out, BARS, "question", parts=("tool_errors", "searches"))
     plot_stages(
         report,
         out / "stages.png",

@@ -92,13 +92,15 @@ def metric_estimate(run: Run, key: str) -> Estimate:
     """The mean of the rubric metric `key` over the run's rollouts, with its 95% CI clustered by
     example (as the reward's); rollouts that did not log it are left out. ResultsError when
     none did."""
-    clusters = [
-        [float(r.row["metrics"][key]) for r in rollouts if key in (r.row.get("metrics") or {})]
-        for rollouts in run.by_example().values()
-    ]
+    clusters = [_metric_values(rollouts, key) for rollouts in run.by_example().values()]
     if not any(clusters):
         raise ResultsError(f"{run.results}: no rollout logged the metric {key!r}")
     return clustered_mean(clusters)
+
+
+def _metric_values(rollouts: list[Rollout], key: str) -> list[float]:
+    """The rubric metric `key` of each rollout that logged it."""
+    return [float(r.row["metrics"][key]) for r in rollouts if key in (r.row.get("metrics") or {})]
 
 
 def paired_correct(rows: list[dict[str, Any]]) -> float | None:
@@ -182,18 +184,44 @@ class Comparison:
     difference: Estimate
 
 
-def compare(baseline: Run, run: Run) -> Comparison:
-    """Pair `run` with `baseline` by example id; ResultsError when they share none."""
+def _paired(baseline: Run, run: Run) -> list[tuple[list[Rollout], list[Rollout]]]:
+    """The two runs' rollouts of each example id present in both; ResultsError when none is."""
     base, other = baseline.by_example(), run.by_example()
-    shared = [example for example in base if example in other]
+    shared = [(base[example], other[example]) for example in base if example in other]
     if not shared:
         raise ResultsError(f"runs {baseline.name} and {run.name} share no example ids")
+    return shared
+
+
+def compare(baseline: Run, run: Run) -> Comparison:
+    """Pair `run` with `baseline` by example id; ResultsError when they share none."""
+    shared = _paired(baseline, run)
     diffs = [
-        fmean(r.reward for r in other[example]) - fmean(r.reward for r in base[example])
-        for example in shared
+        fmean(r.reward for r in after) - fmean(r.reward for r in before) for before, after in shared
     ]
-    differ = sum(base[e][0].row.get("prompt") != other[e][0].row.get("prompt") for e in shared)
+    differ = sum(
+        before[0].row.get("prompt") != after[0].row.get("prompt") for before, after in shared
+    )
     return Comparison(run.name, baseline.name, len(shared), differ, mean_with_ci(diffs))
+
+
+def metric_difference(baseline: Run, run: Run, key: str) -> Estimate:
+    """`run` minus `baseline` in the rubric metric `key`, paired by example as `compare` pairs the
+    reward: which parts of a reward a training run moved. Examples where either run logged no
+    `key` are left out; ResultsError when no example is left."""
+
+    def mean(rollouts: list[Rollout]) -> float | None:
+        values = _metric_values(rollouts, key)
+        return fmean(values) if values else None
+
+    diffs = [
+        after - before
+        for before, after in ((mean(a), mean(b)) for a, b in _paired(baseline, run))
+        if after is not None and before is not None
+    ]
+    if not diffs:
+        raise ResultsError(f"runs {baseline.name} and {run.name} share no example logging {key!r}")
+    return mean_with_ci(diffs)
 
 
 # ---- the report ------------------------------------------------------------------------------

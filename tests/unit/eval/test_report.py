@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 
 from rlvr.data.export import export_chat_jsonl
-from rlvr.eval.report import build_report, metric_estimate, render_markdown, summarize
+from rlvr.eval.report import (
+    build_report,
+    metric_difference,
+    metric_estimate,
+    render_markdown,
+    summarize,
+)
 from rlvr.eval.stats import clustered_mean, mean_with_ci
 from rlvr.eval.vf_eval import ResultsError, load_run
 from rlvr.pass_at_k import k_values, pass_at_k
@@ -339,6 +345,30 @@ def test_metric_estimate_is_clustered_by_example_like_the_reward(tmp_path: Path)
     assert metric_estimate(run, "num_turns") == clustered_mean([[1.0, 1.0]] * 3)
     with pytest.raises(ResultsError, match="no rollout logged the metric 'win'"):
         metric_estimate(run, "win")
+
+
+def test_metric_difference_pairs_a_reward_part_by_example(tmp_path: Path):
+    def with_searches(rewards: dict[int, list[float]], searches: dict[int, float], name: str):
+        rows = rows_of(rewards)
+        for row in rows:  # an example without an entry never logs the part
+            if row["example_id"] in searches:
+                row["metrics"]["searches"] = searches[row["example_id"]]
+        return load_run(write_run(tmp_path / name, rows), name)
+
+    base = with_searches({0: [1, 0], 1: [0, 0], 2: [1, 1], 3: [0, 0]}, {0: 0, 1: 1, 2: 1}, "base")
+    trained = with_searches({0: [1, 1], 1: [1, 0], 2: [1, 1], 4: [0, 0]}, {0: 2, 1: 2}, "trained")
+    # `correct` is 1 where the reward is: the same pairing as the reward's (shared 0, 1, 2)
+    correct = metric_difference(base, trained, "correct")
+    assert correct == build_report([base, trained]).comparisons[0].difference
+    assert correct.n == 3 and correct.mean == pytest.approx(1 / 3)
+    # `searches`: example 2 is left out (not logged by `trained`), not read as 0: +2, +1
+    searches = metric_difference(base, trained, "searches")
+    assert searches.n == 2 and searches.mean == pytest.approx(1.5)
+    assert searches.low == pytest.approx(1.5 - T1 * 0.5)
+    with pytest.raises(ResultsError, match="share no example logging 'win'"):
+        metric_difference(base, trained, "win")
+    with pytest.raises(ResultsError, match="share no example ids"):
+        metric_difference(base, run_of(tmp_path, {7: [1]}, "other"), "correct")
 
 
 def test_export_keeps_exactly_the_clean_rollouts_at_the_bar(tmp_path: Path):
