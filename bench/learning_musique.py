@@ -20,9 +20,10 @@ bench/learning_openspiel.py:
    learn_musique_smollm2_cpu.yaml, `lora.resume_from` the adapter, the environment's reward),
    then evaluates its last push.
 5. Writes the evaluation report (each stage's mean reward with a 95% CI clustered by question,
-   paired differences against the base and GRPO against SFT), the reward's parts per stage
-   (exact match, F1, citation F1, retrieval recall, accepted submissions, tool errors), the
-   training curves and a PNG of the reward and its parts per stage.
+   paired differences against the base, and GRPO against SFT in the reward, each of its parts,
+   tool errors and searches), the reward's parts per stage (exact match, F1, citation F1,
+   retrieval recall, accepted submissions, tool errors), the training curves and a PNG of the
+   reward and its parts per stage.
 
 Everything lands in --out (default outputs/learn-musique); the summary also goes to
 bench/results/learning_musique.json. Trailing dotted overrides go to the GRPO trainer,

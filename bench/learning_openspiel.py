@@ -21,8 +21,9 @@ GRPO alone has nothing to learn from; the recipe is the field's warm start:
    evaluates the served final policy on whole games, as the earlier stages.
 6. Writes, per evaluation set, the evaluation report (rlvr.eval.report: each stage's mean
    outcome reward with a 95% CI clustered by game; paired per-game differences SFT - base and
-   GRPO - SFT) and a PNG of the outcome reward, legal-move rate and win/draw/loss per stage;
-   and the training curves (SFT loss; GRPO reward, win and legal-move rates, step time).
+   GRPO - SFT, the latter also in legal-move rate, win, draw and loss) and a PNG of the
+   outcome reward, legal-move rate and win/draw/loss per stage; and the training curves (SFT
+   loss; GRPO reward, win and legal-move rates, step time).
 
 Everything lands in --out (default outputs/learn-openspiel): the held-out set's evaluations in
 eval/<stage>/ and its report in report.md, as before, the opening set's under opening/; the
