@@ -33,8 +33,12 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
    issue's shapes (prompt tokens, group size, completion tokens): (a) 1,000 / 8 / 128,
    (b) 470 / 8 / 90, (c) 150 / 8 / 128, (d) 60 / 8 / 256, all folded whatever
    `MIN_SHARED_FRACTION` and `MIN_SAVED_FRACTION` say, so that the numbers can set them.
-   Seconds per step, the process's peak resident memory above its level before the pass (RSS:
-   only the first pass of a process is exact, later ones reuse freed memory), tokens forwarded.
+   Micro-batches as the trainer bounds them by default (`batch.micro_batch_tokens` 4,096, no
+   row cap), or at most `--prefix-micro-batch-size` rows; a folded micro-batch may hold no
+   more than the unshared layout's largest, so a row cap also caps the tree (at 4 rows, (c)'s
+   group of 8 folds into two trees, each placing the prompt).
+   Seconds per step, the process's peak resident memory above its level before the pass (RSS,
+   measured from after the C heap returned its free pages), tokens forwarded.
    Prints `prefix_sharing_speedup=` (a) and `prefix_sharing_speedup_<shape>=` for each shape
    (unshared / split), with the dense baseline's speedup and each layout's peak beside it.
 5. End to end (`bench/step_e2e.py`). Real runs of scripts/train.py against one vf-vllm with
@@ -44,7 +48,7 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
 
 Run:  .venv/bin/python bench/train_step.py [--steps 4] [--batch-size 16] [--max-tokens 128]
           [--layouts-max-tokens 512] [--parts layouts overlap sync prefix]
-          [--prefix-shapes a b c d] [--prefix-repeats 2]
+          [--prefix-shapes a b c d] [--prefix-repeats 2] [--prefix-micro-batch-size N]
           [--e2e-shapes gsm8k-b8 gsm8k-b64 musique tic-tac-toe] [--e2e-steps 2]
 """
 
@@ -52,6 +56,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
+import gc
 import json
 import logging
 import os
@@ -204,7 +211,7 @@ def overlap_run(base_url: str, args: argparse.Namespace, name: str, out: Path, *
         "completion_tokens_per_step": tokens / len(steady),
         "pipeline_tokens_per_s": tokens / wall,
         "padded_frac": statistics.fmean(h["throughput/padded_frac"] for h in steady),
-        "mismatch_kl_max": max(h["mismatch_kl"] for h in steady),
+        "mismatch_kl_max": max(h.get("mismatch_kl", 0.0) for h in steady),
         "reward_per_step": [h["reward/mean"] for h in history],
     }
 
@@ -290,9 +297,13 @@ PREFIX_LAYOUTS = ("unshared", "split", "dense")
 
 class PeakRSS:
     """The process's peak resident memory above its level at entry, sampled every 5 ms (a
-    CPU has no allocator statistics to reset between the passes being compared)."""
+    CPU has no allocator statistics to reset between the passes being compared). At entry the
+    C heap gives its free pages back (`malloc_trim`), so that a pass reusing memory an earlier
+    one freed still shows what it needs."""
 
     def __enter__(self) -> PeakRSS:
+        gc.collect()
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
         self.base = self.peak = self._rss()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -329,7 +340,7 @@ def prefix_trainer(args: argparse.Namespace, out: Path):
             "model.name=smollm2-135m",
             "wandb.mode=disabled",
             "model.gradient_checkpointing=true",
-            f"batch.micro_batch_size={args.micro_batch_size}",
+            f"batch.micro_batch_size={args.prefix_micro_batch_size or 'null'}",
             "batch.max_seq_len=4096",
             f"output_dir={out}",
         ]
@@ -339,7 +350,7 @@ def prefix_trainer(args: argparse.Namespace, out: Path):
     trainer.ds, trainer.rank, trainer.world = False, 0, 1
     trainer._load_policy()
     trainer.opt = Optimization(
-        trainer.accelerator, trainer.model, cfg.optim, 1, cfg.batch.micro_batch_size
+        trainer.accelerator, trainer.model, cfg.optim, 1, cfg.batch.micro_batch_size or 1
     )
     trainer.model = trainer.opt.model
     return trainer
@@ -553,6 +564,12 @@ def main() -> None:
         choices=[shape[0][0] for shape in PREFIX_SHAPES],
         default=[shape[0][0] for shape in PREFIX_SHAPES],
         help="prefix part: which of the shapes (a) to (d) to time",
+    )
+    parser.add_argument(
+        "--prefix-micro-batch-size",
+        type=int,
+        default=None,
+        help="prefix part: most rows a micro-batch (default: only micro_batch_tokens bounds)",
     )
     parser.add_argument(
         "--prefix-repeats",

@@ -112,7 +112,8 @@ class Trained:
     """What one step's forward/backward measured, over all ranks."""
 
     stats: dict[str, float]
-    """Every statistic of `rlvr.trainer.loss.STATS`, by its logged name."""
+    """The statistics of `rlvr.trainer.loss.STATS` the step measured, by their logged names
+    (see `rlvr.trainer.loss.summarise`)."""
     forwarded: float
     """Token positions the forward passes computed (a shared prefix counts once)."""
     slots: float
@@ -484,7 +485,7 @@ class Trainer:
 
     def _report(self, step: int, metrics: dict[str, float], table: list[dict[str, Any]]) -> None:
         logger = self.logger
-        kl, lag = metrics["mismatch_kl"], metrics["rollouts/policy_lag"]
+        kl, lag = metrics.get("mismatch_kl", 0.0), metrics["rollouts/policy_lag"]
         if kl > self.cfg.logging.mismatch_kl_warn and lag == 0:
             # Only a batch sampled by the weights it trains measures what the sampler and the
             # trainer disagree on; with lag it also measures how far the policy moved since,

@@ -54,27 +54,30 @@ class Reduce(enum.Enum):
 
 @dataclass(frozen=True)
 class Stat:
-    """A logged statistic's reduction, and the value it logs when no token had loss."""
+    """A logged statistic's reduction, and what a step logs when no token had loss: `empty`,
+    or nothing when None (a step that trains nothing measured no entropy or mismatch-KL; a 0
+    there would plot as a real point)."""
 
     reduce: Reduce
-    empty: float = 0.0
+    empty: float | None = None
 
 
 STATS: dict[str, Stat] = {
-    "loss/total": Stat(Reduce.TOKEN_MEAN),
-    "loss/pg": Stat(Reduce.TOKEN_MEAN),
-    "loss/kl_ref": Stat(Reduce.TOKEN_MEAN),
+    "loss/total": Stat(Reduce.TOKEN_MEAN, empty=0.0),
+    "loss/pg": Stat(Reduce.TOKEN_MEAN, empty=0.0),
+    "loss/kl_ref": Stat(Reduce.TOKEN_MEAN, empty=0.0),
     "entropy": Stat(Reduce.TOKEN_MEAN),
-    "ratio/mean": Stat(Reduce.TOKEN_MEAN, empty=1.0),
-    "ratio/min": Stat(Reduce.MIN, empty=1.0),
-    "ratio/max": Stat(Reduce.MAX, empty=1.0),
+    "ratio/mean": Stat(Reduce.TOKEN_MEAN),
+    "ratio/min": Stat(Reduce.MIN),
+    "ratio/max": Stat(Reduce.MAX),
     "ratio/masked_frac": Stat(Reduce.TOKEN_MEAN),
     "ratio/clipped_frac": Stat(Reduce.TOKEN_MEAN),
     "mismatch_kl": Stat(Reduce.TOKEN_MEAN),
 }
 """Every statistic a GRPO step logs from its loss, by its logged name. A micro-batch reports
 token-mean statistics as sums over its loss tokens (`StepStats` divides once per step) and
-extremes as +-inf when it has no loss token."""
+extremes as +-inf when it has no loss token. Only the losses are logged (as 0) by a step
+without loss tokens: it adds no loss."""
 
 
 @dataclass
@@ -262,16 +265,20 @@ def merge_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 
 def summarise(raw: dict[str, float]) -> dict[str, float]:
-    """Every statistic of `STATS` as logged: token means divided by the step's loss tokens,
-    extremes as they are, `Stat.empty` where no token had loss."""
+    """The statistics of `STATS` as logged: token means divided by the step's loss tokens,
+    extremes as they are; where no token had loss, `Stat.empty`, or nothing."""
     tokens = raw.get("tokens", 0.0)
     out: dict[str, float] = {}
     for name, stat in STATS.items():
         value = raw.get(name)
-        if value is None or math.isinf(value):
-            out[name] = stat.empty
+        measured = value is not None and not math.isinf(value)
+        if stat.reduce is Reduce.TOKEN_MEAN and measured:
+            measured = tokens > 0
+        if not measured:
+            if stat.empty is not None:
+                out[name] = stat.empty
         elif stat.reduce is Reduce.TOKEN_MEAN:
-            out[name] = value / max(tokens, 1.0)
+            out[name] = value / tokens
         else:
             out[name] = value
     return out
