@@ -44,6 +44,14 @@ def trainer_logprobs(model, token_ids: list[int]) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, torch.tensor(token_ids[1:])[:, None])[:, 0]
 
 
+def measured(history: list[dict], key: str) -> list[float]:
+    """`key` of the steps that logged it, at least one: a step whose groups all scored alike
+    trains nothing and measures no mismatch-KL, entropy or ratio (`rlvr.trainer.loss`)."""
+    values = [h[key] for h in history if key in h]
+    assert values, f"none of {len(history)} steps measured {key}: none had signal"
+    return values
+
+
 def target_id(model_dir) -> int:
     return AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("42")
 

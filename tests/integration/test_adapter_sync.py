@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import config, restore_base_weights, server_logprobs, target_id, trainer_logprobs
+from support import (
+    config,
+    measured,
+    restore_base_weights,
+    server_logprobs,
+    target_id,
+    trainer_logprobs,
+)
 from toy_env import target_share_env
 
 from rlvr.config import ConfigError, LoraConfig
@@ -135,7 +142,7 @@ def test_adapter_sync_grpo_raises_reward(smollm2_server, tmp_path):
     rewards = [h["reward/mean"] for h in history]
     print(f"capitalised-token share per step (adapter sync): {[round(r, 3) for r in rewards]}")
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
-    kls = [h["mismatch_kl"] for h in history]
+    kls = measured(history, "mismatch_kl")
     assert max(kls) < 1e-3, kls  # base + adapter in vLLM vs the PEFT forward, every push
     assert all(h["time/weight_push"] > 0 for h in history)
 

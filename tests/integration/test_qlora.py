@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import config, restore_base_weights, target_id
+from support import config, measured, restore_base_weights, target_id
 from toy_env import target_share_env
 from transformers import AutoTokenizer
 
@@ -87,9 +87,9 @@ def test_qlora_trains_on_cpu(restored, quantization, extra, tmp_path, capsys):
     assert ("pushed the dequantized" in printed) == (way == "adapter")
     assert len(history) == 2
     for h in history:
-        for key in ("reward/mean", "loss/total", "grad_norm", "mismatch_kl", "push/probe_kl"):
+        for key in ("reward/mean", "loss/total", "grad_norm", "push/probe_kl"):
             assert math.isfinite(h[key]), (key, h)
-        assert h["mismatch_kl"] < 1e-3, h["mismatch_kl"]
+    assert all(kl < 1e-3 for kl in measured(history, "mismatch_kl"))
     assert lora_b_norm(out / "final") > 0  # the adapter moved from its zero start
     assert (out / "final" / "base_quantization.json").is_file()
 

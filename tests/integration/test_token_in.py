@@ -98,9 +98,10 @@ def test_token_in_trains_the_ids_the_server_saw(tiny_server, tmp_path):
     from rlvr.trainer.grpo import Trainer
 
     env = tool_answers_env(target_id(tiny_server.model_dir), turns=TURNS)
-    cfg = config(
-        tiny_server, tmp_path, "max_steps=1", "batch.batch_size=8", "rollouts.token_in=true"
-    )
+    # beta > 0: the step runs its forward whatever the rewards (one group of the tiny model
+    # often scores all alike, and a step without signal trains and measures nothing)
+    extra = ("max_steps=1", "batch.batch_size=8", "rollouts.token_in=true", "loss.beta=0.01")
+    cfg = config(tiny_server, tmp_path, *extra)
     cfg.sampling.extra_body["chat_template"] = think_stripping_template()
     (step,) = Trainer(cfg, env=env).run()
     assert step["rollouts/turns"] == TURNS
