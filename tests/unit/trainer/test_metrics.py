@@ -11,7 +11,8 @@ from rlvr.trainer.metrics import distribution, metric_means, step_line
 
 def test_a_step_line_shows_the_reward_the_environments_metrics_kl_and_time():
     """Without a progress bar (log files, `make demo`) each GRPO step is one readable line;
-    the environment's metrics say what the reward is made of."""
+    the environment's metrics say what the reward is made of, and a step that trained nothing
+    says so where its mismatch-KL would be."""
     metrics = {
         "reward/mean": 0.234375,
         "env/has_boxed": 0.921875,
@@ -26,6 +27,8 @@ def test_a_step_line_shows_the_reward_the_environments_metrics_kl_and_time():
     )
     bare = {"reward/mean": 0.0, "mismatch_kl": 0.0, "time/step": 2.0}
     assert step_line(1, 1, bare) == "step 1/1 | reward 0.000 | mismatch-KL 0 | 2.0 s"
+    flat = {"reward/mean": 0.0, "time/step": 2.0}
+    assert step_line(2, 2, flat) == "step 2/2 | reward 0.000 | nothing trained | 2.0 s"
 
 
 def test_metric_reduction_leaves_out_what_is_not_a_finite_number():
