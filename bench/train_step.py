@@ -211,7 +211,9 @@ def overlap_run(base_url: str, args: argparse.Namespace, name: str, out: Path, *
         "completion_tokens_per_step": tokens / len(steady),
         "pipeline_tokens_per_s": tokens / wall,
         "padded_frac": statistics.fmean(h["throughput/padded_frac"] for h in steady),
-        "mismatch_kl_max": max(h.get("mismatch_kl", 0.0) for h in steady),
+        "mismatch_kl_max": max(  # null when no step trained: a step without signal measures none
+            (h["mismatch_kl"] for h in steady if "mismatch_kl" in h), default=None
+        ),
         "reward_per_step": [h["reward/mean"] for h in history],
     }
 
