@@ -180,6 +180,10 @@ class StepBatch:
     """Rows the difficulty curriculum passed over (`rlvr.rollouts.curriculum`)."""
     curriculum_state: dict[int, float] | None = None
     """The curriculum's pass-rate estimates once this batch was generated (None: off)."""
+    retried_groups: int = 0
+    """Groups run again from the start because their server failed under them."""
+    servers: dict[str, float] = field(default_factory=dict)
+    """Per-server metrics of its generation (`servers/<i>/*`, `rlvr.rollouts.servers`)."""
 
     @property
     def newest_policy_version(self) -> int:

@@ -72,6 +72,10 @@ class ScriptedClient(Client):
     def setup_client(self, config: object) -> None:
         return None
 
+    def with_attempt(self, attempt: object) -> ScriptedClient:
+        """Itself: a scripted reply never fails as a server does (`rlvr.rollouts.router`)."""
+        return self
+
     async def to_native_tool(self, tool: vf.Tool) -> vf.Tool:
         return tool
 

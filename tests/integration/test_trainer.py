@@ -279,11 +279,12 @@ def test_multi_turn_requests_use_a_distinct_seed_per_turn(tiny_server, tmp_path)
     runs = []
     for _ in range(2):
         with recording_proxy(tiny_server) as (url, requests):
+            cfg.server.base_url = url
             worker = RolloutWorker(
                 env,
                 env.get_dataset(),
                 cfg,
-                lambda url=url: make_client(url, None, 300, 64),
+                lambda url: make_client(url, None, 300, 64),
                 served_name=lambda v: tiny_server.model,
             ).start()
             try:

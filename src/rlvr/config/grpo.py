@@ -20,6 +20,9 @@ from rlvr.config.sections import (
     check_quantized_base,
 )
 
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+"""The server a run talks to when the config names none (vf-vllm's default port)."""
+
 
 @dataclass
 class EnvConfig:
@@ -271,7 +274,12 @@ class LoggingConfig:
 class ServerConfig:
     """`server.*`: the vf-vllm server, and how weights reach it."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"
+    base_url: str | None = None
+    """The one vf-vllm (None: `DEFAULT_BASE_URL`). Several servers: `base_urls` instead."""
+    base_urls: list[str] = field(default_factory=list)
+    """Several vf-vllm servers serving the same model (docs/scaling.md#several-inference-
+    servers): each group of rollouts goes to one of them, every weight version to all of them,
+    and the run goes on while at least one answers. Set this or `base_url`, not both."""
     api_key: str | None = None
     served_model: str | None = None
     """The name vf-vllm serves the model under (default: model.name, as vf-vllm does)."""
@@ -280,7 +288,8 @@ class ServerConfig:
     (CPU server on this host), gloo (CPU server elsewhere). auto: nccl when the trainer has
     CUDA, else shm for a local server, else gloo."""
     timeout_s: float = 600.0
-    """Per-request timeout for generation and control calls."""
+    """Per-request timeout for generation and control calls: a server that does not answer a
+    request within it is taken out of rotation (with several servers) or fails the run."""
     transfer_host: str | None = None
     """Address of the trainer's first node that vf-vllm's workers connect to for the gloo or
     nccl weight transfer. None: this machine's address on its route to the server (loopback
@@ -319,6 +328,48 @@ class ServerConfig:
     judges whether the server made the trainer's move (see rlvr.weight_sync.probe). None:
     measured at the initial push. Raise it for a server whose kernels are nondeterministic
     beyond what the initial push shows."""
+
+    @property
+    def urls(self) -> list[str]:
+        """Every server of the run, in the order their metrics are numbered (`servers/<i>/*`)."""
+        return list(self.base_urls) or [self.base_url or DEFAULT_BASE_URL]
+
+    def validate(self) -> None:
+        require(
+            not (self.base_url and self.base_urls),
+            "server.base_url/base_urls",
+            (self.base_url, self.base_urls),
+            "set one of the two: base_url for one server, base_urls for several",
+        )
+        for i, url in enumerate(self.urls):
+            require(
+                url.startswith(("http://", "https://")),
+                f"server.base_urls[{i}]" if self.base_urls else "server.base_url",
+                url,
+                "must be an http(s) URL such as http://127.0.0.1:8000/v1",
+            )
+        roots = [url.rstrip("/").removesuffix("/v1") for url in self.urls]
+        require(
+            len(set(roots)) == len(roots),
+            "server.base_urls",
+            self.base_urls,
+            "lists a server twice",
+        )
+        require(self.timeout_s > 0, "server.timeout_s", self.timeout_s)
+        require(self.transfer_timeout_s > 0, "server.transfer_timeout_s", self.transfer_timeout_s)
+        require(
+            self.probe_kl_max is None or self.probe_kl_max > 0,
+            "server.probe_kl_max",
+            self.probe_kl_max,
+        )
+        noise = self.probe_noise
+        require(noise is None or 0 < noise < float("inf"), "server.probe_noise", noise)
+        require(
+            0 <= self.transfer_port < 65536,
+            "server.transfer_port",
+            self.transfer_port,
+            "must be a port number (0: any free port)",
+        )
 
 
 @dataclass
@@ -392,21 +443,7 @@ class Config:
         )
         self._check_sampling_filters()
         self._check_mixture()
-        require(
-            self.server.transfer_timeout_s > 0,
-            "server.transfer_timeout_s",
-            self.server.transfer_timeout_s,
-        )
-        probe_max = self.server.probe_kl_max
-        require(probe_max is None or probe_max > 0, "server.probe_kl_max", probe_max)
-        noise = self.server.probe_noise
-        require(noise is None or 0 < noise < float("inf"), "server.probe_noise", noise)
-        require(
-            0 <= self.server.transfer_port < 65536,
-            "server.transfer_port",
-            self.server.transfer_port,
-            "must be a port number (0: any free port)",
-        )
+        self.server.validate()
         self.distributed.validate()
         low, high = self.loss.ratio_mask_low, self.loss.ratio_mask_high
         require(

@@ -28,6 +28,7 @@ request's `chat_template`/`chat_template_kwargs` is honoured.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from typing import Any
 
@@ -36,6 +37,7 @@ from verifiers.clients import OpenAIChatCompletionsClient
 
 from rlvr.config import RolloutsConfig
 from rlvr.rollouts.request_args import check_reproducible, turn_seed
+from rlvr.rollouts.router import is_server_failure
 from rlvr.rollouts.to_samples import MissingTokensError
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,9 @@ class RolloutClient(OpenAIChatCompletionsClient):
     """verifiers' chat client with per-turn seeds; with `training`, every request is checked
     for sampling the trainer cannot reproduce (SamplingFilterError), including a temperature
     other than `temperature` (the one the trainer divides by) however the request got it.
-    With `rollouts.token_in`, later turns are sent as token ids (see the module docstring)."""
+    With `rollouts.token_in`, later turns are sent as token ids (see the module docstring).
+    With an `attempt` (`with_attempt`), every request and every failure of the server itself
+    is reported to it (`rlvr.rollouts.router.Attempt`)."""
 
     def __init__(
         self,
@@ -111,9 +115,28 @@ class RolloutClient(OpenAIChatCompletionsClient):
         self.temperature = temperature
         self.rollouts = rollouts or RolloutsConfig()
         self._marker: list[int] | None = None
+        self.attempt: Any = None
+
+    def with_attempt(self, attempt: Any) -> RolloutClient:
+        """This client (same connection pool) reporting to `attempt`."""
+        other = copy.copy(self)
+        other.attempt = attempt
+        return other
 
     async def get_response(
         self, prompt: Any, model: str, sampling_args: dict[str, Any], tools: Any = None, **kwargs
+    ) -> Any:
+        if self.attempt is not None:
+            self.attempt.requested()
+        try:
+            return await self._respond(prompt, model, sampling_args, tools, **kwargs)
+        except Exception as e:
+            if self.attempt is not None and is_server_failure(e):
+                self.attempt.failed(e)
+            raise
+
+    async def _respond(
+        self, prompt: Any, model: str, sampling_args: dict[str, Any], tools: Any, **kwargs
     ) -> Any:
         if self.training:
             check_reproducible(sampling_args, "a rollout request", self.temperature)

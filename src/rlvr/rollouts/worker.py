@@ -6,7 +6,8 @@ batch; and which prompts a batch takes: in order, past prompts too long to train
 difficulty curriculum sets aside (`rlvr.rollouts.curriculum`), with groups without signal
 replaced under dynamic sampling (`batch.dynamic_sampling`).
 
-The client is `rlvr.rollouts.client`, each request's sampling arguments
+Each group runs on one of the run's servers, chosen and retried by `rlvr.rollouts.router`. The
+client is `rlvr.rollouts.client`, each request's sampling arguments
 `rlvr.rollouts.request_args`; how a finished rollout becomes token samples with loss masks is
 `rlvr.rollouts.to_samples`. One prompt's group of rollouts is `rlvr.rollouts.groups`; which rows
 become prompts, `rlvr.rollouts.prompts`; a mixture of environments, `rlvr.rollouts.mixture`.
@@ -40,6 +41,8 @@ from rlvr.rollouts.mixture import (
 )
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import build_sampling_args, request_seed
+from rlvr.rollouts.router import Attempt, Router
+from rlvr.rollouts.servers import ServerPool
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +244,7 @@ class RolloutWorker:
         env: Any,
         dataset: Any,
         config: Config,
-        client_factory: Callable[[], Any],
+        client_factory: Callable[[str], Any],
         start_step: int = 0,
         version: int = 0,
         data_position: int = 0,
@@ -249,11 +252,15 @@ class RolloutWorker:
         preloaded: list[StepBatch] | None = None,
         curriculum_state: dict[int, float] | None = None,
         served_name: Callable[[int], str] | None = None,
+        pool: ServerPool | None = None,
     ):
         self.env = env
         self.dataset = dataset
         self.cfg = config
         self.client_factory = client_factory
+        """A rollout client (`rlvr.rollouts.client.RolloutClient`) on the server at a URL."""
+        self.pool = pool or ServerPool(config.server.urls)
+        self.router = Router(self.pool)
         self.served_name = served_name or (lambda version: config.served_model)
         """The model name that serves weight version v to rollouts: one name whatever the
         version (merged pushes), or that version's adapter (`rlvr.weight_sync.base`)."""
@@ -276,7 +283,7 @@ class RolloutWorker:
         self._preloaded = {b.step: b for b in preloaded or []}
         self._loop = asyncio.new_event_loop()
         self._version_event: asyncio.Event | None = None
-        self._client: Any = None
+        self._clients: dict[int, Any] = {}
         self._task: asyncio.Task | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollout-worker", daemon=True)
@@ -362,7 +369,7 @@ class RolloutWorker:
 
     async def _main(self) -> None:
         self._version_event = asyncio.Event()
-        self._client = self.client_factory()
+        self._clients = {s.index: self.client_factory(s.url) for s in self.pool.servers}
         self._task = asyncio.current_task()
         self._ready.set()
         try:
@@ -386,7 +393,8 @@ class RolloutWorker:
             log.exception("rollout worker failed")
             self._batches.fail(e)
         finally:
-            await self._client.close()
+            for client in self._clients.values():
+                await client.close()
 
     async def _wait_for_version(self, needed: int) -> None:
         assert self._version_event is not None
@@ -411,24 +419,29 @@ class RolloutWorker:
     async def _run_groups(
         self, rows: list[Routed], step: int, first_position: int, group_size: int, version: int
     ) -> list[GroupResult]:
-        """Generate and score the groups of `rows`, each in its environment, every request
-        through the model name that serves weight `version`."""
+        """Generate and score the groups of `rows`, each in its environment and on one server,
+        every request through the model name that serves weight `version` there."""
         limit = self.cfg.batch.max_concurrent
         semaphore = asyncio.Semaphore(limit if limit > 0 else len(rows) or 1)
 
         async def one(i: int, routed: Routed) -> GroupResult:
             position = first_position + i
             args = [self._sampling_args(routed, step, position, r) for r in range(group_size)]
-            async with semaphore:
-                group = await run_group(
+
+            def on_server(attempt: Attempt) -> Any:
+                server = attempt.server
+                return run_group(
                     routed.env,
-                    self._client,
-                    self.served_name(version),
+                    self._clients[server.index].with_attempt(attempt),
+                    self.served_name(max(version, server.since)),
                     routed.row,
                     args,
                     self.cfg.batch.max_seq_len,
                     self.cfg.batch.mask_truncated,
                 )
+
+            async with semaphore:
+                group = await self.router.run(version, on_server)
             return replace(group, env=routed.name, reply_cap=args[0]["max_tokens"])
 
         return list(await asyncio.gather(*(one(i, routed) for i, routed in enumerate(rows))))
@@ -468,6 +481,7 @@ class RolloutWorker:
         (refills included: the whole batch is generated by one policy)."""
         prompts = self._next_prompts(self.cfg.examples_per_step)
         began = time.perf_counter()
+        counters, retried = self.pool.counters(), self.router.retried_groups
         group_size = self.cfg.batch.rollouts_per_example
         groups = await self._run_prompts(prompts, step, group_size, version)
         self._observe(groups)
@@ -478,12 +492,13 @@ class RolloutWorker:
         newest = self.clock.pushing
         if self.served_name(newest) != self.served_name(version):
             newest = version  # only a push under the same name serves the batch's later requests
+        seconds = time.perf_counter() - began
         return StepBatch(
             step,
             groups,
             data_position=self.position,
             skipped_prompts=prompts.too_long + refill.too_long,
-            generate_s=time.perf_counter() - began,
+            generate_s=seconds,
             min_policy_version=version,
             errors=errors,
             max_policy_version=newest,
@@ -491,6 +506,8 @@ class RolloutWorker:
             zero_signal_groups=refill.zero_signal,
             set_aside_prompts=prompts.set_aside + refill.set_aside,
             curriculum_state=None if self.curriculum is None else self.curriculum.snapshot(),
+            retried_groups=self.router.retried_groups - retried,
+            servers=self.pool.metrics(counters, seconds),
         )
 
     def _observe(self, groups: list[GroupResult]) -> None:

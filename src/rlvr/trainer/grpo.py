@@ -8,9 +8,10 @@ One step (`Trainer.train_step`):
   2. each rank trains on its shard in micro-batches; the loss is normalised by the step's
      global loss-token count, and every rank runs the same number of micro-batches;
   3. one optimizer step (clipped), one scheduler step;
-  4. publish the new weights as version step+1: push them into vf-vllm
-     (`rlvr.weight_sync.base.WeightPush`), probe that the server serves them
-     (`rlvr.weight_sync.probe`), and move the rollout worker's version clock;
+  4. publish the new weights as version step+1: push them into every vf-vllm
+     (`rlvr.weight_sync.fleet.FleetPush`), probe that each serves them
+     (`rlvr.weight_sync.probe`; a server that does not is taken out of rotation), and move
+     the rollout worker's version clock;
   5. log; the run loop (`rlvr.trainer.cadence.run_steps`) evaluates and checkpoints.
 
 The module is the loop a reader follows top to bottom, set-up to close; the parts it is built
@@ -60,7 +61,8 @@ from rlvr.trainer.optimizer import Optimization, make_accelerator
 from rlvr.trainer.prefix_tree import plan_micro_batches, tree_attention
 from rlvr.trainer.train_batch import build_train_batch
 from rlvr.weight_sync.connect import connect
-from rlvr.weight_sync.probe import served_logprobs, trainer_logprobs
+from rlvr.weight_sync.control import ServerError
+from rlvr.weight_sync.probe import WeightsNotServedError, served_logprobs, trainer_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +132,26 @@ class Trained:
 
 @dataclass
 class Pushed:
-    """A step's weight push: the seconds it took and what its probe measured (`push/probe_*`;
-    empty when the step did not push or nothing was probed)."""
+    """A step's weight push: the seconds it took and what it measured per server
+    (`push/<i>/seconds`, `push/<i>/probe_*`; `push/probe_*` is the server with the largest
+    probe_kl); empty when the step did not push or nothing was probed."""
 
     seconds: float = 0.0
     probe: dict[str, float] = field(default_factory=dict)
+
+
+def probe_metrics(checked: dict[int, dict[str, float]]) -> dict[str, float]:
+    """Each server's probe metrics under `push/<i>/`, and those of the server with the
+    largest `push/probe_kl` unprefixed (the worst, for one curve whatever the count)."""
+    out = {
+        key.replace("push/", f"push/{i}/", 1): value
+        for i, metrics in checked.items()
+        for key, value in metrics.items()
+    }
+    if checked:
+        worst = max(checked.values(), key=lambda m: m.get("push/probe_kl", 0.0))
+        out.update(worst)
+    return out
 
 
 class Trainer:
@@ -202,9 +219,10 @@ class Trainer:
         )
         if resume:
             self.logger.print(f"resumed from {resume} at step {self.start_step}")
-        self._connect_server()
+        self._connect_servers()
         unwrapped = acc.unwrap_model(self.model)
-        check_served_rope(unwrapped.config, cfg.model.name, self.control, cfg.server.base_url)
+        for push, url in zip(self.weights.pushes, cfg.server.urls, strict=True):
+            check_served_rope(unwrapped.config, cfg.model.name, push.control, url)
         self.push_weights(self.start_step, initial=True)  # the server may hold other weights
         if acc.is_main_process:
             self._start_worker()
@@ -239,8 +257,8 @@ class Trainer:
         knob = "batch.micro_batch_tokens" if b.micro_batch_tokens else "batch.micro_batch_size"
         return Budget(tokens, knob, b.max_seq_len, "batch.max_seq_len")
 
-    def _connect_server(self) -> None:
-        """How weights reach the server (see rlvr.weight_sync.connect); every rank joins."""
+    def _connect_servers(self) -> None:
+        """How weights reach every server (see rlvr.weight_sync.connect); every rank joins."""
         self.connection = connect(
             self.cfg,
             self.accelerator,
@@ -252,8 +270,8 @@ class Trainer:
             start_step=self.start_step,
             say=self.logger.print,
         )
-        self.weights, self.control = self.connection.weights, self.connection.control
-        self.probe = self.connection.probe
+        self.weights, self.pool = self.connection.weights, self.connection.pool
+        self.probes = self.connection.probes
 
     def _load_env(self) -> None:
         """The environment (rank 0 only), with its sampling defaults checked against what the
@@ -282,9 +300,9 @@ class Trainer:
             ),
         )
 
-        def client() -> Any:
+        def client(url: str) -> Any:
             return make_client(
-                cfg.server.base_url,
+                url,
                 cfg.server.api_key,
                 cfg.server.timeout_s,
                 max_connections=max(cfg.batch.batch_size * 2, 64),
@@ -304,6 +322,7 @@ class Trainer:
             preloaded=self.in_flight,
             curriculum_state=self.curriculum_state,
             served_name=self.weights.served_name,
+            pool=self.pool,
         ).start()
 
     # ---- the loop -------------------------------------------------------------------
@@ -360,6 +379,7 @@ class Trainer:
             "lr": lr,
             **laps.seconds,
             "time/weight_push": pushed.seconds,
+            **{f"push/{i}/seconds": v for i, v in self.weights.seconds.items()},
             **pushed.probe,
             "time/step": step_s,
             **trained.throughput(batch, laps.seconds["time/forward_backward"]),
@@ -374,6 +394,8 @@ class Trainer:
         if self.accelerator.is_main_process:
             rollouts = self.worker.get(step, timeout_s=self._rank0_deadline_s)
             batch = build_train_batch(rollouts, self.cfg, self.hooks)
+            batch.metrics["rollouts/retried_groups"] = rollouts.retried_groups
+            batch.metrics.update(rollouts.servers)
             if rollouts.curriculum_state is not None:
                 self.curriculum_state = rollouts.curriculum_state
         if self.world > 1:
@@ -463,25 +485,49 @@ class Trainer:
         return self.worker.publishing(version, self.weights.release, self._rank0_deadline_s)
 
     def _probe_push(self, version: int) -> dict[str, float]:
-        """The probe of the push of `version` (see rlvr.weight_sync.probe): every rank runs the
-        forward, the main process asks the server (twice at the initial push, for its noise),
-        and every rank checks the main process's scores, so all raise together."""
-        if self.probe is None:
+        """The probe of the push of `version` on every server that took it (see
+        rlvr.weight_sync.probe): every rank runs the forward, the main process asks each
+        server (twice at a server's first push, for its noise), and every rank checks the
+        main process's scores, so all ranks agree. A server that fails is taken out of
+        rotation (with one server, its error stops the run); a returning server that passes
+        is admitted."""
+        if not self.probes:
             return {}
-        ids = self.probe.ids
+        for i in self.weights.returned:  # connected afresh: calibrated afresh
+            self.probes[i] = self.connection.new_probe()
+        ids = self.probes[0].ids
         mine = trainer_logprobs(self.model, ids, self.accelerator.device)
         scores = None
         if self.accelerator.is_main_process:
-            name = self.weights.served_name(version)
-            served = served_logprobs(self.control, name, ids)
-            again = None if self.probe.calibrated else served_logprobs(self.control, name, ids)
-            scores = mine, served, again, name
-        if self.world > 1:
-            from accelerate.utils import broadcast_object_list
+            scores = mine, {i: self._served_scores(i, version) for i in self.weights.pushed}
+        trainer, served = self.weights.agree(scores)
+        checked: dict[int, dict[str, float]] = {}
+        for i, answer in served.items():
+            try:
+                if isinstance(answer, str):
+                    raise WeightsNotServedError(answer)
+                scored, name, again = answer
+                checked[i] = self.probes[i].check(trainer, scored, version, name, repeat=again)
+            except WeightsNotServedError as e:
+                if len(self.pool) == 1:
+                    raise
+                self.weights.take_out(i, f"failed the probe of weight version {version}: {e}")
+            else:
+                if i in self.weights.returned:
+                    self.weights.admit(i, version)
+        return probe_metrics(checked)
 
-            scores = broadcast_object_list([scores])[0]
-        trainer, served, again, name = scores
-        return self.probe.check(trainer, served, version, name, repeat=again)
+    def _served_scores(self, index: int, version: int) -> tuple | str:
+        """Server `index`'s probe scores of `version` (a second scoring at its first push) and
+        the name it served them under; or why it could not say."""
+        push, probe = self.weights.pushes[index], self.probes[index]
+        name = push.served_name(version)
+        try:
+            served = served_logprobs(push.control, name, probe.ids)
+            again = None if probe.calibrated else served_logprobs(push.control, name, probe.ids)
+        except ServerError as e:
+            return f"could not score the probe: {e}"
+        return served, name, again
 
     def _report(self, step: int, metrics: dict[str, float], table: list[dict[str, Any]]) -> None:
         logger = self.logger

@@ -24,9 +24,11 @@ from rlvr.config import Config, ConfigError
 from rlvr.model.quantization import quantization_of
 from rlvr.rollouts.mixture import leaves
 from rlvr.rollouts.request_args import SamplingFilterError, check_logprobs_mode
+from rlvr.rollouts.servers import ServerPool
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.control import ServerControl
-from rlvr.weight_sync.probe import PushProbe, probe_ids
+from rlvr.weight_sync.fleet import FleetPush
+from rlvr.weight_sync.probe import PROBE_TEXT, PushProbe, probe_ids
 
 if TYPE_CHECKING:  # imports vLLM: loaded when a trainer connects
     from rlvr.weight_sync.merged import MergedPush
@@ -34,14 +36,16 @@ if TYPE_CHECKING:  # imports vLLM: loaded when a trainer connects
 
 @dataclass
 class Connection:
-    """What the trainer keeps of the server: `weights` pushes them, `control` is the server's
-    HTTP client, `way` names how weights travel (`adapter`, or the merged transfer: `shm`,
-    `gloo`, `nccl`, `ipc`), `probe` checks pushes (None: not probed)."""
+    """What the trainer keeps of its servers: `weights` pushes every version to all of them,
+    `pool` is their state (shared with the rollout router), `way` names how weights travel
+    (`adapter`, or server 0's merged transfer: `shm`, `gloo`, `nccl`, `ipc`), `probes[i]`
+    checks server i's pushes (empty: not probed), `new_probe()` makes a fresh one."""
 
-    weights: WeightPush
-    control: ServerControl
+    weights: FleetPush
+    pool: ServerPool
     way: str
-    probe: PushProbe | None
+    probes: list[PushProbe]
+    new_probe: Callable[[], PushProbe] | None
 
 
 def connect(
@@ -56,46 +60,164 @@ def connect(
     start_step: int,
     say: Callable[[str], None],
 ) -> Connection:
-    """Rank 0 picks how weights reach the server (asking it how it runs) and tells the
-    others; all ranks then connect together. `model` is the (wrapped) policy, `say` prints
-    on the main process."""
+    """Rank 0 asks every server how it runs, checks that all of them can serve this policy
+    alike and picks how weights reach each; it tells the other ranks, and all ranks then
+    connect to every server together. `model` is the (wrapped) policy, `say` prints on the
+    main process."""
+    server, rank, urls = cfg.server, accelerator.process_index, cfg.server.urls
+    unwrapped = accelerator.unwrap_model(model)
+    agree = agreement(accelerator)
+    ways = None
+    if accelerator.is_main_process:
+        ways = [plan_server(cfg, url, unwrapped, env, reasoning_vocab, say) for url in urls]
+        check_same_push(ways, urls)
+        if len(urls) > 1:
+            check_same_serving(cfg, urls)
+    ways = agree(ways)
+
+    def connect_one(index: int) -> WeightPush:
+        return connect_server(cfg, urls[index], ways[index], rank, unwrapped, compute_dtype, say)
+
+    pushes = [connect_one(i) for i in range(len(urls))]
+    way = ways[0].way
+    if way == "adapter":
+        requested = f"{pushes[0].name(start_step)!r}, one name per weight version"
+    else:
+        requested = repr(cfg.served_model)
+    where = f" to each of {len(urls)} servers" if len(urls) > 1 else ""
+    say(f"weight push: {way}{where}; rollouts request model {requested}")
+    pool = ServerPool(urls)
+    weights = FleetPush(pool, pushes, connect_one, agree, rank, server.api_key)
+    new_probe = None
+    if server.push_probe:
+        ids = probe_ids(tokenizer, reasoning_vocab)
+
+        def new_probe() -> PushProbe:
+            return PushProbe(ids, server.probe_kl_max, server.probe_noise)
+
+    probes = [new_probe() for _ in urls] if new_probe else []
+    return Connection(weights, pool, way, probes, new_probe)
+
+
+@dataclass
+class ServerWay:
+    """How weights reach one server: `way` (`adapter` or a merged transfer) and, for a QLoRA
+    policy under adapter sync, the merged transfer its dequantized base travels by first."""
+
+    way: str
+    base_transfer: str | None = None
+
+
+def plan_server(
+    cfg: Config, url: str, model: Any, env: Any, reasoning_vocab: Any, say: Callable[[str], None]
+) -> ServerWay:
+    """Rank 0: check that the server at `url` can serve this policy and choose how weights
+    reach it."""
+    merged = merged_push(cfg, url, 0)
+    try:
+        check_served_vocabulary(merged.control, reasoning_vocab, cfg, url)
+        check_served_logprobs(merged.control, cfg, url)
+        way = choose_push(merged, cfg, model, env, say)
+        base = merged.resolve() if way == "adapter" and quantization_of(model) != "none" else None
+    finally:
+        merged.control.close()
+    return ServerWay(way, base)
+
+
+def check_same_push(ways: list[ServerWay], urls: list[str]) -> None:
+    """Every server takes the weights the same way (the adapter, or merged weights): a
+    version's served name must mean the same weights on each."""
+    adapter = [w.way == "adapter" for w in ways]
+    if all(adapter) or not any(adapter):
+        return
+    i = adapter.index(not adapter[0])
+    raise ConfigError(
+        f"server {i} ({urls[i]}) {'can' if adapter[i] else 'cannot'} load LoRA adapters at run "
+        f"time but server 0 ({urls[0]}) {'can' if adapter[0] else 'cannot'}: start every "
+        "server of server.base_urls with the same LoRA flags (vf-vllm --enable-lora), or set "
+        "server.lora_sync=merged"
+    )
+
+
+def check_same_serving(cfg: Config, urls: list[str]) -> None:
+    """Rank 0: every server serves `cfg.served_model` with the same tokenizer (the ids of a
+    fixed text), context length and logprobs mode; ConfigError naming the server and the field
+    that differs."""
+    prints = [serving_fingerprint(cfg, url) for url in urls]
+    for i, mine in enumerate(prints[1:], start=1):
+        for field_name, value in mine.items():
+            if value != prints[0][field_name]:
+                raise ConfigError(
+                    f"server {i} ({urls[i]}) serves {field_name}={_short(value)} but server 0 "
+                    f"({urls[0]}) serves {_short(prints[0][field_name])}: every server of "
+                    "server.base_urls must serve the same model and tokenizer"
+                )
+
+
+def serving_fingerprint(cfg: Config, url: str) -> dict[str, Any]:
+    """What must be equal across servers, as the server at `url` reports it."""
+    control = ServerControl(url, api_key=cfg.server.api_key, timeout_s=cfg.server.timeout_s)
+    try:
+        cards = {c.get("id"): c for c in control.get("/v1/models").get("data", [])}
+        card = cards.get(cfg.served_model)
+        if card is None:
+            raise ConfigError(
+                f"server at {url} does not serve model {cfg.served_model!r} (it serves "
+                f"{sorted(cards)}): set server.served_model, or serve the same model on every "
+                "server of server.base_urls"
+            )
+        ids = control.post("/tokenize", json={"model": cfg.served_model, "prompt": PROBE_TEXT})
+        return {
+            "max_model_len": card.get("max_model_len"),
+            "logprobs_mode": control.logprobs_mode(),
+            "tokenizer_mode": control.tokenizer_mode(),
+            "vocabulary (ids of the probe text)": ids.get("tokens"),
+        }
+    finally:
+        control.close()
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def connect_server(
+    cfg: Config,
+    url: str,
+    way: ServerWay,
+    rank: int,
+    model: Any,
+    compute_dtype: Any,
+    say: Callable[[str], None],
+) -> WeightPush:
+    """This rank's push into the server at `url`, connected (every rank calls it together;
+    for a QLoRA policy under adapter sync, its dequantized base is pushed first)."""
     from rlvr.weight_sync.adapter import AdapterPush
     from rlvr.weight_sync.merged_stream import MergedWeightSource
 
-    server, rank = cfg.server, accelerator.process_index
-    merged = merged_push(cfg, rank)
-    control, unwrapped = merged.control, accelerator.unwrap_model(model)
-    way = base_transfer = None
-    if accelerator.is_main_process:
-        check_served_vocabulary(control, reasoning_vocab, cfg)
-        check_served_logprobs(control, cfg)
-        way = choose_push(merged, cfg, unwrapped, env, say)
-        if way == "adapter" and quantization_of(unwrapped) != "none":
-            base_transfer = merged.resolve()
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        way, base_transfer = broadcast_object_list([(way, base_transfer)])[0]
-    if base_transfer is not None:
-        push_trained_base(merged, unwrapped, compute_dtype, base_transfer, start_step)
+    merged = merged_push(cfg, url, rank)
+    if way.base_transfer is not None:
+        push_trained_base(merged, model, compute_dtype, way.base_transfer, 0)
         say(
-            f"pushed the dequantized {quantization_of(unwrapped)} base ({base_transfer}): "
-            "the server's base model now computes what the trainer's base computes"
+            f"pushed the dequantized {quantization_of(model)} base ({way.base_transfer}) to "
+            f"{url}: the server's base model now computes what the trainer's base computes"
         )
-    if way == "adapter":
-        weights = AdapterPush(control, server.base_url, server.adapter_name, rank)
-        weights.connect(unwrapped)
-        requested = f"{weights.name(start_step)!r}, one name per weight version"
-    else:
-        weights = merged
-        weights.connect(MergedWeightSource(unwrapped, dtype=compute_dtype), way)
-        requested = repr(cfg.served_model)
-    say(f"weight push: {way}; rollouts request model {requested}")
-    probe = None
-    if server.push_probe:
-        ids = probe_ids(tokenizer, reasoning_vocab)
-        probe = PushProbe(ids, server.probe_kl_max, server.probe_noise)
-    return Connection(weights, control, way, probe)
+    if way.way == "adapter":
+        weights = AdapterPush(merged.control, url, cfg.server.adapter_name, rank)
+        weights.connect(model)
+        return weights
+    merged.connect(MergedWeightSource(model, dtype=compute_dtype), way.way)
+    return merged
+
+
+def agreement(accelerator: Any) -> Callable[[Any], Any]:
+    """`agree(x)`: rank 0's `x` on every rank (the identity with one rank)."""
+    if accelerator.num_processes == 1:
+        return lambda x: x
+    from accelerate.utils import broadcast_object_list
+
+    return lambda x: broadcast_object_list([x])[0]
 
 
 def push_trained_base(
@@ -113,14 +235,15 @@ def push_trained_base(
     merged.disconnect()
 
 
-def merged_push(cfg: Config, rank: int) -> MergedPush:
-    """The merged-weight push `cfg.server` describes, not yet connected (it holds the server's
-    `control`, which start-up asks first, whichever way the weights then travel)."""
+def merged_push(cfg: Config, url: str, rank: int) -> MergedPush:
+    """The merged-weight push into the server at `url` that `cfg.server` describes, not yet
+    connected (it holds the server's `control`, which start-up asks first, whichever way the
+    weights then travel)."""
     from rlvr.weight_sync.merged import MergedPush
 
     server = cfg.server
     return MergedPush(
-        server.base_url,
+        url,
         cfg.served_model,
         backend=server.backend,
         api_key=server.api_key,
@@ -132,12 +255,15 @@ def merged_push(cfg: Config, rank: int) -> MergedPush:
     )
 
 
-def check_served_vocabulary(control: Any, reasoning_vocab: Any, cfg: Config) -> None:
+def check_served_vocabulary(
+    control: Any, reasoning_vocab: Any, cfg: Config, url: str | None = None
+) -> None:
     """The server must sample from the policy's vocabulary: a reasoning vocabulary needs
     vf-vllm serving the expanded directory (with its gate and folding tokenizer), and a
     server with one needs a policy that has it. A server that does not say is trusted."""
     from rlvr.server.plugin import REASONING_VOCAB_TOKENIZER_MODE
 
+    url = url or cfg.server.urls[0]
     mode = control.tokenizer_mode()
     if mode is None:
         return
@@ -145,24 +271,25 @@ def check_served_vocabulary(control: Any, reasoning_vocab: Any, cfg: Config) -> 
     if vocab is not None and mode != REASONING_VOCAB_TOKENIZER_MODE:
         raise ConfigError(
             f"model {name} has a reasoning vocabulary ({vocab.size} ids) but the server at "
-            f"{cfg.server.base_url} serves a model without one (tokenizer mode {mode!r}): "
+            f"{url} serves a model without one (tokenizer mode {mode!r}): "
             "write the expanded model with scripts/expand_vocab.py, serve that directory "
             "(vf-vllm switches its gate on) and set model.name to it"
         )
     if vocab is None and mode == REASONING_VOCAB_TOKENIZER_MODE:
         raise ConfigError(
-            f"the server at {cfg.server.base_url} serves a model with a reasoning "
+            f"the server at {url} serves a model with a reasoning "
             f"vocabulary but model {name} has none: train the directory it serves"
         )
 
 
-def check_served_logprobs(control: Any, cfg: Config) -> None:
+def check_served_logprobs(control: Any, cfg: Config, url: str | None = None) -> None:
     """The server's logprobs must be the sampled distribution's (see
     `check_logprobs_mode`): otherwise every importance ratio is off, silently."""
+    url = url or cfg.server.urls[0]
     try:
         check_logprobs_mode(control.logprobs_mode(), cfg.sampling.temperature)
     except SamplingFilterError as e:
-        raise ConfigError(f"server {cfg.server.base_url}: {e}") from None
+        raise ConfigError(f"server {url}: {e}") from None
 
 
 def choose_push(merged: Any, cfg: Config, model: Any, env: Any, say: Callable[[str], None]) -> str:

@@ -54,7 +54,7 @@ def test_a_push_during_a_batch_is_counted_where_it_can_serve_it(tiny_model_dir, 
     gate = threading.Event()
     model = (lambda v: "policy") if names == "merged" else (lambda v: f"policy-v{v}")
     worker = RolloutWorker(
-        env, env.get_dataset(), cfg, lambda: GatedClient(tokenizer, 4, gate), served_name=model
+        env, env.get_dataset(), cfg, lambda url: GatedClient(tokenizer, 4, gate), served_name=model
     ).start()
     try:
         first = worker.get(0, timeout_s=60)  # its 4 requests answered; batch 1's wait

@@ -379,7 +379,7 @@ def test_worker_runs_at_most_async_level_steps_ahead(tokenizer):
             ]
         )
         worker = RolloutWorker(
-            env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL])
+            env, env.get_dataset(), cfg, lambda url: ScriptedClient(tokenizer, [FINAL])
         ).start()
         try:
             batch = worker.get(0)
@@ -419,7 +419,7 @@ def test_a_checkpoint_hands_in_flight_batches_to_the_resumed_worker(tokenizer):
 
     def worker(**kwargs):
         return RolloutWorker(
-            env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL]), **kwargs
+            env, env.get_dataset(), cfg, lambda url: ScriptedClient(tokenizer, [FINAL]), **kwargs
         ).start()
 
     original = worker()
@@ -503,7 +503,7 @@ def test_nan_reward_is_an_errored_rollout(tokenizer, caplog):
             "batch.max_errored_frac=0.25",
         ]
     )
-    worker = RolloutWorker(env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL]))
+    worker = RolloutWorker(env, env.get_dataset(), cfg, lambda url: ScriptedClient(tokenizer, [FINAL]))
     with caplog.at_level("WARNING"):
         worker.start()
         try:
@@ -588,7 +588,7 @@ def test_pass_at_k_estimator(tokenizer):
     )
     cfg = load_config(overrides=["batch.batch_size=4", "batch.rollouts_per_example=2"])
     worker = RolloutWorker(
-        env, env.get_dataset(), cfg, lambda: ScriptedClient(tokenizer, [FINAL])
+        env, env.get_dataset(), cfg, lambda url: ScriptedClient(tokenizer, [FINAL])
     ).start()
     try:
         result = worker.evaluate(num_examples=2, rollouts_per_example=4, timeout_s=120)
@@ -624,7 +624,7 @@ def signal_worker(tokenizer, *overrides: str, **kwargs) -> RolloutWorker:
     cfg = load_config(overrides=["batch.batch_size=8", "batch.rollouts_per_example=2", *overrides])
     env = signal_env()
     return RolloutWorker(
-        env, env.get_dataset(), cfg, lambda: SeededClient(tokenizer, [""]), **kwargs
+        env, env.get_dataset(), cfg, lambda url: SeededClient(tokenizer, [""]), **kwargs
     ).start()
 
 
@@ -787,7 +787,7 @@ def mixture_worker(tokenizer, *overrides: str, **kwargs) -> RolloutWorker:
     )
     env = vf.EnvGroup([signal_env(), signal_env()], env_names=["wide", "narrow"])
     return RolloutWorker(
-        env, env.get_dataset(), cfg, lambda: SeededClient(tokenizer, [""]), **kwargs
+        env, env.get_dataset(), cfg, lambda url: SeededClient(tokenizer, [""]), **kwargs
     ).start()
 
 

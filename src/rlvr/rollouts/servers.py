@@ -1,0 +1,137 @@
+"""The run's servers and what the trainer knows of each (`ServerPool`): up or down, the first
+weight version it holds, its load, and what it last answered.
+
+The rollout worker's thread routes groups and marks servers down; the trainer's thread pushes
+weights, marks down the servers a push or probe failed on and admits returning ones. A lock
+keeps the two consistent."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+class NoServerLeftError(RuntimeError):
+    """Every server of the run is down: the run stops (its last checkpoint stays intact)."""
+
+
+@dataclass
+class Server:
+    """One vf-vllm of the run, numbered as its metrics are (`servers/<index>/*`)."""
+
+    index: int
+    url: str
+    up: bool = True
+    since: int = 0
+    """The first weight version it holds: a server admitted again holds none older."""
+    last_answer: str = "answered every request"
+    """What it last answered: its failure once it is down, for the error that ends a run."""
+    in_flight: int = 0
+    """Groups it is generating now."""
+    requests: int = 0
+    groups: int = 0
+    tokens: int = 0
+    """Completion tokens of the groups it generated."""
+    down_events: int = 0
+
+    def describe(self) -> str:
+        return f"server {self.index} ({self.url})"
+
+
+class ServerPool:
+    """Every server of a run, with the routing choice and the up/down bookkeeping."""
+
+    def __init__(self, urls: list[str]):
+        self.servers = [Server(i, url) for i, url in enumerate(urls)]
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.servers)
+
+    def live(self) -> list[Server]:
+        with self._lock:
+            return [s for s in self.servers if s.up]
+
+    def down(self) -> list[Server]:
+        with self._lock:
+            return [s for s in self.servers if not s.up]
+
+    def pick(self, version: int) -> Server:
+        """The server a new group of weight `version` goes to (and is counted on): the live one
+        with the fewest groups in flight, among those holding `version` if any does (a server
+        admitted again holds only newer ones), ties to the fewest groups so far, then the
+        lowest index. NoServerLeftError when none is up."""
+        with self._lock:
+            live = [s for s in self.servers if s.up]
+            if not live:
+                raise NoServerLeftError(self._obituary())
+            holding = [s for s in live if s.since <= version] or live
+            server = min(holding, key=lambda s: (s.in_flight, s.groups, s.index))
+            server.in_flight += 1
+            return server
+
+    def finished(self, server: Server, tokens: int | None) -> None:
+        """A group on `server` ended: generated (`tokens` completion tokens) or abandoned
+        (None)."""
+        with self._lock:
+            server.in_flight -= 1
+            if tokens is not None:
+                server.groups += 1
+                server.tokens += tokens
+
+    def requested(self, server: Server) -> None:
+        with self._lock:
+            server.requests += 1
+
+    def mark_down(self, server: Server, why: str) -> bool:
+        """Take `server` out of rotation; False when it already was."""
+        with self._lock:
+            if not server.up:
+                return False
+            server.up = False
+            server.last_answer = why
+            server.down_events += 1
+            return True
+
+    def admit(self, server: Server, version: int) -> None:
+        """Put `server` back in rotation, holding weight `version` and newer."""
+        with self._lock:
+            server.up = True
+            server.since = version
+            server.last_answer = f"admitted again at weight version {version}"
+
+    def _obituary(self) -> str:
+        lines = [f"  {s.describe()}: {s.last_answer}" for s in self.servers]
+        return "no inference server is left; each last answered:\n" + "\n".join(lines)
+
+    def check_any_left(self) -> None:
+        """Raise NoServerLeftError, naming each server's last answer, when none is up."""
+        with self._lock:
+            if not any(s.up for s in self.servers):
+                raise NoServerLeftError(self._obituary())
+
+    def counters(self) -> dict[int, tuple[int, int, int]]:
+        """(requests, groups, tokens) of every server so far."""
+        with self._lock:
+            return {s.index: (s.requests, s.groups, s.tokens) for s in self.servers}
+
+    def metrics(self, before: dict[int, tuple[int, int, int]], seconds: float) -> dict[str, float]:
+        """Per-server metrics since the `counters()` snapshot `before`, over `seconds` of
+        generation: requests, groups, generated tokens/s, groups in flight, up; and how many
+        servers are up (`servers/up`, of `servers/total`)."""
+        now = self.counters()
+        out: dict[str, float] = {}
+        with self._lock:
+            for s in self.servers:
+                requests, groups, tokens = (
+                    a - b for a, b in zip(now[s.index], before[s.index], strict=True)
+                )
+                prefix = f"servers/{s.index}"
+                out[f"{prefix}/requests"] = requests
+                out[f"{prefix}/groups"] = groups
+                out[f"{prefix}/tokens_per_s"] = tokens / max(seconds, 1e-9)
+                out[f"{prefix}/in_flight"] = s.in_flight
+                out[f"{prefix}/up"] = float(s.up)
+            out["servers/up"] = sum(s.up for s in self.servers)
+            out["servers/total"] = len(self.servers)
+        return out

@@ -1,0 +1,155 @@
+"""Every weight version to every server (`FleetPush`): one `WeightPush` per server, each its
+own transfer (a rendezvous of its own for gloo/nccl, its own adapter load), pushed one after
+the other.
+
+A push that fails on a server takes that server out of rotation and the step goes on with the
+rest. A server that is down is asked for its health at every push; once it answers, it is
+connected afresh and pushed the current version with the others, and the trainer admits it
+(`admit`) only after its probe passes, so it takes requests only with the current weights.
+
+Every trainer rank holds one and calls `push` together (ZeRO-3 gathers the shards once per
+server); rank 0 decides which servers a push goes to and `agree` hands its decision to the
+other ranks, so all iterate the weights the same number of times."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr.rollouts.servers import Server, ServerPool
+from rlvr.weight_sync.base import WeightPush
+from rlvr.weight_sync.control import ServerControl
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PushPlan:
+    """Which servers a push goes to: those up, and the returning ones to connect first."""
+
+    live: list[int]
+    returning: list[int] = field(default_factory=list)
+
+    @property
+    def targets(self) -> list[int]:
+        return sorted({*self.live, *self.returning})
+
+
+class FleetPush(WeightPush):
+    """Pushes each weight version to every live server of `pool` (`pushes[i]` reaches server
+    i); `connect_one(i)` connects server i afresh (a returning server), `agree(x)` returns rank
+    0's `x` on every rank. After `push`, `pushed` lists the servers that took the version
+    (the probe checks those) and `seconds` each one's push time."""
+
+    def __init__(
+        self,
+        pool: ServerPool,
+        pushes: list[WeightPush],
+        connect_one: Callable[[int], WeightPush],
+        agree: Callable[[Any], Any],
+        rank: int,
+        api_key: str | None = None,
+    ):
+        self.pool = pool
+        self.pushes = pushes
+        self.connect_one = connect_one
+        self.agree = agree
+        self.rank = rank
+        self.api_key = api_key
+        self.pushed: list[int] = []
+        self.returned: list[int] = []
+        """Servers connected afresh by the last push: admitted once their probe passes."""
+        self.seconds: dict[int, float] = {}
+
+    def push(self, version: int) -> float:
+        """Push `version` to every live server and every returning one; returns the seconds
+        it took in all. A server whose push fails is marked down (on rank 0)."""
+        plan = self.agree(self._plan() if self.rank == 0 else None)
+        returned = [i for i in plan.returning if self._reconnect(i)]
+        returned = self.agree(returned if self.rank == 0 else None)
+        self.seconds = {}
+        for i in sorted({*plan.live, *returned}):
+            server = self.pool.servers[i]
+            try:
+                self.seconds[i] = self.pushes[i].push(version)
+            except Exception as e:  # a server gone mid-push: the others go on
+                self._take_out(server, f"the push of weight version {version} failed: {e}")
+        self.pushed = self.agree(sorted(self.seconds) if self.rank == 0 else None)
+        self.returned = [i for i in returned if i in self.pushed]
+        if self.rank == 0 and not self.pushed:
+            self.pool.check_any_left()
+        return sum(self.seconds.values())
+
+    def _plan(self) -> PushPlan:
+        """Rank 0's targets: the servers up, and the down ones that answer again."""
+        live = [s.index for s in self.pool.live()]
+        returning = [s.index for s in self.pool.down() if self._answers(s)]
+        for i in returning:
+            log.warning("%s answers again: connecting it", self.pool.servers[i].describe())
+        return PushPlan(live, returning)
+
+    def _answers(self, server: Server) -> bool:
+        control = ServerControl(server.url, api_key=self.api_key, timeout_s=5.0)
+        try:
+            return control.health()
+        finally:
+            control.close()
+
+    def _reconnect(self, index: int) -> bool:
+        """Connect server `index` afresh (its old connection is closed quietly); False, with
+        the reason recorded, when it cannot be connected."""
+        server = self.pool.servers[index]
+        try:
+            self.pushes[index].close()
+        except Exception as e:
+            log.info("closing the old connection to %s: %s", server.describe(), e)
+        try:
+            self.pushes[index] = self.connect_one(index)
+        except Exception as e:
+            server.last_answer = f"could not be connected again: {e}"
+            log.warning("%s %s", server.describe(), server.last_answer)
+            return False
+        return True
+
+    def _take_out(self, server: Server, why: str) -> None:
+        if self.rank == 0 and self.pool.mark_down(server, why):
+            log.warning("%s is out of rotation: %s", server.describe(), why)
+
+    def take_out(self, index: int, why: str) -> None:
+        """Take server `index` out of rotation (its probe failed); NoServerLeftError when it
+        was the last."""
+        self._take_out(self.pool.servers[index], why)
+        if self.rank == 0:
+            self.pool.check_any_left()
+
+    def admit(self, index: int, version: int) -> None:
+        """Server `index` serves `version` and passed its probe: it takes requests again."""
+        if self.rank == 0:
+            self.pool.admit(self.pool.servers[index], version)
+            log.warning("%s is back in rotation", self.pool.servers[index].describe())
+
+    def served_name(self, version: int) -> str:
+        """The model name that serves `version`, as a live server holding it names it (every
+        server loads each version under the same name)."""
+        live = self.pool.live() or self.pool.servers
+        holding = [s for s in live if s.since <= version] or live
+        return self.pushes[holding[0].index].served_name(version)
+
+    def release(self, in_use: Iterable[int]) -> None:
+        """Free, on every live server, the versions no rollout requests any more (a server
+        admitted again is asked about its own versions only)."""
+        in_use = list(in_use)
+        for server in self.pool.live():
+            try:
+                self.pushes[server.index].release({max(v, server.since) for v in in_use})
+            except Exception as e:
+                self._take_out(server, f"releasing old weight versions failed: {e}")
+
+    def close(self) -> None:
+        for i, push in enumerate(self.pushes):
+            try:
+                push.close()
+            except Exception as e:  # closing runs while a failure may be on its way up
+                log.warning("closing the connection to server %d: %s", i, e)
