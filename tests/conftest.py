@@ -46,20 +46,24 @@ def _serve(model: str, log_dir: Path, extra: list[str] | None = None):
     return server
 
 
-@pytest.fixture(scope="session")
-def tiny_server(tiny_model_dir, tmp_path_factory):
-    """One real vf-vllm (CPU) on the tiny model, shared by every integration test. It can load
-    LoRA adapters at run time (adapter sync); merged pushes work into it as well. Requests may
-    bring their own chat template (tests of templates that rewrite earlier turns)."""
+def serve_tiny(model_dir: Path, log_dir: Path):
+    """A real vf-vllm (CPU) on the tiny model that can load LoRA adapters at run time (adapter
+    sync; merged pushes work into it as well) and takes a request's own chat template."""
     from rlvr.server.launcher import lora_flags
 
     server = _serve(
-        str(tiny_model_dir),
-        tmp_path_factory.mktemp("tiny-server"),
-        extra=[*lora_flags(16), "--trust-request-chat-template"],
+        str(model_dir), log_dir, extra=[*lora_flags(16), "--trust-request-chat-template"]
     )
-    server.model_dir = tiny_model_dir
+    server.model_dir = model_dir
     server.sampling_args = TINY_SAMPLING
+    return server
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir, tmp_path_factory):
+    """One real vf-vllm (CPU) on the tiny model (`serve_tiny`), shared by every integration
+    test."""
+    server = serve_tiny(tiny_model_dir, tmp_path_factory.mktemp("tiny-server"))
     yield server
     server.stop()
 

@@ -19,6 +19,8 @@ from transformers import AutoTokenizer
 from rlvr.config import load_config, save_config
 
 LORA_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
+ADAPTER_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+"""LoRA targets vLLM can serve as an adapter (no lm_head): adapter sync."""
 
 
 def server_logprobs(server, token_ids: list[int]) -> torch.Tensor:

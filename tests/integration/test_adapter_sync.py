@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from support import (
+    ADAPTER_TARGETS,
     config,
     measured,
     restore_base_weights,
@@ -24,7 +25,6 @@ from toy_env import target_share_env
 from rlvr.config import ConfigError, LoraConfig
 from rlvr.trainer.grpo import Trainer
 
-ADAPTER_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
 integration = pytest.mark.integration
 IDS = list(range(3, 60, 3))
 

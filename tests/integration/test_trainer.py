@@ -21,6 +21,7 @@ import verifiers as vf
 from datasets import Dataset
 from safetensors.torch import load_file
 from support import (
+    ADAPTER_TARGETS,
     chat_requests,
     config,
     json_server,
@@ -43,7 +44,6 @@ from rlvr.weight_sync.control import ServerControl
 pytestmark = pytest.mark.integration
 
 # Projections vLLM's LoRA serves (not the tied lm_head): adapter sync, one version per batch.
-ADAPTER_TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
 
 
 def mean(values):

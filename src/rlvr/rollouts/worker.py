@@ -42,7 +42,7 @@ from rlvr.rollouts.mixture import (
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import build_sampling_args, request_seed
 from rlvr.rollouts.router import Attempt, Router
-from rlvr.rollouts.servers import ServerPool
+from rlvr.rollouts.servers import NoServerLeftError, ServerPool
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,8 @@ class _Batches:
                 "generation is slower than distributed.timeout_s allows (raise it, or lower "
                 "batch.batch_size / sampling.max_tokens)"
             )
+        if isinstance(self.failure, NoServerLeftError):
+            raise self.failure  # says all there is to say: each server and its last answer
         if self.failure is not None and not done():
             raise RuntimeError("the rollout worker failed") from self.failure
 

@@ -130,6 +130,18 @@ class VLLMServer:
         except OSError:
             return "(no log)"
 
+    def kill(self) -> None:
+        """SIGKILL the whole tree at once, as a crash of its host would end it."""
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def restart(self) -> VLLMServer:
+        """Start it again on the same port (a server that comes back after a crash)."""
+        self._port_chosen_here = False
+        return self._start_once()
+
     def stop(self) -> None:
         """SIGTERM the launcher (it tears down the engine tree), then make sure of it."""
         if self.proc is None:

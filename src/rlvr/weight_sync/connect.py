@@ -143,7 +143,7 @@ def check_same_serving(cfg: Config, urls: list[str]) -> None:
     """Rank 0: every server serves `cfg.served_model` with the same tokenizer (the ids of a
     fixed text), context length and logprobs mode; ConfigError naming the server and the field
     that differs."""
-    prints = [serving_fingerprint(cfg, url) for url in urls]
+    prints = [serving_fingerprint(cfg, i, url) for i, url in enumerate(urls)]
     for i, mine in enumerate(prints[1:], start=1):
         for field_name, value in mine.items():
             if value != prints[0][field_name]:
@@ -154,15 +154,15 @@ def check_same_serving(cfg: Config, urls: list[str]) -> None:
                 )
 
 
-def serving_fingerprint(cfg: Config, url: str) -> dict[str, Any]:
-    """What must be equal across servers, as the server at `url` reports it."""
+def serving_fingerprint(cfg: Config, index: int, url: str) -> dict[str, Any]:
+    """What must be equal across servers, as server `index` at `url` reports it."""
     control = ServerControl(url, api_key=cfg.server.api_key, timeout_s=cfg.server.timeout_s)
     try:
         cards = {c.get("id"): c for c in control.get("/v1/models").get("data", [])}
         card = cards.get(cfg.served_model)
         if card is None:
             raise ConfigError(
-                f"server at {url} does not serve model {cfg.served_model!r} (it serves "
+                f"server {index} ({url}) does not serve model {cfg.served_model!r} (it serves "
                 f"{sorted(cards)}): set server.served_model, or serve the same model on every "
                 "server of server.base_urls"
             )

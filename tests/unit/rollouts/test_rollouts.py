@@ -503,7 +503,9 @@ def test_nan_reward_is_an_errored_rollout(tokenizer, caplog):
             "batch.max_errored_frac=0.25",
         ]
     )
-    worker = RolloutWorker(env, env.get_dataset(), cfg, lambda url: ScriptedClient(tokenizer, [FINAL]))
+    worker = RolloutWorker(
+        env, env.get_dataset(), cfg, lambda url: ScriptedClient(tokenizer, [FINAL])
+    )
     with caplog.at_level("WARNING"):
         worker.start()
         try:

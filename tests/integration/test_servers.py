@@ -1,0 +1,222 @@
+"""Several inference servers behind one run (`server.base_urls`): groups spread over them and
+stay on one, every version reaches each, a server that dies or serves stale weights is taken
+out and the run goes on, a returning one is given the current weights first, and a run trains
+the same on two exact servers as on one. Real vf-vllm servers on the CPU, tiny model."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import pytest
+from conftest import serve_tiny
+from support import ADAPTER_TARGETS, chat_requests, config, recording_proxy, target_id
+from toy_env import multi_turn_target_env, target_share_env
+
+from rlvr.config import ConfigError
+from rlvr.rollouts.servers import NoServerLeftError
+from rlvr.trainer.checkpoint import list_checkpoints
+from rlvr.trainer.grpo import Trainer
+from rlvr.weight_sync.merged import MergedPush
+
+integration = pytest.mark.integration
+TRAINED = ("reward/mean", "loss/total", "grad_norm")
+"""What a step trains: equal on one server and on two."""
+
+
+@pytest.fixture(scope="module")
+def second_server(tiny_model_dir, tmp_path_factory):
+    """A second vf-vllm on the tiny model, served like `tiny_server`; tests kill and restart it."""
+    server = serve_tiny(tiny_model_dir, tmp_path_factory.mktemp("second-server"))
+    yield server
+    server.stop()
+
+
+def on_servers(cfg, *servers):
+    """`cfg` with its rollouts spread over `servers` (given as objects with a `base_url`)."""
+    cfg.server.base_url = None
+    cfg.server.base_urls = [s.base_url for s in servers]
+    return cfg
+
+
+def train(cfg, server, **run) -> list[dict]:
+    return Trainer(cfg, env=target_share_env(target_id(server.model_dir))).run(**run)
+
+
+def assert_trained_alike(ours: list[dict], reference: list[dict]) -> None:
+    assert len(ours) == len(reference)
+    for step, (a, b) in enumerate(zip(ours, reference, strict=True), start=1):
+        for key in TRAINED:
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (step, key, a, b)
+
+
+@pytest.fixture(scope="module")
+def one_server_run(tiny_server, tmp_path_factory) -> list[dict]:
+    """The reference: 4 steps of merged pushes on `tiny_server` alone."""
+    return train(config(tiny_server, tmp_path_factory.mktemp("one"), "max_steps=4"), tiny_server)
+
+
+@integration
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_two_servers_train_like_one(tiny_server, second_server, one_server_run, tmp_path, sync):
+    """Requests carry their seeds and every server holds the same float32 weights, so which
+    server generated a group does not matter: 2 steps on two servers train what 2 steps on
+    one do, under merged pushes and under adapter sync."""
+    extra = ["max_steps=2"]
+    reference = one_server_run[:2]
+    if sync == "adapter":
+        extra += ["server.lora_sync=adapter", f"lora.target_modules={ADAPTER_TARGETS}"]
+        reference = train(config(tiny_server, tmp_path / "one", *extra), tiny_server)
+    cfg = on_servers(config(tiny_server, tmp_path / "two", *extra), tiny_server, second_server)
+    history = train(cfg, tiny_server)
+    assert_trained_alike(history, reference)
+    for h in history:
+        assert h["servers/up"] == 2 and h["rollouts/retried_groups"] == 0
+        assert h["servers/0/groups"] > 0 and h["servers/1/groups"] > 0
+        assert h["servers/0/groups"] + h["servers/1/groups"] == 4
+        assert h["push/0/seconds"] > 0 and h["push/1/seconds"] > 0
+
+
+@integration
+def test_a_group_stays_on_one_server(tiny_server, second_server, tmp_path):
+    """Every request of a group (8 rollouts x 3 turns) reaches one server, and the groups
+    spread over both: recorded by a proxy in front of each."""
+    cfg = config(tiny_server, tmp_path / "run", "max_steps=1")
+    with recording_proxy(tiny_server) as (a, seen_a), recording_proxy(second_server) as (b, seen_b):
+        cfg.server.base_url, cfg.server.base_urls = None, [a, b]
+        env = multi_turn_target_env(target_id(tiny_server.model_dir), turns=3)
+        history = Trainer(cfg, env=env).run()
+    assert history[0]["rollouts/turns"] == 3
+
+    def groups(requests) -> dict[str, int]:
+        """Chat requests per group (a group's rows share their first user message)."""
+        counts: dict[str, int] = {}
+        for body in chat_requests(requests):
+            first = next(m["content"] for m in body["messages"] if m["role"] == "user")
+            counts[first] = counts.get(first, 0) + 1
+        return counts
+
+    on_a, on_b = groups(seen_a), groups(seen_b)
+    assert on_a and on_b, "the groups did not spread over both servers"
+    assert not set(on_a) & set(on_b), "a group's requests reached both servers"
+    assert sorted([*on_a.values(), *on_b.values()]) == [24] * 4, (on_a, on_b)
+
+
+@integration
+def test_every_server_serves_every_version(tiny_server, second_server, tmp_path, monkeypatch):
+    """After each push both servers' probes pass; a server that misses the push of version 2
+    fails its probe and is taken out (step 3 runs on the other one), and at the next push,
+    answering again, it is given the current weights and comes back."""
+    push = MergedPush.push
+
+    def misses_version_2(self, version):
+        if version == 2 and self.base_url == second_server.base_url:
+            return 0.0
+        return push(self, version)
+
+    monkeypatch.setattr(MergedPush, "push", misses_version_2)
+    cfg = on_servers(config(tiny_server, tmp_path, "max_steps=4"), tiny_server, second_server)
+    history = train(cfg, tiny_server)
+    for step in (0, 2, 3):  # pushes of versions 1, 3, 4: both servers serve them
+        assert history[step]["push/0/probe_kl"] < 1e-3 and history[step]["push/1/probe_kl"] < 1e-3
+    assert "push/1/probe_kl" not in history[1], "the stale server's probe did not fail"
+    assert history[2]["servers/1/up"] == 0 and history[2]["servers/1/groups"] == 0
+    assert history[2]["servers/0/groups"] == 4
+    assert history[3]["servers/1/up"] == 1 and history[3]["servers/1/groups"] > 0
+
+
+@pytest.fixture(scope="module")
+def crash_run(tiny_server, second_server, tmp_path_factory):
+    """Two servers, 3 steps, a checkpoint after each: the second server is SIGKILLed while step
+    2 generates on it and started again before the push that ends step 2; then the run is
+    resumed (`checkpoint.resume=auto`) for a 4th step."""
+    out = tmp_path_factory.mktemp("crash")
+    push = Trainer.push_weights
+    killed = threading.Event()
+
+    def kill_when_busy(server) -> None:
+        deadline = time.monotonic() + 60
+        while server.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        second_server.kill()
+        killed.set()
+
+    def crashing(self, version, initial=False):
+        if version == 2:
+            assert killed.wait(60)
+            second_server.restart()
+        pushed = push(self, version, initial)
+        if version == 1:  # step 2's groups are being routed now
+            threading.Thread(target=kill_when_busy, args=(self.pool.servers[1],)).start()
+        return pushed
+
+    cfg = on_servers(
+        config(tiny_server, out, "max_steps=3", "checkpoint.every=1"), tiny_server, second_server
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "push_weights", crashing)
+        history = train(cfg, tiny_server)
+    resumed = on_servers(
+        config(tiny_server, out, "max_steps=4", "checkpoint.resume=auto"),
+        tiny_server,
+        second_server,
+    )
+    return history, train(resumed, tiny_server)
+
+
+@integration
+def test_a_server_killed_mid_run_is_survived(crash_run, one_server_run):
+    """Every step completes; the groups in flight on the killed server ran again on the other
+    (whole, with their seeds), so the run trained exactly what one server trains, and so
+    did the resumed step."""
+    history, resumed = crash_run
+    assert len(history) == 3 and history[1]["rollouts/retried_groups"] >= 1
+    assert history[1]["rollouts/errored"] == 0, "a failed server's rollouts were kept"
+    assert_trained_alike(history, one_server_run[:3])
+    assert_trained_alike(resumed, one_server_run[3:])
+
+
+@integration
+def test_a_server_that_returns_gets_the_current_weights(crash_run):
+    """The restarted server was connected afresh, pushed version 2 and probed on it (a first
+    push's probe: absolute mismatch, both sides float32) before it took any group."""
+    history, resumed = crash_run
+    step2, step3 = history[1], history[2]
+    assert step2["servers/1/up"] == 0 and step2["servers/1/groups"] == 0
+    assert step2["push/1/probe_kl"] < 1e-6, "the returning server does not serve version 2"
+    assert step3["servers/1/up"] == 1 and step3["servers/1/groups"] > 0
+    assert step3["servers/up"] == 2 and resumed[0]["servers/up"] == 2
+
+
+@integration
+def test_no_server_left_is_a_clear_error(tiny_server, tmp_path, monkeypatch):
+    """Both servers (proxies in front of `tiny_server`) go away after step 1: the run stops
+    with an error naming each and what it last answered, and step 1's checkpoint stands."""
+    push = Trainer.push_weights
+    with contextlib.ExitStack() as proxies:
+        a, _ = proxies.enter_context(recording_proxy(tiny_server))
+        b, _ = proxies.enter_context(recording_proxy(tiny_server))
+
+        def vanishing(self, version, initial=False):
+            pushed = push(self, version, initial)
+            if version == 1:
+                proxies.close()
+            return pushed
+
+        monkeypatch.setattr(Trainer, "push_weights", vanishing)
+        cfg = config(tiny_server, tmp_path, "max_steps=3", "checkpoint.every=1")
+        cfg.server.base_url, cfg.server.base_urls = None, [a, b]
+        with pytest.raises(NoServerLeftError) as caught:
+            train(cfg, tiny_server)
+    text = str(caught.value)
+    assert a in text and b in text and text.count("APIConnectionError") == 2, text
+    assert [c.name for c in list_checkpoints(tmp_path)] == ["step_000001"]
+
+
+@integration
+def test_mismatched_servers_are_refused(tiny_server, smollm2_server, tmp_path):
+    """A second server that does not serve the run's model is refused at start, naming it."""
+    cfg = on_servers(config(tiny_server, tmp_path, "max_steps=1"), tiny_server, smollm2_server)
+    with pytest.raises(ConfigError, match=r"server 1 \(.*\) does not serve model"):
+        train(cfg, tiny_server)
