@@ -11,7 +11,14 @@ import time
 
 import pytest
 from conftest import serve_tiny
-from support import ADAPTER_TARGETS, chat_requests, config, recording_proxy, target_id
+from support import (
+    ADAPTER_TARGETS,
+    chat_requests,
+    config,
+    recording_proxy,
+    restore_base_weights,
+    target_id,
+)
 from toy_env import multi_turn_target_env, target_share_env
 
 from rlvr.config import ConfigError
@@ -23,6 +30,8 @@ from rlvr.weight_sync.merged import MergedPush
 integration = pytest.mark.integration
 TRAINED = ("reward/mean", "loss/total", "grad_norm")
 """What a step trains: equal on one server and on two."""
+EVERY_OTHER_ID = set(range(0, 512, 2))
+"""A toy reward every group of the tiny model learns from: each step moves the weights."""
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +74,9 @@ def test_two_servers_train_like_one(tiny_server, second_server, one_server_run, 
     one do, under merged pushes and under adapter sync."""
     extra = ["max_steps=2"]
     reference = one_server_run[:2]
-    if sync == "adapter":
+    if sync == "adapter":  # adapters go onto the servers' own base: the model's, not a run's
+        restore_base_weights(tiny_server)
+        restore_base_weights(second_server)
         extra += ["server.lora_sync=adapter", f"lora.target_modules={ADAPTER_TARGETS}"]
         reference = train(config(tiny_server, tmp_path / "one", *extra), tiny_server)
     cfg = on_servers(config(tiny_server, tmp_path / "two", *extra), tiny_server, second_server)
@@ -117,7 +128,7 @@ def test_every_server_serves_every_version(tiny_server, second_server, tmp_path,
 
     monkeypatch.setattr(MergedPush, "push", misses_version_2)
     cfg = on_servers(config(tiny_server, tmp_path, "max_steps=4"), tiny_server, second_server)
-    history = train(cfg, tiny_server)
+    history = Trainer(cfg, env=target_share_env(EVERY_OTHER_ID)).run()
     for step in (0, 2, 3):  # pushes of versions 1, 3, 4: both servers serve them
         assert history[step]["push/0/probe_kl"] < 1e-3 and history[step]["push/1/probe_kl"] < 1e-3
     assert "push/1/probe_kl" not in history[1], "the stale server's probe did not fail"
