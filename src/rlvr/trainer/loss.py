@@ -29,7 +29,7 @@ The choices (`rlvr.config.LossConfig`; docs/training.md#loss-choices has the pap
     ratio_level=sequence   r_t = s_i = exp(mean_{t in i} log r_t), the value of the rollout's
                            geometric-mean ratio with the gradient of log p_t (GSPO)
     correction=sequence_mask   m_t = 0 for every token of a rollout whose s_i leaves the
-                               bounds (MIS: Liu et al., 2025's masked importance sampling)
+                               bounds (sequence-level masked importance sampling, MIS)
     correction=tis   pg_t = -min(r_t, tis_cap) A with the gradient of log p_t only (the weight
                      is a constant), no token masked; tis_cap=inf is plain importance sampling
 
