@@ -117,13 +117,13 @@ def policy_loss(
     each position belongs to (needed by `ratio_level=sequence` and `correction=sequence_mask`)
     and `rollout_tokens` how many loss tokens its whole rollout has (needed by
     `aggregation=seq_mean_token_mean`). The caller divides `loss_sum` by the step's
-    `loss_normaliser` (see `normalised_loss`). The formulas are in the module docstring.
+    `step_normaliser` (see `normalised_loss`). The formulas are in the module docstring.
     """
     mask = loss_mask.float()
     token_log_ratio = logprobs - sampler_logprobs
     log_ratio = token_log_ratio
-    per_rollout = cfg.ratio_level == "sequence" or cfg.correction == "sequence_mask"
-    if per_rollout:
+    rollout_log_ratio = None  # log s_i: GSPO's ratio, MIS's bound
+    if cfg.ratio_level == "sequence" or cfg.correction == "sequence_mask":
         rollout_log_ratio = sequence_means(token_log_ratio.detach(), mask, sequence_ids)
     if cfg.ratio_level == "sequence":  # GSPO: the value of s_i, the gradient of log p_t
         log_ratio = rollout_log_ratio + logprobs - logprobs.detach()
@@ -177,7 +177,7 @@ def policy_loss(
         log_ratio64 = token_log_ratio.double()
         stats["mismatch_kl"] = ((torch.expm1(log_ratio64) - log_ratio64) * mask).sum()
         stats["loss/pg"] = (-surrogate * keep).sum()
-        if per_rollout and rollout_tokens is not None:
+        if rollout_log_ratio is not None and rollout_tokens is not None:
             partial = per_sequence(mask, sequence_ids) < rollout_tokens
             stats["ratio/split_rollout_frac"] = (mask * partial.float()).sum()
     return LossTerms(loss_sum=loss_sum, tokens=mask.sum(), stats=stats)
