@@ -35,6 +35,11 @@ class Sample:
     sampler_logprobs: list[float]
     """vLLM's log-probability of each token where loss_mask is 1 (0.0 elsewhere)."""
     advantage: float = 0.0
+    rollout: int | None = None
+    """The index of the step's rollout this sample is part of (a multi-turn rollout may be
+    several samples); None: a rollout of its own."""
+    rollout_tokens: int | None = None
+    """Loss tokens of the whole rollout, over all its samples; None: this sample's own."""
 
     def __post_init__(self) -> None:
         if not len(self.input_ids) == len(self.loss_mask) == len(self.sampler_logprobs):
@@ -53,6 +58,16 @@ class Sample:
     def with_advantage(self, advantage: float) -> Sample:
         """This sample scored with `advantage` (a new sample: rollouts keep their own)."""
         return replace(self, advantage=advantage)
+
+    def scored(self, advantage: float, rollout: int, rollout_tokens: int) -> Sample:
+        """This sample with `advantage`, as part of the step's rollout `rollout` of
+        `rollout_tokens` loss tokens (a new sample: rollouts keep their own)."""
+        return replace(self, advantage=advantage, rollout=rollout, rollout_tokens=rollout_tokens)
+
+    @property
+    def rollout_loss_tokens(self) -> int:
+        """Loss tokens of the rollout this sample is part of."""
+        return self.num_loss_tokens if self.rollout_tokens is None else self.rollout_tokens
 
 
 Row = list[Sample]
@@ -77,8 +92,12 @@ class MicroBatch:
     """Positions restarting at 0 where each sample starts; the padding after the last sample
     of a row counts as a sample of its own, so nothing attends to it or from it."""
     sequence_ids: torch.Tensor | None = None
-    """[B, T-1] which of the micro-batch's samples each prediction belongs to (0, 1, ...; the
-    padding is one more id), for the losses that reduce per sequence (`rlvr.trainer.loss`)."""
+    """[B, T-1] which of the micro-batch's rollouts each prediction belongs to (0, 1, ...: the
+    samples of one rollout share an id; the padding has an id of its own), for the losses that
+    reduce per sequence (`rlvr.trainer.loss`)."""
+    rollout_tokens: torch.Tensor | None = None
+    """[B, T-1] the loss tokens of each prediction's whole rollout, over every micro-batch and
+    rank (`Sample.rollout_loss_tokens`)."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -121,6 +140,9 @@ class RolloutResult:
     answer: str = ""
     longest_turn: int = 0
     """Completion tokens of the rollout's longest model turn (the overlong penalty's length)."""
+    cut_turn: bool = False
+    """Some model turn stopped at its token limit (finish reason length) or was cut to
+    `max_seq_len`: the overlong penalty counts it as reaching its reply cap."""
 
 
 @dataclass
@@ -229,8 +251,14 @@ class TrainBatch:
 
     @cached_property
     def loss_sequences(self) -> int:
-        """Samples with at least one loss token (the per-sequence aggregations' count)."""
-        return sum(1 for s in self.samples if s.num_loss_tokens)
+        """Rollouts with at least one loss token (G of the per-sequence aggregations: a
+        rollout of several samples counts once)."""
+        keys = {
+            ("rollout", s.rollout) if s.rollout is not None else ("sample", i)
+            for i, s in enumerate(self.samples)
+            if s.num_loss_tokens
+        }
+        return len(keys)
 
     @cached_property
     def tokens(self) -> int:

@@ -159,25 +159,28 @@ class LossConfig:
     """Weight of the KL penalty to the reference (initial) model; 0 skips the reference pass."""
     aggregation: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
     """How token losses add up (docs/training.md#loss-choices): `token_mean` divides their sum
-    by the step's loss tokens (DAPO), `seq_mean_token_mean` averages each sequence's tokens and
-    then the sequences (GRPO), `constant` divides by sequences x `constant_tokens` (Dr. GRPO)."""
+    by the step's loss tokens (DAPO), `seq_mean_token_mean` averages each rollout's tokens and
+    then the rollouts (GRPO), `constant` divides by rollouts x `constant_tokens` (Dr. GRPO); a
+    rollout of several samples counts once."""
     constant_tokens: int | None = None
     """`aggregation=constant`'s tokens per sequence (None: batch.max_seq_len)."""
     ratio_level: Literal["token", "sequence"] = "token"
-    """`sequence`: every token of a sequence takes the geometric mean of its sequence's
-    trainer/sampler ratios, clipped and masked per sequence (GSPO)."""
+    """`sequence`: every token of a rollout takes the geometric mean of its rollout's
+    trainer/sampler ratios, clipped and masked per rollout (GSPO)."""
     correction: Literal["token_mask", "sequence_mask", "tis"] = "token_mask"
     """The off-policy correction: `token_mask` drops tokens whose ratio leaves
-    [ratio_mask_low, ratio_mask_high]; `sequence_mask` drops whole sequences whose
-    geometric-mean ratio does (MIS); `tis` weighs each token by its ratio truncated at
+    [ratio_mask_low, ratio_mask_high] (as IcePop does); `sequence_mask` drops whole rollouts
+    whose geometric-mean ratio does (sequence-level masked importance sampling, MIS); `tis`
+    weighs each token by its ratio truncated at
     `tis_cap` and drops nothing (truncated importance sampling)."""
     tis_cap: float = 2.0
     """`correction=tis`'s truncation of the importance weight (inf: plain importance sampling)."""
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment: a rollout whose longest model turn reaches into the last
-    `overlong_buffer` tokens of its reply cap (max_tokens) loses reward linearly, up to
-    `overlong_penalty` at the cap, for its advantage only (logged rewards stay the
-    environment's). 0: off."""
+    `overlong_buffer` tokens of its reply cap (max_tokens; a turn cut at max_tokens or
+    batch.max_seq_len reaches it) loses reward linearly, up to `overlong_penalty` at the cap,
+    for its advantage only, centred in its group and not scaled by the rewards' std (logged
+    rewards stay the environment's). 0: off."""
     overlong_penalty: float = 1.0
     """The reward a turn that hits its cap loses under `overlong_buffer`."""
 
@@ -202,8 +205,10 @@ class LossConfig:
             not (self.correction == "tis" and clipped),
             "loss.correction",
             self.correction,
-            "tis weighs the ratio to the sampler and leaves PPO clipping nothing to bound (one "
-            "update per batch): unset loss.clip_low/clip_high",
+            "tis weighs each token by its ratio to the sampler, truncated and never dropped; "
+            "clipping bounds the same ratio (with one update per batch there is no other) and "
+            "would zero the gradient of the tokens beyond its bounds that tis means to weigh, "
+            "common under async_level >= 1: unset loss.clip_low/clip_high",
         )
 
 

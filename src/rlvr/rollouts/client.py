@@ -69,8 +69,9 @@ def extend_prompt_ids(
     messages] with it, `marker` the ids of `MARKER`. The ids after the marker in `reference`
     are the template's closing of a reply (ChatML: `<|im_end|>`, `\\n`); a reply that
     `stopped` on the first of them (its end-of-turn token) sampled that token itself, so it is
-    not repeated; a reply cut by max_tokens or a stop string gets the whole closing, which
-    the template would render for it too. A lone assistant message keeps templates that
+    not repeated; any other reply (cut by max_tokens, or stopped by a stop string, even one
+    ending in a token of the closing such as a newline) gets the whole closing, which the
+    template would render for it too. A lone assistant message keeps templates that
     treat the last assistant turn or turns before the last user message specially (Qwen3's
     `<think>` handling) from rendering it differently in the two conversations. None where the
     renderings do not extend each other (the template rewrites the reply when messages
@@ -81,10 +82,8 @@ def extend_prompt_ids(
         return None
     end = ends[-1]
     closing = reference[end:]
-    skip = 0
-    if stopped and completion and completion[-1] in closing:
-        skip = closing.index(completion[-1]) + 1
-    return [*previous, *completion, *rendered[end + skip :]]
+    sampled_end = stopped and bool(completion) and bool(closing) and completion[-1] == closing[0]
+    return [*previous, *completion, *rendered[end + int(sampled_end) :]]
 
 
 def _dump(message: Any) -> Any:

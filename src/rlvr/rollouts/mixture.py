@@ -12,8 +12,14 @@ environment keeps its own scores.
 
 Which environment a prompt comes from follows the weights exactly, not by chance
 (`MixtureOrder`): position p of the prompt order goes to the environment furthest behind its
-share, so every stretch of positions holds each environment within one row of its share, and
-the order depends on nothing but the position: a checkpoint's data position resumes it.
+share, so the order so far holds each environment within about one row of its share, and
+the order depends on nothing but the position: a checkpoint's data position resumes it. A
+stretch of positions (a step's groups) holds each of two environments within one row of its
+share; with three or more no order can promise that for every stretch (a stretch's count is
+the difference of two prefixes' counts). Measured over 400 random weightings and stretches of
+4 to 32 positions: prefixes at most 1.05 rows off (eight environments), stretches up to 1.27
+rows off with three environments, 1.48 with four, 1.74 with eight
+(`test_mixture_order_bounds_what_it_documents` checks the worst weightings found).
 """
 
 from __future__ import annotations

@@ -112,16 +112,17 @@ def reference_answer(state: Any) -> Any:
 
 
 def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> RolloutResult:
-    """A scored rollout's state reduced to a `RolloutResult`. Raises `NonFiniteRewardError`
+    """A scored rollout's state reduced to a `RolloutResult` (a turn verifiers marks
+    truncated, by its finish reason length or by its cut to `max_seq_len`, is its `cut_turn`:
+    what was left of it no longer tells how long it ran). Raises `NonFiniteRewardError`
     for a reward that is not a finite number; rubric metrics that are not finite numbers are
     left out (a mean of them would be NaN or raise)."""
     reward = finite_number(state.get("reward"))
     if reward is None:
         raise NonFiniteRewardError(f"reward {state.get('reward')!r} is not a finite number")
     trajectory = state.get("trajectory") or []
-    truncated = bool(state.get("is_truncated")) or any(
-        step.get("is_truncated") for step in trajectory
-    )
+    cut_turn = any(step.get("is_truncated") for step in trajectory)
+    truncated = bool(state.get("is_truncated")) or cut_turn
     samples = trajectory_samples(trajectory, max_seq_len)
     if truncated and mask_truncated:
         samples = []
@@ -143,4 +144,5 @@ def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> Rollou
         completion_text=render_messages(state.get("completion")),
         answer=str(reference_answer(state) or ""),
         longest_turn=max(turn_tokens, default=0),
+        cut_turn=cut_turn,
     )

@@ -48,10 +48,10 @@ from rlvr.trainer.logprobs import MaskLogits, sequence_scores
 from rlvr.trainer.loss import (
     LossTerms,
     StepStats,
-    loss_normaliser,
     merge_ranks,
     normalised_loss,
     policy_loss,
+    step_normaliser,
     summarise,
 )
 from rlvr.trainer.memory import GIB, Budget, peak_bytes, reset_peak, split_cost
@@ -79,7 +79,7 @@ def micro_batch_loss(
     """Forward one micro-batch; return its normalised loss (ready for backward) and its terms,
     with every statistic of `rlvr.trainer.loss.STATS`.
 
-    `normaliser` is the step's `rlvr.trainer.loss.loss_normaliser`; `reference(mb)` returns the
+    `normaliser` is the step's `rlvr.trainer.loss.step_normaliser`; `reference(mb)` returns the
     reference model's token log-probabilities (needed when loss.beta > 0); `mask_logits`
     forbids tokens per position (see `rlvr.trainer.logprobs`)."""
     scores = sequence_scores(
@@ -94,6 +94,7 @@ def micro_batch_loss(
         cfg.loss,
         ref,
         mb.sequence_ids,
+        mb.rollout_tokens,
     )
     terms.stats["entropy"] = scores.entropy_sum
     return normalised_loss(terms.loss_sum, normaliser, world_size), terms
@@ -414,10 +415,8 @@ class Trainer:
         """Accumulate the gradients of this rank's shard of `batch`; return what the step
         measured over all ranks. A loss that is not finite raises `NonFiniteStepError` here,
         alike on every rank, before the optimizer moves anything."""
-        cfg, global_tokens = self.cfg, batch.loss_tokens
-        normaliser = loss_normaliser(
-            cfg.loss, global_tokens, batch.loss_sequences, cfg.batch.max_seq_len
-        )
+        cfg = self.cfg
+        normaliser = step_normaliser(cfg.loss, batch, cfg.batch.max_seq_len)
         stats = StepStats()
         # nothing to train (alike on every rank: the batch is the whole step's)
         if not has_gradient(batch, cfg.loss.beta):

@@ -21,14 +21,23 @@ The choices (`rlvr.config.LossConfig`; docs/training.md#loss-choices has the pap
 
     aggregation=seq_mean_token_mean   loss = sum_i (1/|i|) sum_{t in i} m_t l_t / G   (GRPO)
     aggregation=constant              loss = sum_t m_t l_t / (G * L)          (Dr. GRPO)
-        G: sequences with a loss token in the step; |i|: loss tokens of sequence i;
-        L: loss.constant_tokens (default batch.max_seq_len)
-    ratio_level=sequence   r_t = s_i = exp(mean_{t in i} log r_t), the value of the sequence's
+        i: a rollout, over all its samples (a multi-turn rollout whose turns were re-rendered
+        is several samples, and weighs as one rollout); G: rollouts with a loss token in the
+        step; |i|: loss tokens of rollout i (`Sample.rollout_tokens`, so a rollout's samples
+        may sit in any micro-batch on any rank); L: loss.constant_tokens (default
+        batch.max_seq_len)
+    ratio_level=sequence   r_t = s_i = exp(mean_{t in i} log r_t), the value of the rollout's
                            geometric-mean ratio with the gradient of log p_t (GSPO)
-    correction=sequence_mask   m_t = 0 for every token of a sequence whose s_i leaves the
-                               bounds (MIS)
+    correction=sequence_mask   m_t = 0 for every token of a rollout whose s_i leaves the
+                               bounds (sequence-level masked importance sampling, MIS)
     correction=tis   pg_t = -min(r_t, tis_cap) A with the gradient of log p_t only (the weight
                      is a constant), no token masked; tis_cap=inf is plain importance sampling
+
+s_i is a mean over the rollout's tokens in the micro-batch at hand: a rollout whose samples
+the layout put in different micro-batches or on different ranks gets, in each, the ratio of
+the part there (`ratio/split_rollout_frac` logs the share of loss tokens this concerns; the
+gradient then differs from the single-batch one). A ratio that overflows `exp` on a token the
+correction masks stays out of the loss and its gradient (no inf * 0).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.batch import TrainBatch
 from rlvr.config import LossConfig
 
 
@@ -73,6 +83,7 @@ STATS: dict[str, Stat] = {
     "ratio/masked_frac": Stat(Reduce.TOKEN_MEAN),
     "ratio/clipped_frac": Stat(Reduce.TOKEN_MEAN),
     "mismatch_kl": Stat(Reduce.TOKEN_MEAN),
+    "ratio/split_rollout_frac": Stat(Reduce.TOKEN_MEAN),
 }
 """Every statistic a GRPO step logs from its loss, by its logged name. A micro-batch reports
 token-mean statistics as sums over its loss tokens (`StepStats` divides once per step) and
@@ -98,24 +109,31 @@ def policy_loss(
     cfg: LossConfig,
     ref_logprobs: torch.Tensor | None = None,
     sequence_ids: torch.Tensor | None = None,
+    rollout_tokens: torch.Tensor | None = None,
 ) -> LossTerms:
     """Importance-weighted policy-gradient loss, summed (not averaged) over tokens.
 
-    All inputs are [B, T-1], aligned as `token_logprobs`; `sequence_ids` says which sample each
-    position belongs to (needed by `ratio_level=sequence`, `correction=sequence_mask` and
+    All inputs are [B, T-1], aligned as `token_logprobs`; `sequence_ids` says which rollout
+    each position belongs to (needed by `ratio_level=sequence` and `correction=sequence_mask`)
+    and `rollout_tokens` how many loss tokens its whole rollout has (needed by
     `aggregation=seq_mean_token_mean`). The caller divides `loss_sum` by the step's
-    `loss_normaliser` (see `normalised_loss`). The formulas are in the module docstring.
+    `step_normaliser` (see `normalised_loss`). The formulas are in the module docstring.
     """
     mask = loss_mask.float()
     token_log_ratio = logprobs - sampler_logprobs
     log_ratio = token_log_ratio
+    rollout_log_ratio = None  # log s_i: GSPO's ratio, MIS's bound
+    if cfg.ratio_level == "sequence" or cfg.correction == "sequence_mask":
+        rollout_log_ratio = sequence_means(token_log_ratio.detach(), mask, sequence_ids)
     if cfg.ratio_level == "sequence":  # GSPO: the value of s_i, the gradient of log p_t
-        log_ratio = sequence_means(token_log_ratio.detach(), mask, sequence_ids)
-        log_ratio = log_ratio + logprobs - logprobs.detach()
-    ratio = torch.exp(log_ratio)
+        log_ratio = rollout_log_ratio + logprobs - logprobs.detach()
     with torch.no_grad():
-        in_bounds = correction_mask(ratio, token_log_ratio, mask, sequence_ids, cfg)
+        bounded = rollout_log_ratio if cfg.correction == "sequence_mask" else log_ratio
+        in_bounds = correction_mask(bounded, mask, cfg)
+        raw_ratio = torch.exp(log_ratio.detach())
     keep = mask * in_bounds.float()
+    # a masked token's ratio may overflow exp: it is left out of the value and the gradient
+    ratio = torch.exp(torch.where(in_bounds, log_ratio, 0.0))
     if cfg.correction == "tis":  # value min(r, cap) A, gradient min(r, cap) A grad log p
         weight = ratio.detach().clamp(max=cfg.tis_cap)
         surrogate = weight * torch.exp(logprobs - logprobs.detach()) * advantages
@@ -141,15 +159,16 @@ def policy_loss(
         stats["loss/kl_ref"] = (kl_ref * keep).sum().detach()
     token_loss = (per_token * keep).sum()
     loss_sum = token_loss
-    if cfg.aggregation == "seq_mean_token_mean":  # each sequence's tokens weigh 1/|sequence|
-        lengths = per_sequence(mask, sequence_ids).clamp(min=1)
-        loss_sum = (per_token * keep / lengths).sum()
+    if cfg.aggregation == "seq_mean_token_mean":  # each rollout's tokens weigh 1/|rollout|
+        if rollout_tokens is None:
+            raise ValueError("seq_mean_token_mean needs the micro-batch's rollout_tokens")
+        loss_sum = (per_token * keep / rollout_tokens.clamp(min=1)).sum()
     with torch.no_grad():
         on_mask = mask.bool()
         stats["loss/total"] = token_loss.detach()
-        stats["ratio/min"] = torch.where(on_mask, ratio, math.inf).min()
-        stats["ratio/max"] = torch.where(on_mask, ratio, -math.inf).max()
-        stats["ratio/mean"] = (ratio * mask).sum()
+        stats["ratio/min"] = torch.where(on_mask, raw_ratio, math.inf).min()
+        stats["ratio/max"] = torch.where(on_mask, raw_ratio, -math.inf).max()
+        stats["ratio/mean"] = (raw_ratio * mask).sum()
         stats["ratio/masked_frac"] = (mask * (1 - in_bounds.float())).sum()
         stats["ratio/clipped_frac"] = (mask * clipped.float()).sum()
         # k3 estimator of KL(sampler || trainer) on the sampler's own tokens: >= 0, and 0 only
@@ -158,29 +177,26 @@ def policy_loss(
         log_ratio64 = token_log_ratio.double()
         stats["mismatch_kl"] = ((torch.expm1(log_ratio64) - log_ratio64) * mask).sum()
         stats["loss/pg"] = (-surrogate * keep).sum()
+        if rollout_log_ratio is not None and rollout_tokens is not None:
+            partial = per_sequence(mask, sequence_ids) < rollout_tokens
+            stats["ratio/split_rollout_frac"] = (mask * partial.float()).sum()
     return LossTerms(loss_sum=loss_sum, tokens=mask.sum(), stats=stats)
 
 
-def correction_mask(
-    ratio: torch.Tensor,
-    token_log_ratio: torch.Tensor,
-    mask: torch.Tensor,
-    sequence_ids: torch.Tensor | None,
-    cfg: LossConfig,
-) -> torch.Tensor:
+def correction_mask(log_ratio: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     """Where the off-policy correction lets a token train: everywhere under `tis` (it weighs
-    instead); inside [ratio_mask_low, ratio_mask_high] for the token's ratio (`token_mask`) or
-    its sequence's geometric-mean ratio (`sequence_mask`)."""
+    instead); elsewhere where `exp(log_ratio)` (the token's ratio under `token_mask`, its
+    rollout's geometric-mean ratio under `sequence_mask`) lies in [ratio_mask_low,
+    ratio_mask_high]."""
     if cfg.correction == "tis":
         return torch.ones_like(mask, dtype=torch.bool)
-    bounded = ratio
-    if cfg.correction == "sequence_mask":
-        bounded = torch.exp(sequence_means(token_log_ratio, mask, sequence_ids))
-    return (bounded >= cfg.ratio_mask_low) & (bounded <= cfg.ratio_mask_high)
+    ratio = torch.exp(log_ratio)
+    return (ratio >= cfg.ratio_mask_low) & (ratio <= cfg.ratio_mask_high)
 
 
 def per_sequence(values: torch.Tensor, sequence_ids: torch.Tensor | None) -> torch.Tensor:
-    """At each position, the sum of `values` over the positions of its sequence."""
+    """At each position, the sum of `values` over the positions of its sequence (its
+    rollout's positions in the micro-batch)."""
     if sequence_ids is None:
         raise ValueError("this loss reduces per sequence: it needs the micro-batch's sequence_ids")
     rows, columns = sequence_ids.shape
@@ -200,13 +216,19 @@ def sequence_means(
 
 def loss_normaliser(cfg: LossConfig, tokens: int, sequences: int, max_seq_len: int) -> float:
     """What the step's summed loss is divided by: its loss `tokens` (`token_mean`), its
-    `sequences` with a loss token (`seq_mean_token_mean`: each already a mean over its tokens),
-    or sequences x a constant length (`constant`, Dr. GRPO)."""
+    `sequences` (rollouts) with a loss token (`seq_mean_token_mean`: each already a mean over
+    its tokens), or sequences x a constant length (`constant`, Dr. GRPO)."""
     if cfg.aggregation == "token_mean":
         return tokens
     if cfg.aggregation == "seq_mean_token_mean":
         return sequences
     return sequences * (cfg.constant_tokens or max_seq_len)
+
+
+def step_normaliser(cfg: LossConfig, batch: TrainBatch, max_seq_len: int) -> float:
+    """`loss_normaliser` of a step's `batch`: its loss tokens, and its rollouts with a loss
+    token as the sequences."""
+    return loss_normaliser(cfg, batch.loss_tokens, batch.loss_sequences, max_seq_len)
 
 
 def normalised_loss(loss_sum: torch.Tensor, global_tokens: float, world_size: int):

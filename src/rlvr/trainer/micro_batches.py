@@ -47,12 +47,16 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
     logprobs = torch.zeros((n, width), dtype=torch.float32)
     advantages = torch.zeros((n, width), dtype=torch.float32)
     sequences = torch.full((n, width), sum(len(row) for row in rows), dtype=torch.long)
+    rollout_tokens = torch.zeros((n, width), dtype=torch.float32)
+    ids_of: dict[tuple[str, int], int] = {}  # a rollout's samples share its id
     index = 0
     for r, row in enumerate(rows):
         start = 0
         for s in row:
             end = start + len(s)
-            sequences[r, start:end] = index
+            key = ("sample", index) if s.rollout is None else ("rollout", s.rollout)
+            sequences[r, start:end] = ids_of.setdefault(key, len(ids_of))
+            rollout_tokens[r, start:end] = s.rollout_loss_tokens
             index += 1
             ids[r, start:end] = torch.tensor(s.input_ids)
             attention[r, start:end] = 1
@@ -72,6 +76,7 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
         attention,
         positions if packed else None,
         sequences[:, 1:],
+        rollout_tokens[:, 1:],
     )
 
 

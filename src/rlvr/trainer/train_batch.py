@@ -19,17 +19,15 @@ def build_train_batch(
     """The samples of every group that may train, each scored with its rollout's advantage.
 
     Groups where more than `batch.max_errored_frac` of the rollouts errored get no loss;
-    groups whose rewards are all equal are dropped when `loss.drop_zero_variance`. The
-    rollouts keep their own samples: the advantages go on new ones."""
+    groups whose environment rewards are all equal (counted in `rollouts/zero_variance_groups`
+    whatever their overlong penalties) are dropped when `loss.drop_zero_variance`. The
+    rollouts keep their own samples: the advantages go on new ones (`rollout_samples`)."""
     hooks = hooks or PolicyHooks()
     limit = cfg.batch.max_errored_frac
     groups = [g for g in batch.groups if g.rollouts and not g.too_errored(limit)]
     penalties = [[overlong_penalty(r, g.reply_cap, cfg.loss) for r in g.rollouts] for g in groups]
-    shaped = [
-        [r.reward - p for r, p in zip(g.rollouts, ps, strict=True)]
-        for g, ps in zip(groups, penalties, strict=True)
-    ]
-    advantages, flat = group_advantages(shaped, cfg.loss.scale_rewards)
+    rewards = [[r.reward for r in g.rollouts] for g in groups]
+    advantages, flat = group_advantages(rewards, cfg.loss.scale_rewards, penalties)
     samples: list[Sample] = []
     scored: list[tuple[RolloutResult, float, str | None]] = []
     dropped = 0
@@ -38,8 +36,8 @@ def build_train_batch(
             dropped += 1
             continue
         for rollout, adv in zip(group.rollouts, group_adv, strict=True):
+            samples += rollout_samples(rollout, adv, len(scored))
             scored.append((rollout, adv, group.env))
-            samples += [sample.with_advantage(adv) for sample in rollout.samples]
     kept = {
         "rollouts/zero_variance_groups": sum(flat),
         "rollouts/dropped_groups": dropped,
@@ -54,6 +52,13 @@ def build_train_batch(
         metrics.update(curriculum_metrics(batch.curriculum_state, batch.set_aside_prompts))
     table = [table_row(r, adv, env) for r, adv, env in scored[: cfg.logging.samples_per_step]]
     return TrainBatch(samples, metrics, table, batch.data_position)
+
+
+def rollout_samples(rollout: RolloutResult, advantage: float, index: int) -> list[Sample]:
+    """`rollout`'s samples scored with `advantage`, each marked as part of the step's rollout
+    `index` with the rollout's loss tokens (the per-sequence losses reduce over rollouts)."""
+    tokens = sum(s.num_loss_tokens for s in rollout.samples)
+    return [s.scored(advantage, index, tokens) for s in rollout.samples]
 
 
 def rollout_metrics(batch: StepBatch, kept: dict[str, int], samples: int) -> dict[str, float]:

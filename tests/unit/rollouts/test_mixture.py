@@ -37,6 +37,45 @@ def test_mixture_order_follows_the_weights():
     assert [order.env_of(p) for p in range(4)] == [owner[i] for i in drawn[:4]]
 
 
+def deviations(weights: list[float], n: int = 240, widths=(4, 8, 16)) -> tuple[float, float]:
+    """The most an environment's count strays from its share over the first `n` positions:
+    in any prefix, and in any stretch of `widths` positions (a step's groups)."""
+    order = MixtureOrder([[0]] * len(weights), weights, seed=0)
+    envs = [order.env_of(p) for p in range(n)]
+    shares = [w / sum(weights) for w in weights]
+    prefix = max(
+        abs(envs[:end].count(i) - share * end)
+        for end in range(1, n + 1)
+        for i, share in enumerate(shares)
+    )
+    stretch = max(
+        abs(envs[start : start + width].count(i) - share * width)
+        for width in widths
+        for start in range(n - width)
+        for i, share in enumerate(shares)
+    )
+    return prefix, stretch
+
+
+@pytest.mark.parametrize(
+    ("weights", "stretch_bound"),
+    [
+        ([7, 1.3], 1.0),
+        ([3, 1], 1.0),
+        ([7, 0.5, 1.3], 1.28),
+        ([1.3, 1.3, 1.3, 3], 1.48),
+        ([0.5, 7, 0.5, 5, 0.5, 0.5, 5, 0.5], 1.75),
+    ],
+)
+def test_mixture_order_bounds_what_it_documents(weights, stretch_bound):
+    """What `rlvr.rollouts.mixture` promises: the order so far within about one row of each
+    environment's share; a step's stretch within one for two environments, and (no order can
+    do better for every stretch) up to the documented 1.27 / 1.48 / 1.74 with 3 / 4 / 8."""
+    prefix, stretch = deviations(weights)
+    assert prefix <= 1.06
+    assert stretch < stretch_bound if len(weights) == 2 else stretch <= stretch_bound
+
+
 def test_mixture_order_depends_only_on_the_position():
     """A resumed run builds a fresh order and reads from its saved position: it must get the
     rows the uninterrupted run read there, and a different seed another order."""

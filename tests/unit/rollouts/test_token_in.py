@@ -76,6 +76,21 @@ def test_token_in_ids_are_the_templates_rendering_where_it_does_not_rewrite(chat
     assert extend(chatml, prompt_ids, [*reply, end], True, TOOL_RESULT + user, tools) == expected
 
 
+def test_token_in_keeps_the_end_of_turn_after_a_stop_string_ending_in_a_newline(chatml):
+    """A reply stopped by a stop string ending in a newline (`stop: ["\\n"]` with
+    include_stop_str_in_output) did not sample its `<|im_end|>`: its last token is the
+    closing's newline, not its end-of-turn, and it gets the whole closing, as a reply cut by
+    max_tokens does."""
+    prompt_ids = render(chatml, CONVERSATION)
+    newline = chatml.encode("\n", add_special_tokens=False)
+    reply = [*chatml.encode(REPLY, add_special_tokens=False), *newline]
+    end = chatml.convert_tokens_to_ids("<|im_end|>")
+    ids = extend(chatml, prompt_ids, reply, True, TOOL_RESULT)
+    assert ids[: len(prompt_ids) + len(reply)] == prompt_ids + reply
+    assert ids[len(prompt_ids) + len(reply) :][:2] == [end, *newline]
+    assert ids == extend(chatml, prompt_ids, reply, False, TOOL_RESULT)
+
+
 def test_token_in_keeps_the_sampled_thinking_that_the_template_strips(thinking):
     """Under a Qwen3-style template the re-rendered conversation drops the reply's empty think
     block (the prompts of two turns do not extend each other: a rollout splits); the token-in

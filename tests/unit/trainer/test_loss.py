@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlvr.batch import Sample
+from rlvr.batch import GroupResult, RolloutResult, Sample, StepBatch, TrainBatch
 from rlvr.config import ConfigError, LossConfig, load_config
 from rlvr.trainer.advantages import group_advantages
 from rlvr.trainer.grpo import micro_batch_loss
@@ -19,9 +19,11 @@ from rlvr.trainer.loss import (
     merge_ranks,
     normalised_loss,
     policy_loss,
+    step_normaliser,
     summarise,
 )
 from rlvr.trainer.micro_batches import collate, padding_micro_batch, shard, split_micro_batches
+from rlvr.trainer.train_batch import build_train_batch
 
 from .tiny_models import tiny_qwen2
 
@@ -96,6 +98,42 @@ def test_ppo_clipping_stops_the_gradient_beyond_the_bound():
     assert terms.stats["ratio/clipped_frac"].item() == 1
 
 
+def test_asymmetric_clipping_bounds_each_side_by_its_own_setting():
+    """clip_low bounds ratios below 1 (where A < 0 gains from lowering them), clip_high those
+    above 1 (A > 0): with 0.1 and 0.3, a ratio of 1.2 under A > 0 still trains, a ratio of
+    0.85 under A < 0 is clipped; swapped settings would do the opposite."""
+    logprobs = torch.log(torch.tensor([[0.6, 0.85]])).requires_grad_()
+    sampler = torch.log(torch.tensor([[0.5, 1.0]]))  # ratios 1.2 and 0.85
+    adv = torch.tensor([[1.0, -1.0]])
+    terms = policy_loss(
+        logprobs, sampler, adv, torch.ones(1, 2), loss_cfg(clip_low=0.1, clip_high=0.3)
+    )
+    terms.loss_sum.backward()
+    assert logprobs.grad[0, 0].item() == pytest.approx(-1.2, rel=1e-5)  # inside 1 + 0.3
+    assert logprobs.grad[0, 1].item() == 0.0  # below 1 - 0.1: clipped
+    assert terms.stats["ratio/clipped_frac"].item() == 1
+
+
+def test_a_masked_ratio_that_overflows_exp_stays_out_of_the_loss():
+    """A token whose log-ratio overflows float32's exp (e^100) is masked by the ratio bounds:
+    it adds nothing to the loss or its gradient, rather than inf * 0 = NaN; its ratio is still
+    logged as what it was. Under sequence_mask its whole sequence drops alike."""
+    for cfg in (loss_cfg(), loss_cfg(correction="sequence_mask")):
+        logprobs = torch.tensor([[-1.0, -1.0, -1.0]], requires_grad=True)
+        sampler = torch.tensor([[-1.0, -101.0, -1.0]])
+        ids = torch.tensor([[0, 0, 1]])
+        adv = torch.tensor([[1.0, 1.0, -1.0]])
+        terms = policy_loss(
+            logprobs, sampler, adv, torch.ones(1, 3), cfg, None, ids, torch.tensor([[2, 2, 1.0]])
+        )
+        terms.loss_sum.backward()
+        kept = [1.0, 0.0, -1.0] if cfg.correction == "token_mask" else [0.0, 0.0, -1.0]
+        assert terms.loss_sum.item() == pytest.approx(-sum(kept))
+        assert logprobs.grad.tolist() == [[-k for k in kept]]
+        assert terms.stats["ratio/max"].item() == math.inf
+        assert all(math.isfinite(terms.stats[n].item()) for n in ("loss/pg", "loss/total"))
+
+
 def test_kl_to_reference_adds_beta_weighted_penalty():
     logprobs = torch.tensor([[-1.0, -1.0]])
     ref = torch.tensor([[-1.0, -2.0]])
@@ -150,7 +188,14 @@ def variant_inputs() -> tuple:
 def run_variant(cfg: LossConfig) -> tuple[float, torch.Tensor]:
     mb, logprobs = variant_inputs()
     terms = policy_loss(
-        logprobs, mb.sampler_logprobs, mb.advantages, mb.loss_mask, cfg, None, mb.sequence_ids
+        logprobs,
+        mb.sampler_logprobs,
+        mb.advantages,
+        mb.loss_mask,
+        cfg,
+        None,
+        mb.sequence_ids,
+        mb.rollout_tokens,
     )
     terms.loss_sum.backward()
     return terms.loss_sum.item(), logprobs.grad
@@ -221,12 +266,13 @@ def test_loss_variants_match_reference_formulas():
     assert_matches(gspo_cfg, reference(gspo))
 
     # sequence_mask (MIS): a sample whose geometric-mean ratio leaves the bounds drops whole;
-    # sample 1 (ratios 4 and 1, mean 2) stays whole where the token mask drops its 4
+    # sample 1 (ratios 4 and 1: geometric mean 2, arithmetic 2.5) stays whole where the token
+    # mask drops its 4, and where a bound on the arithmetic mean would drop it
     def sequence_masked(i, log_ratios, adv):
-        inside = 0.125 <= log_ratios.mean().exp().item() <= 2.5
+        inside = 0.125 <= log_ratios.mean().exp().item() <= 2.2
         return -(log_ratios.exp() * adv).sum() * inside
 
-    seq_mask = loss_cfg(correction="sequence_mask", ratio_mask_high=2.5)
+    seq_mask = loss_cfg(correction="sequence_mask", ratio_mask_high=2.2)
     assert_matches(seq_mask, reference(sequence_masked))
 
     # TIS: value -min(r, cap) A, gradient -min(r, cap) A d log p; nothing masked
@@ -260,6 +306,120 @@ def test_loss_variants_match_reference_formulas():
         results.append((terms.loss_sum.item(), lp.grad))
     assert results[0][0] == pytest.approx(results[1][0])
     assert torch.allclose(results[0][1], results[1][1])
+
+
+def piece(ratios: list[float], prompt: int = 2) -> Sample:
+    """A sample of `prompt` tokens without loss, then one loss token per ratio: the sampler's
+    log-probability is set so that trainer log-probabilities of -1 give that ratio."""
+    sampler = [0.0] * prompt + [-1.0 - math.log(r) for r in ratios]
+    return Sample(list(range(len(sampler))), [0] * prompt + [1] * len(ratios), sampler)
+
+
+def joined(*pieces: list[float]) -> Sample:
+    """One sample holding every piece's loss tokens, an environment token between turns."""
+    sampler, mask = [0.0, 0.0], [0, 0]
+    for ratios in pieces:
+        sampler += [-1.0 - math.log(r) for r in ratios] + [0.0]
+        mask += [1] * len(ratios) + [0]
+    return Sample(list(range(len(sampler))), mask, sampler)
+
+
+TURNS = [[1.5, 1.4], [1.0], [0.7, 0.9]]
+"""Rollout A's turns (the trainer/sampler ratios of their loss tokens)."""
+
+
+def split_rollout_step(split: bool) -> TrainBatch:
+    """Rollout A (reward 1) as 3 samples or 1, rollout B (reward 0) as 1: advantages +-1;
+    and a group whose only rollouts have no loss token (an environment's mask)."""
+    a = [piece(t) for t in TURNS] if split else [joined(*TURNS)]
+    rollouts = [
+        RolloutResult(0, 1.0, {}, a, False, 3, 5, "p", "c"),
+        RolloutResult(0, 0.0, {}, [piece([1.1, 1.0, 1.2])], False, 1, 3, "p", "c"),
+    ]
+    masked = Sample([1, 2, 3], [0, 0, 0], [0.0] * 3)
+    silent = [RolloutResult(1, r, {}, [masked], False, 1, 1, "p", "c") for r in (1.0, 0.0)]
+    groups = [GroupResult(rollouts), GroupResult(silent)]
+    batch = StepBatch(0, groups, 0, 0, 1.0, 0)
+    return build_train_batch(batch, load_config())
+
+
+def token_gradients(cfg: LossConfig, batch: TrainBatch, layout: list[list[list[int]]]):
+    """The step's loss and its gradient on each loss token (in sample order), with the
+    batch's samples (by index) laid out in `layout`'s micro-batches of rows."""
+    normaliser = step_normaliser(cfg, batch, max_seq_len=64)
+    total, grads, split = 0.0, {}, 0.0
+    for rows in layout:
+        mb = collate([[batch.samples[i] for i in row] for row in rows], pad_id=0)
+        logprobs = torch.full(mb.loss_mask.shape, -1.0, requires_grad=True)
+        terms = policy_loss(
+            logprobs,
+            mb.sampler_logprobs,
+            mb.advantages,
+            mb.loss_mask,
+            cfg,
+            None,
+            mb.sequence_ids,
+            mb.rollout_tokens,
+        )
+        loss = normalised_loss(terms.loss_sum, normaliser, world_size=1)
+        loss.backward()
+        total += loss.item()
+        split += terms.stats.get("ratio/split_rollout_frac", torch.tensor(0.0)).item()
+        for r, row in enumerate(rows):
+            start = 0
+            for i in row:
+                n = len(batch.samples[i])
+                columns = slice(max(start - 1, 0), start + n - 1)
+                on = mb.loss_mask[r, columns].bool()
+                grads[i] = logprobs.grad[r, columns][on].tolist()
+                start += n
+    return total, [g for i in sorted(grads) for g in grads[i]], split
+
+
+GSPO = dict(ratio_level="sequence", aggregation="seq_mean_token_mean", clip_low=0.2, clip_high=0.2)
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        dict(aggregation="seq_mean_token_mean"),
+        dict(aggregation="constant", constant_tokens=10),
+        GSPO,
+        dict(correction="sequence_mask", ratio_mask_high=1.1),
+    ],
+)
+def test_sequence_losses_weigh_rollouts_not_pieces(choice):
+    """A rollout split into 3 samples (turns re-rendered) trains exactly as the same rollout
+    unsplit: it counts once in G, its tokens weigh 1/|rollout|, and GSPO's and MIS's ratio is
+    the rollout's geometric mean (1.06: inside GSPO's clip and MIS's bound of 1.1, where its
+    first piece's own, 1.45, is outside both). With advantages +-1 each rollout weighs 1/2
+    (the group whose rollouts have no loss token counts nowhere). seq_mean_token_mean and
+    constant are exact whatever the layout; GSPO and MIS where the rollout's samples share a
+    micro-batch, and log the share of tokens they cannot see whole."""
+    cfg = loss_cfg(**choice)
+    whole = split_rollout_step(split=False)
+    pieces = split_rollout_step(split=True)
+    assert (whole.loss_sequences, pieces.loss_sequences) == (2, 2)
+    assert [s.advantage for s in pieces.samples[:4]] == pytest.approx([1, 1, 1, -1], abs=1e-5)
+    expected = token_gradients(cfg, whole, [[[0], [1]]])
+    layouts = [[[[0], [1], [2], [3]]], [[[0, 1], [2, 3]]], [[[3, 2, 1, 0]]]]
+    per_rollout = cfg.ratio_level == "sequence" or cfg.correction == "sequence_mask"
+    if not per_rollout:
+        layouts.append([[[0]], [[1]], [[2, 3]]])
+    for layout in layouts:
+        value, grads, split = token_gradients(cfg, pieces, layout)
+        assert value == pytest.approx(expected[0], rel=1e-5, abs=1e-7), layout
+        assert grads == pytest.approx(expected[1], rel=1e-5, abs=1e-7), layout
+        assert split == 0.0
+    if not per_rollout:  # token t of rollout i: -r_t A_i / (|i| G), or / (G L) (constant)
+        a, b = sum(TURNS, []), [1.1, 1.0, 1.2]
+        lengths = (10, 10) if cfg.aggregation == "constant" else (len(a), len(b))
+        weights = [-r / (lengths[0] * 2) for r in a] + [r / (lengths[1] * 2) for r in b]
+        assert expected[1] == pytest.approx(weights, rel=1e-5)
+    if per_rollout:  # split over micro-batches: each part's own ratio, and the log says so
+        _, grads, split = token_gradients(cfg, pieces, [[[0]], [[1]], [[2, 3]]])
+        assert split == 5
+        assert grads != pytest.approx(expected[1], rel=1e-5, abs=1e-7)
 
 
 def test_loss_choices_are_checked_at_start():
@@ -314,6 +474,8 @@ def tiny_policy() -> torch.nn.Module:
 
 
 def make_samples(n: int = 7) -> list[Sample]:
+    """`n` samples of varied lengths, advantages -1, 0, 1; samples 2i and 2i + 1 are the
+    pieces of rollout i (a multi-turn rollout split in two)."""
     g = torch.Generator().manual_seed(1)
     samples = []
     for i in range(n):
@@ -321,15 +483,18 @@ def make_samples(n: int = 7) -> list[Sample]:
         ids = torch.randint(1, 64, (prompt + completion,), generator=g).tolist()
         mask = [0] * prompt + [1] * completion
         logprobs = [0.0] * prompt + (-torch.rand(completion, generator=g) * 3).tolist()
-        samples.append(Sample(ids, mask, logprobs, advantage=float(i % 3) - 1.0))
-    return samples
+        samples.append(Sample(ids, mask, logprobs, advantage=float(i // 2 % 3) - 1.0))
+    tokens = [sum(s.num_loss_tokens for s in samples[i - i % 2 : i - i % 2 + 2]) for i in range(n)]
+    return [s.scored(s.advantage, i // 2, tokens[i]) for i, s in enumerate(samples)]
 
 
-def step_gradient(model, samples, micro_batch_size: int, world_size: int = 1) -> torch.Tensor:
+def step_gradient(
+    model, samples, micro_batch_size: int, world_size: int = 1, overrides: tuple = ()
+) -> torch.Tensor:
     """Gradient of one step as the trainer computes it: each simulated rank accumulates over
     its micro-batches (padded to the same count), then ranks are averaged like DDP/DeepSpeed."""
-    cfg = load_config()
-    global_tokens = sum(s.num_loss_tokens for s in samples)
+    cfg = load_config(overrides=list(overrides))
+    normaliser = step_normaliser(cfg.loss, TrainBatch(samples, {}, [], 0), cfg.batch.max_seq_len)
     shards = [
         split_micro_batches(shard(samples, r, world_size), micro_batch_size)
         for r in range(world_size)
@@ -339,19 +504,29 @@ def step_gradient(model, samples, micro_batch_size: int, world_size: int = 1) ->
     for mbs in shards:
         model.zero_grad()
         for chunk in mbs + [padding_micro_batch(0)] * (count - len(mbs)):
-            loss, _ = micro_batch_loss(model, collate(chunk, 0), cfg, global_tokens, world_size)
+            loss, _ = micro_batch_loss(model, collate(chunk, 0), cfg, normaliser, world_size)
             loss.backward()
         per_rank.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     return torch.stack(per_rank).mean(0)
 
 
-def test_loss_normalisation_is_invariant_to_micro_batch_split_and_ranks():
+@pytest.mark.parametrize(
+    "aggregation",
+    [
+        "loss.aggregation=token_mean",
+        "loss.aggregation=seq_mean_token_mean",
+        "loss.aggregation=constant",
+    ],
+)
+def test_loss_normalisation_is_invariant_to_micro_batch_split_and_ranks(aggregation):
+    """Every aggregation gives the single-batch gradient however the step's samples are cut
+    into micro-batches and spread over ranks, rollouts split over both included."""
     model = tiny_policy()
     samples = make_samples()
-    whole = step_gradient(model, samples, micro_batch_size=len(samples))
+    whole = step_gradient(model, samples, len(samples), overrides=(aggregation,))
     assert whole.abs().sum() > 0
     for mbs, world in [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (2, 3)]:
-        split = step_gradient(model, samples, micro_batch_size=mbs, world_size=world)
+        split = step_gradient(model, samples, mbs, world, overrides=(aggregation,))
         assert torch.allclose(split, whole, rtol=1e-4, atol=1e-7), (mbs, world)
 
 

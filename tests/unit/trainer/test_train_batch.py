@@ -7,14 +7,17 @@ import pytest
 
 from rlvr.batch import GroupResult, RolloutResult, Sample, StepBatch
 from rlvr.config import load_config
+from rlvr.rollouts.to_samples import rollout_result
 from rlvr.trainer.advantages import overlong_penalty
 from rlvr.trainer.train_batch import build_train_batch
 
 
-def rollout(reward: float, longest: int = 4, metrics: dict | None = None) -> RolloutResult:
+def rollout(
+    reward: float, longest: int = 4, metrics: dict | None = None, cut: bool = False
+) -> RolloutResult:
     sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0])
     return RolloutResult(
-        0, reward, metrics or {}, [sample], False, 1, longest, "p", "c", longest_turn=longest
+        0, reward, metrics or {}, [sample], cut, 1, longest, "p", "c", "", longest, cut
     )
 
 
@@ -73,3 +76,58 @@ def test_overlong_penalty_shapes_advantages_only():
     plain = build_train_batch(step(group), load_config())
     assert all(s.advantage == 0 for s in plain.samples)
     assert "rollouts/overlong_penalty" not in plain.metrics
+
+
+def test_overlong_penalty_is_linear_in_flat_groups():
+    """The penalty is subtracted after the std division, centred and unscaled: in a group whose
+    environment rewards are all equal, the advantages are the penalty's own deviations, so a
+    reply one token into the buffer loses 1/8 of what a reply cut at the cap loses (scaling
+    by the penalty's own spread would give both about -1.4). Such a group counts as zero
+    variance, and `drop_zero_variance` drops it; elsewhere the rewards' std scales the rewards
+    alone."""
+    cfg = load_config(overrides=["loss.overlong_buffer=8"])
+    flat = GroupResult([rollout(1.0, n) for n in (10, 13, 20)], reply_cap=20)
+    two = GroupResult([rollout(1.0, n) for n in (12, 13)], reply_cap=20)
+    mixed = GroupResult([rollout(1.0, 13), rollout(0.0, 10)], reply_cap=20)
+    train = build_train_batch(step(flat, two, mixed), cfg)
+    advantages = [s.advantage for s in train.samples]
+    penalties = [0.0, 1 / 8, 1.0]
+    mean = sum(penalties) / 3
+    assert advantages[:3] == pytest.approx([mean - p for p in penalties])
+    assert advantages[3:5] == pytest.approx([1 / 16, -1 / 16])
+    assert advantages[5:] == pytest.approx([1 - 1 / 16, -1 + 1 / 16], abs=1e-5)
+    assert train.metrics["rollouts/zero_variance_groups"] == 2
+    drop = load_config(overrides=["loss.overlong_buffer=8", "loss.drop_zero_variance=true"])
+    dropped = build_train_batch(step(flat, two, mixed), drop)
+    assert dropped.metrics["rollouts/dropped_groups"] == 2 and len(dropped.samples) == 2
+
+
+def turn(prompt: int, completion: int, truncated: bool = False) -> dict:
+    """A trajectory step as verifiers records it: a turn cut to `max_seq_len` keeps only the
+    completion ids that fit, and is marked truncated (as is one that stopped at max_tokens)."""
+    return {
+        "tokens": {
+            "prompt_ids": list(range(prompt)),
+            "completion_ids": [7] * completion,
+            "completion_logprobs": [-0.5] * completion,
+        },
+        "is_truncated": truncated,
+    }
+
+
+def test_overlong_penalty_counts_cut_replies():
+    """Prompt 600, max_tokens 1024, max_seq_len 1200: a reply that ran to its cap keeps 600 of
+    its tokens after verifiers' cut, and still gets the full penalty; so does a reply that
+    stopped at max_tokens. The penalty measures each turn, not the rollout's turns together:
+    two turns of 700 tokens are 1,400 tokens of replies but none reaches the buffer."""
+    loss = load_config(overrides=["loss.overlong_buffer=256"]).loss
+    cut = rollout_result({"reward": 1.0, "trajectory": [turn(600, 600, True)]}, 1200, False)
+    assert cut.longest_turn == 600 and cut.cut_turn
+    assert overlong_penalty(cut, 1024, loss) == 1.0
+    capped = rollout_result({"reward": 1.0, "trajectory": [turn(10, 1024, True)]}, 4096, False)
+    assert overlong_penalty(capped, 1024, loss) == 1.0
+    turns = [turn(10, 700), turn(720, 700)]
+    two = rollout_result({"reward": 1.0, "trajectory": turns}, 4096, False)
+    assert (two.longest_turn, two.cut_turn, overlong_penalty(two, 1024, loss)) == (700, False, 0)
+    ramp = rollout_result({"reward": 1.0, "trajectory": [turn(10, 896)]}, 4096, False)
+    assert overlong_penalty(ramp, 1024, loss) == 0.5
