@@ -124,35 +124,43 @@ launch_trainers() {
     ' rlvr-train "$@"
 }
 
-# start_server ARGS...: vf-vllm in the background with ARGS (srun ... or a plain command
-# prefix included); sets SERVER_PID and SERVER_LOG. stop_server runs on exit.
+# start_server ARGS...: a vf-vllm in the background with ARGS (srun ... or a plain command
+# prefix included), its log vf-vllm-<job>.log (vf-vllm-<job>-<SERVER_LABEL>.log when that is
+# set, one per server of a job with several). Every server started is stopped on exit.
+SERVER_PIDS=()
+SERVER_LOGS=()
 start_server() {
-    SERVER_LOG=$LOG_DIR/vf-vllm-${SLURM_JOB_ID:-local}.log
-    log "starting vf-vllm (log: $SERVER_LOG): $*"
-    "$@" >"$SERVER_LOG" 2>&1 &
-    SERVER_PID=$!
+    local log_file=$LOG_DIR/vf-vllm-${SLURM_JOB_ID:-local}${SERVER_LABEL:+-$SERVER_LABEL}.log
+    log "starting vf-vllm (log: $log_file): $*"
+    "$@" >"$log_file" 2>&1 &
+    SERVER_PIDS+=($!)
+    SERVER_LOGS+=("$log_file")
     trap stop_server EXIT
 }
 
 stop_server() {
-    if [[ -n ${SERVER_PID:-} ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        log "stopping vf-vllm"
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-    fi
+    local pid
+    for pid in "${SERVER_PIDS[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            log "stopping vf-vllm"
+            kill -TERM "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+        fi
+    done
 }
 
-# wait_for_server URL: until URL/models answers; fails if the server exits or
-# SERVER_TIMEOUT seconds (default 1800) pass.
+# wait_for_server URL [I]: until URL/models answers; fails if server I (default: the last
+# started) exits or SERVER_TIMEOUT seconds (default 1800) pass.
 wait_for_server() {
-    local url=$1 waited=0 timeout=${SERVER_TIMEOUT:-1800}
+    local url=$1 i=${2:-$((${#SERVER_PIDS[@]} - 1))} waited=0 timeout=${SERVER_TIMEOUT:-1800}
+    local pid=${SERVER_PIDS[$i]} log_file=${SERVER_LOGS[$i]}
     require_int SERVER_TIMEOUT "$timeout" 1
     until curl -sf -o /dev/null "$url/models"; do
-        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-            tail -n 40 "$SERVER_LOG" >&2 || true
-            die "vf-vllm exited before serving (log above: $SERVER_LOG)"
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 40 "$log_file" >&2 || true
+            die "vf-vllm exited before serving (log above: $log_file)"
         fi
-        ((waited < timeout)) || die "vf-vllm not serving at $url after ${timeout}s (log: $SERVER_LOG)"
+        ((waited < timeout)) || die "vf-vllm not serving at $url after ${timeout}s (log: $log_file)"
         sleep 10
         waited=$((waited + 10))
     done

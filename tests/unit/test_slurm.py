@@ -236,6 +236,33 @@ def test_slurm_multinode_settings_reach_server_and_trainers(slurm):
     ]
 
 
+def test_slurm_multinode_runs_a_server_on_each_inference_node(slurm):
+    """SERVER_NODES=2: a vf-vllm on each of the first two nodes, each waited for and stopped;
+    the trainers on the others get both as server.base_urls."""
+    proc, calls = slurm(
+        "train_multinode.sbatch",
+        "--config",
+        CONFIG,
+        SLURM_JOB_NODELIST="gpu[01-04]",
+        GPUS_PER_NODE="4",
+        SERVER_NODES="2",
+    )
+    assert proc.returncode == 0, proc.stderr
+    servers = [c for c in of(calls, "vf-vllm") if not c.get("stopped")]
+    assert sorted(s["node"] for s in servers) == ["gpu01", "gpu02"]
+    assert len([c for c in of(calls, "vf-vllm") if c.get("stopped")]) == 2
+    urls = ["http://gpu01:8000/v1", "http://gpu02:8000/v1"]
+    assert sorted(c["argv"][-1] for c in of(calls, "curl")) == [f"{u}/models" for u in urls]
+    trainers = sorted(of(calls, "accelerate"), key=lambda c: c["procid"])
+    assert [t["node"] for t in trainers] == ["gpu03", "gpu04"]
+    for trainer in trainers:
+        assert option(trainer["argv"], "--num_processes") == "8"
+        assert trainer["argv"][-2:] == [
+            f"server.base_urls=[{','.join(urls)}]",
+            "server.transfer_host=gpu03",
+        ]
+
+
 TWO_NODES = {"SLURM_JOB_NODELIST": "gpu[01-02]", "GPUS_PER_NODE": "4"}
 
 
@@ -243,6 +270,7 @@ TWO_NODES = {"SLURM_JOB_NODELIST": "gpu[01-02]", "GPUS_PER_NODE": "4"}
     ("env", "message"),
     [
         ({**TWO_NODES, "SLURM_JOB_NODELIST": "gpu01"}, "this job needs at least 2 nodes"),
+        ({**TWO_NODES, "SERVER_NODES": "2"}, "this job needs at least 3 nodes (vf-vllm on 2,"),
         ({"SLURM_JOB_NODELIST": "gpu[01-02]"}, "no GPU count: submit with --gpus-per-node"),
         ({**TWO_NODES, "GPUS_PER_NODE": "four"}, "GPUS_PER_NODE='four' is not a whole number"),
         ({**TWO_NODES, "GPUS_PER_NODE": "0"}, "GPUS_PER_NODE=0 must be at least 1"),

@@ -97,15 +97,17 @@ def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
     """The console line of a GRPO step when there is no progress bar (logs, `make demo`): the
     reward, the environment's own metrics (what it is made of; named as logged, since `env/loss`
     is a game's loss rate, not the training loss), mismatch-KL, or "nothing trained" for a step
-    that had no signal and so measured none, and the time."""
+    that had no signal and so measured none, the servers up of several, and the time."""
     env = "  ".join(f"{k} {v:.3g}" for k, v in metrics.items() if k.startswith("env/"))
     nan = float("nan")
     kl = metrics.get("mismatch_kl")
+    servers = metrics.get("servers/total", 1)
     parts = [
         f"step {step}/{total}",
         f"reward {metrics.get('reward/mean', nan):.3f}",
         env,
         "nothing trained" if kl is None else f"mismatch-KL {kl:.2g}",
+        f"servers {metrics.get('servers/up', nan):.0f}/{servers:.0f}" if servers > 1 else "",
         f"{metrics.get('time/step', nan):.1f} s",
     ]
     return " | ".join(part for part in parts if part)

@@ -29,6 +29,10 @@ def test_a_step_line_shows_the_reward_the_environments_metrics_kl_and_time():
     assert step_line(1, 1, bare) == "step 1/1 | reward 0.000 | mismatch-KL 0 | 2.0 s"
     flat = {"reward/mean": 0.0, "time/step": 2.0}
     assert step_line(2, 2, flat) == "step 2/2 | reward 0.000 | nothing trained | 2.0 s"
+    one = {**bare, "servers/up": 1, "servers/total": 1}
+    assert step_line(1, 1, one) == step_line(1, 1, bare), "one server goes without saying"
+    lost = {**bare, "servers/up": 1, "servers/total": 2}
+    assert step_line(1, 1, lost) == "step 1/1 | reward 0.000 | mismatch-KL 0 | servers 1/2 | 2.0 s"
 
 
 def test_metric_reduction_leaves_out_what_is_not_a_finite_number():
