@@ -1,0 +1,112 @@
+"""Every version to every server (`rlvr.weight_sync.fleet`) and the start-up checks that the
+servers serve alike (`rlvr.weight_sync.connect`), with pushes that record what they were asked."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.config import ConfigError, load_config
+from rlvr.rollouts.servers import NoServerLeftError, ServerPool
+from rlvr.weight_sync import connect
+from rlvr.weight_sync.base import WeightPush
+from rlvr.weight_sync.connect import ServerWay, check_same_push, check_same_serving
+from rlvr.weight_sync.fleet import FleetPush
+
+URLS = ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1", "http://127.0.0.1:8003/v1"]
+
+
+class Recorded(WeightPush):
+    """A push that records versions and releases, or fails like a server that is gone."""
+
+    def __init__(self, fails: bool = False):
+        self.fails = fails
+        self.pushed: list[int] = []
+        self.released: list[set[int]] = []
+        self.closed = False
+
+    def push(self, version: int) -> float:
+        if self.fails:
+            raise ConnectionError("refused")
+        self.pushed.append(version)
+        return 1.0
+
+    def served_name(self, version: int) -> str:
+        return f"policy-v{version}"
+
+    def release(self, in_use) -> None:
+        self.released.append(set(in_use))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def fleet(pushes: list[Recorded], answering: set[int] = frozenset()) -> FleetPush:
+    """A FleetPush over `pushes` on one rank; down servers in `answering` answer their health
+    check and are connected afresh as a new `Recorded`."""
+    pool = ServerPool(URLS[: len(pushes)])
+    weights = FleetPush(pool, list(pushes), lambda i: Recorded(), lambda x: x, rank=0)
+    weights._answers = lambda server: server.index in answering
+    return weights
+
+
+def test_a_push_that_fails_on_one_server_goes_on_with_the_rest():
+    pushes = [Recorded(), Recorded(fails=True), Recorded()]
+    weights = fleet(pushes)
+    assert weights.push(1) == 2.0
+    assert weights.pushed == [0, 2] and pushes[0].pushed == pushes[2].pushed == [1]
+    assert [s.up for s in weights.pool.servers] == [True, False, True]
+    assert "the push of weight version 1 failed: refused" in weights.pool.servers[1].last_answer
+    weights.push(2)
+    assert pushes[1].pushed == [] and weights.pushed == [0, 2], "a down server gets no push"
+
+
+def test_a_down_server_that_answers_is_connected_afresh_and_pushed():
+    pushes = [Recorded(), Recorded(fails=True)]
+    weights = fleet(pushes, answering={1})
+    weights.push(1)
+    assert weights.pool.servers[1].up is False
+    weights.push(2)
+    assert weights.returned == [1] and weights.pushed == [0, 1]
+    assert pushes[1].closed and weights.pushes[1].pushed == [2]
+    assert not weights.pool.servers[1].up, "admitted only after its probe"
+    weights.admit(1, 2)
+    assert weights.pool.servers[1].up and weights.pool.servers[1].since == 2
+    weights.release({1, 3})
+    assert pushes[0].released == [{1, 3}]
+    assert weights.pushes[1].released == [{2, 3}], "it holds no version before 2"
+    assert weights.served_name(1) == "policy-v1"
+
+
+def test_no_server_left_after_a_push_is_a_clear_error():
+    weights = fleet([Recorded(fails=True), Recorded(fails=True)])
+    with pytest.raises(NoServerLeftError, match="refused"):
+        weights.push(1)
+
+
+def test_a_probe_failure_takes_the_server_out_until_none_is_left():
+    weights = fleet([Recorded(), Recorded()])
+    weights.take_out(0, "failed the probe of weight version 1")
+    assert [s.up for s in weights.pool.servers] == [False, True]
+    with pytest.raises(NoServerLeftError, match="failed the probe"):
+        weights.take_out(1, "failed the probe of weight version 1")
+
+
+def test_servers_that_take_weights_differently_are_refused():
+    check_same_push([ServerWay("adapter"), ServerWay("adapter")], URLS[:2])
+    check_same_push([ServerWay("shm"), ServerWay("gloo")], URLS[:2])  # merged either way
+    with pytest.raises(ConfigError, match=r"server 1 \(.*8002.*\) cannot load LoRA adapters"):
+        check_same_push([ServerWay("adapter"), ServerWay("shm")], URLS[:2])
+
+
+def test_servers_that_serve_differently_are_refused(monkeypatch):
+    cfg = load_config(overrides=[f"server.base_urls=[{URLS[0]},{URLS[1]},{URLS[2]}]"])
+    prints = {
+        URLS[0]: {"max_model_len": 4096, "logprobs_mode": "processed_logprobs"},
+        URLS[1]: {"max_model_len": 4096, "logprobs_mode": "processed_logprobs"},
+        URLS[2]: {"max_model_len": 2048, "logprobs_mode": "processed_logprobs"},
+    }
+    monkeypatch.setattr(connect, "serving_fingerprint", lambda cfg, i, url: prints[url])
+    with pytest.raises(ConfigError, match=r"server 2 \(.*8003.*\) serves max_model_len=2048 but"):
+        check_same_serving(cfg, URLS)
+    prints[URLS[2]]["max_model_len"] = 4096
+    check_same_serving(cfg, URLS)
