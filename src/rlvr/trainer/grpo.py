@@ -171,6 +171,8 @@ class Trainer:
         self.pushes = 0
         """Weight pushes this rank took part in (every rank joins every push)."""
         self.logger: RunLogger | None = None
+        self._warned_split = False
+        """Whether a step's split sequence-level ratio (`ratio/split_rollout_frac`) was told."""
 
     # ---- set-up ---------------------------------------------------------------------
 
@@ -540,6 +542,15 @@ class Trainer:
                 f"the trainer's exceeds {self.cfg.logging.mismatch_kl_warn:g} on a batch "
                 "sampled by the weights it trains: the server samples differently from what "
                 "the trainer computes (sampling settings, precision) or weights did not arrive"
+            )
+        split = metrics.get("ratio/split_rollout_frac", 0.0)
+        if split > 0 and not self._warned_split:
+            self._warned_split = True
+            logger.warn(
+                f"step {step}: {split:.1%} of the loss tokens belong to rollouts whose samples "
+                "landed in different micro-batches or ranks, where each part takes its own "
+                "sequence-level (GSPO or MIS) ratio (docs/training.md#loss-choices): "
+                "set rollouts.token_in=true or raise batch.micro_batch_tokens"
             )
         logger.log(step, metrics)
         if not self.cfg.logging.progress_bar:
