@@ -37,7 +37,7 @@ from verifiers.clients import OpenAIChatCompletionsClient
 
 from rlvr.config import RolloutsConfig
 from rlvr.rollouts.request_args import check_reproducible, turn_seed
-from rlvr.rollouts.router import is_server_failure
+from rlvr.rollouts.router import server_failure
 from rlvr.rollouts.to_samples import MissingTokensError
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,9 @@ class RolloutClient(OpenAIChatCompletionsClient):
         try:
             return await self._respond(prompt, model, sampling_args, tools, **kwargs)
         except Exception as e:
-            if self.attempt is not None and is_server_failure(e):
-                self.attempt.failed(e)
+            failure = server_failure(e)
+            if self.attempt is not None and failure is not None:
+                self.attempt.failed(failure)
             raise
 
     async def _respond(

@@ -26,19 +26,19 @@ from rlvr.rollouts.servers import Server, ServerPool
 log = logging.getLogger(__name__)
 
 
-def is_server_failure(error: BaseException | None) -> bool:
-    """Whether `error`, or an error it was raised from, says the server is gone or broken
-    (connection refused or dropped, a timeout, a 5xx answer) rather than that the request
-    was bad."""
+def server_failure(error: BaseException | None) -> BaseException | None:
+    """The error in `error`'s chain (itself, or what it was raised from) that says the server
+    is gone or broken: connection refused or dropped, a timeout, a 5xx answer. None where the
+    request itself was bad (a 4xx) or something else failed."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, openai.APIConnectionError | httpx.TransportError):
-            return True
+            return error
         if isinstance(error, openai.APIStatusError) and error.status_code >= 500:
-            return True
+            return error
         error = error.__cause__ or error.__context__
-    return False
+    return None
 
 
 def describe_failure(error: BaseException) -> str:

@@ -12,7 +12,7 @@ import verifiers as vf
 
 from rlvr.batch import GroupResult, RolloutResult
 from rlvr.config import ConfigError, load_config
-from rlvr.rollouts.router import Router, is_server_failure
+from rlvr.rollouts.router import Router, server_failure
 from rlvr.rollouts.servers import NoServerLeftError, ServerPool
 
 URLS = ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1"]
@@ -33,16 +33,18 @@ def group(tokens: int = 3) -> GroupResult:
 
 def test_server_failures_are_told_from_bad_requests():
     refused = openai.APIConnectionError(request=request())
-    assert is_server_failure(refused)
-    assert is_server_failure(openai.APITimeoutError(request=request()))
-    assert is_server_failure(status_error(openai.InternalServerError, 500))
-    assert is_server_failure(httpx.ConnectError("refused"))
-    assert not is_server_failure(status_error(openai.BadRequestError, 400))
-    assert not is_server_failure(ValueError("a tool failed"))
-    try:  # verifiers' client wraps what the server said
+    assert server_failure(refused) is refused
+    timeout = openai.APITimeoutError(request=request())
+    assert server_failure(timeout) is timeout
+    broken = status_error(openai.InternalServerError, 500)
+    assert server_failure(broken) is broken
+    assert server_failure(httpx.ConnectError("refused")) is not None
+    assert server_failure(status_error(openai.BadRequestError, 400)) is None
+    assert server_failure(ValueError("a tool failed")) is None
+    try:  # verifiers' client wraps what the server said: the server's own error is named
         raise vf.ModelError() from refused
     except vf.ModelError as wrapped:
-        assert is_server_failure(wrapped)
+        assert server_failure(wrapped) is refused
 
 
 def test_a_new_group_goes_to_the_least_busy_server():
