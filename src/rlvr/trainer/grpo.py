@@ -203,6 +203,8 @@ class Trainer:
         if resume:
             self.logger.print(f"resumed from {resume} at step {self.start_step}")
         self._connect_server()
+        if self.probe is not None and state.get("push_probe"):
+            self.probe.load_state(state["push_probe"])  # a resume's first push: a later one
         unwrapped = acc.unwrap_model(self.model)
         check_served_rope(unwrapped.config, cfg.model.name, self.control, cfg.server.base_url)
         self.push_weights(self.start_step, initial=True)  # the server may hold other weights
@@ -537,6 +539,8 @@ class Trainer:
         }
         if curriculum is not None:
             state["curriculum"] = {str(k): v for k, v in curriculum.items()}
+        if self.probe is not None:
+            state["push_probe"] = self.probe.state()
         path = save_checkpoint(
             self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last, in_flight
         )
