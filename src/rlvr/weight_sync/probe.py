@@ -286,14 +286,14 @@ def non_finite(what: str, values: torch.Tensor) -> str | None:
 @dataclass
 class Noise:
     """The server's noise in probe log-probabilities (RMS per token) over a move of the
-    trainer's: below `cap`, the initial offset's redraw (sqrt(2) x the offset and the
-    server's repeatability at the initial push), and above `low` (its repeatability, the
-    floor); in between, the noise of *changes*, measured over the first
-    `CALIBRATION_PUSHES` pushes after the initial one: the RMS of the part of the server's
-    change that is not a multiple of the trainer's (`rms_change`, over moves of
-    `rms_moved`), grown with the move as sqrt (rounding boundaries crossed) or linearly
-    (a smooth offset), whichever is larger. A server that makes no change at all measures
-    its repeatability: the noise of a stale server is the floor."""
+    trainer's: the noise of *changes*, measured over the first `CALIBRATION_PUSHES` pushes
+    after the initial one (the RMS of the part of the server's change that is not a multiple
+    of the trainer's, over their mean move) and grown with the move as sqrt (more rounding
+    boundaries crossed) or linearly (a smooth offset), whichever is larger; never above `cap`,
+    the whole initial offset redrawn (sqrt(2) x the offset and the server's repeatability at
+    the initial push; also the noise until the first pushes are measured), nor below `low`
+    (sqrt(2) x the repeatability, at least the floor). A server that makes no change at all
+    measures none: the noise of a stale server is `low`."""
 
     cap: float
     low: float
