@@ -96,8 +96,13 @@ PROBE_NOISE_FLOOR = 3e-6
 ~1e-7, which the offset's growth over a run may exceed; one layer's share of an optimizer
 step at lr 1e-5 (~3e-5) is ten times this floor."""
 CALIBRATION_PUSHES = 3
-"""How many pushes after the initial one measure the noise of changes (pushes whose move
-is below the noise floor do not count)."""
+"""How many pushes after the initial one at least measure the noise of changes (pushes
+whose move is below the noise floor do not count)..."""
+RESOLVED_TOKENS = 10
+"""...and until the trainer's summed move would have changed this many probe tokens' rounding
+on the server (its rounding step taken as sqrt(12) x the initial offset, what uniform
+rounding errors give): a correct server that rounds coarsely may show no change at all over
+smaller moves (probability ~exp(-10) here), which would measure as a stale server's."""
 DECISIVE_SNR = 2.0
 """A check judges whether the server realised the trainer's move once rms(dT) is this many
 times the noise: the realised fraction's standard error is about noise / (rms(dT) sqrt(n))
@@ -286,17 +291,19 @@ def non_finite(what: str, values: torch.Tensor) -> str | None:
 @dataclass
 class Noise:
     """The server's noise in probe log-probabilities (RMS per token) over a move of the
-    trainer's: the noise of *changes*, measured over the first `CALIBRATION_PUSHES` pushes
-    after the initial one (the RMS of the part of the server's change that is not a multiple
-    of the trainer's, over their mean move) and grown with the move as sqrt (more rounding
-    boundaries crossed) or linearly (a smooth offset), whichever is larger; never above `cap`,
-    the whole initial offset redrawn (sqrt(2) x the offset and the server's repeatability at
-    the initial push; also the noise until the first pushes are measured), nor below `low`
-    (sqrt(2) x the repeatability, at least the floor). A server that makes no change at all
-    measures none: the noise of a stale server is `low`."""
+    trainer's: the noise of *changes*, measured over the first pushes after the initial one
+    (`CALIBRATION_PUSHES`, `RESOLVED_TOKENS`: the RMS of the part of the server's change that
+    is not a multiple of the trainer's, over their mean move) and grown with the move as sqrt
+    (more rounding boundaries crossed) or linearly (a smooth offset), whichever is larger;
+    never above `cap`, the whole initial offset redrawn (sqrt(2) x the offset and the
+    server's repeatability at the initial push; also the noise until the first pushes are
+    measured), nor below `low` (sqrt(2) x the repeatability, at least the floor). A server
+    that makes no change at all measures none: the noise of a stale server is `low`."""
 
     cap: float
     low: float
+    resolved_move: float
+    """The summed rms(dT) over which the measured pushes resolve the server's rounding."""
     pushes: int = 0
     sum_change: float = 0.0
     """Sum over the measured pushes of the squared RMS change."""
@@ -310,12 +317,15 @@ class Noise:
         jitter = 0.0 if repeat is None else rms(repeat.double() - now.served)
         offset = rms(now.served - now.trainer)
         cap = max(math.sqrt(2 * (offset**2 + jitter**2)), PROBE_NOISE_FLOOR)
-        return cls(cap=cap, low=max(math.sqrt(2) * jitter, PROBE_NOISE_FLOOR))
+        low = max(math.sqrt(2) * jitter, PROBE_NOISE_FLOOR)
+        resolved_move = RESOLVED_TOKENS * math.sqrt(12) * offset / len(now.trainer)
+        return cls(cap=cap, low=low, resolved_move=resolved_move)
 
     @property
     def measured(self) -> bool:
-        """The noise of changes is known (the first pushes were measured)."""
-        return self.pushes >= CALIBRATION_PUSHES
+        """The noise of changes is known (the first pushes were measured, over a move that
+        resolves the server's rounding)."""
+        return self.pushes >= CALIBRATION_PUSHES and self.sum_moved >= self.resolved_move
 
     def measure(self, previous: Scores, now: Scores) -> None:
         """Count the change from `previous` to `now` while the first pushes are measured."""
