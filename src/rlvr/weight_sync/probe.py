@@ -26,10 +26,11 @@ redrawn (rounding boundaries crossed): sqrt(2) times the offset the initial push
 where both sides hold the same weights, with the server's repeatability (it scores twice).
 What a push really redraws is usually far less -- nothing under adapter sync on a server that
 applies the adapter exactly, a few rounding steps for a small move on a bf16 server -- so the
-first `CALIBRATION_PUSHES` pushes measure the noise of *changes*: the part of dS that is not a
-multiple of dT. A stale server changes nothing and measures no noise, so it is caught as soon
-as they are measured, at any learning rate; a server that makes part of every move in the
-trainer's direction, likewise. Weights rounded to the server's dtype follow float32 master
+first pushes measure the noise of *changes*: the part of dS that is not a multiple of dT
+(`CALIBRATION_PUSHES` of them at least, over a move that resolves the server's rounding,
+`RESOLVED_TOKENS`). A stale server changes nothing and measures no noise, so it is caught as
+soon as they are measured, at any learning rate; a server that makes part of every move in
+the trainer's direction, likewise. Weights rounded to the server's dtype follow float32 master
 weights in aggregate, so sub-ulp updates count as realised once they add up.
 
 A check is decisive when rms(dT) is at least `DECISIVE_SNR` times the noise; then the server
