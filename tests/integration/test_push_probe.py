@@ -4,6 +4,7 @@ on a bfloat16 server."""
 
 from __future__ import annotations
 
+from collections.abc import Container
 from types import SimpleNamespace
 
 import pytest
@@ -32,13 +33,13 @@ def drop_tensors(monkeypatch, prefix: str) -> None:
     monkeypatch.setattr(MergedWeightSource, "_plan", staticmethod(without))
 
 
-def skip_push(monkeypatch, skipped: int) -> None:
-    """Make the merged push of weight version `skipped` send nothing (the server keeps the
-    previous version) while the trainer goes on as if it had arrived."""
+def skip_push(monkeypatch, skipped: Container[int]) -> None:
+    """Make the merged pushes of the weight versions in `skipped` send nothing (the server
+    keeps the previous version) while the trainer goes on as if they had arrived."""
     push = MergedPush.push
 
     def maybe(self, version):
-        return push(self, version) if version != skipped else 0.0
+        return push(self, version) if version not in skipped else 0.0
 
     monkeypatch.setattr(MergedPush, "push", maybe)
 
@@ -124,7 +125,7 @@ def test_probe_catches_stale_weights_on_bf16_server(bf16_server, tmp_path, async
     pushes do (20 of them raise nothing, at async_level 1)."""
     lag = f"batch.async_level={async_level}"
     broken = {
-        "skipped": lambda mp: skip_push(mp, 2),
+        "skipped": lambda mp: skip_push(mp, {2}),
         "no lm_head": lambda mp: drop_tensors(mp, "lm_head."),
         "no layer": lambda mp: drop_tensors(mp, "model.layers.1."),
     }
@@ -170,3 +171,39 @@ def test_probe_catches_stale_weights_on_bf16_server(bf16_server, tmp_path, async
     # the bf16 server, 0.93-1.06 with the noisier fallback (~0.06 standard error at 2x noise)
     assert all(0.75 <= h.get("push/probe_realised", 1) <= 1.25 for h in history)
     assert max(h["push/probe_residual"] for h in history) < 0.6  # 1 fails
+
+
+def probe_columns(history: list[dict]) -> list[tuple]:
+    """Each step's probe: the trainer's move over the noise, the noise, the realised fraction
+    (decisive checks) and the residual over what is allowed."""
+    return [
+        (
+            round(h["push/probe_snr"], 1),
+            float(f"{h['push/probe_noise']:.3g}"),
+            h.get("push/probe_realised"),
+            round(h["push/probe_residual"], 3),
+        )
+        for h in history
+    ]
+
+
+@pytest.mark.integration
+def test_probe_sees_a_stale_bf16_server_at_lr_1e_5(bf16_server, tmp_path):
+    """At lr 1e-5 a step moves the probe far less than the bf16 server's offset, which alone
+    would let a stale server pass for many steps. Complete pushes pass (the first pushes
+    measure the noise of their changes), and a server that takes no push after the initial
+    one, changing nothing, is caught once they are measured."""
+    if bf16_server.rounded:
+        pytest.skip("the fallback rounds log-probabilities ~7x coarser than a bf16 server")
+    run = ["max_steps=8", "optim.lr=1e-5", "batch.async_level=1", "batch.batch_size=8"]
+    with pytest.MonkeyPatch.context() as mp:
+        history = bf16_trainer(bf16_server, tmp_path / "complete", mp, *run).run()
+    print("complete:", probe_columns(history))
+    assert len(history) == 8
+    with pytest.MonkeyPatch.context() as mp:
+        trainer = bf16_trainer(bf16_server, tmp_path / "stale", mp, *run)
+        skip_push(mp, range(1, 9))
+        with pytest.raises(WeightsNotServedError, match="realised 0") as caught:
+            trainer.run()
+    print(f"stale: {caught.value}")
+    assert trainer.pushes <= 6

@@ -324,15 +324,15 @@ class ServerConfig:
     tell from policy lag at async_level >= 1."""
     probe_kl_max: float | None = None
     """A push whose `push/probe_kl` (the absolute mismatch) exceeds this raises an error, every
-    push. None: only the initial push is held to an absolute limit (1e-2: a bf16 server
-    against a float32 trainer measures ~1e-3 on SmolLM2, another model more); later pushes are
-    judged by how the server's probe log-probabilities follow the trainer's (see
-    rlvr.weight_sync.probe)."""
+    push. None: only a server's first push (a fresh run's, or a returning server's) is held to
+    an absolute limit (1e-2: a bf16 server against a float32 trainer measures ~1e-3 on
+    SmolLM2, another model more); later pushes are judged by how the server's probe
+    log-probabilities follow the trainer's (see rlvr.weight_sync.probe)."""
     probe_noise: float | None = None
     """The server's noise in probe log-probabilities (RMS per token) against which the probe
     judges whether the server made the trainer's move (see rlvr.weight_sync.probe). None:
-    measured at the initial push. Raise it for a server whose kernels are nondeterministic
-    beyond what the initial push shows."""
+    measured at the initial push and over the first pushes after it. Raise it for a server
+    whose kernels are nondeterministic beyond what those show."""
 
     @property
     def urls(self) -> list[str]:

@@ -37,7 +37,12 @@ import torch
 
 from rlvr.atomic import atomic_directory
 from rlvr.config import ConfigError, LoraConfig, ModelConfig
-from rlvr.model.quantization import bnb_config, prepare_quantized, quantization_of
+from rlvr.model.quantization import (
+    bnb_config,
+    prepare_quantized,
+    quantization_of,
+    quantized_from,
+)
 from rlvr.reasoning_vocab.hooks import PolicyHooks, policy_hooks
 from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_model, load_tokenizer
 from rlvr.reasoning_vocab.mapping import attach as attach_reasoning_vocab
@@ -405,20 +410,47 @@ def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], directo
     )
     quantization = quantization_of(model)
     if quantization != "none":
+        dtype = str(quantized_from(model)).removeprefix("torch.")
         (Path(directory) / BASE_QUANTIZATION_FILE).write_text(
-            json.dumps({"quantization": quantization})
+            json.dumps({"quantization": quantization, "dtype": dtype})
         )
 
 
 BASE_QUANTIZATION_FILE = "base_quantization.json"
-"""Beside an adapter trained on a quantized base: which quantization (`rlvr-merge-adapter` reads
-it to merge into the base the adapter was trained on)."""
+"""Beside an adapter trained on a quantized base: which quantization, and the dtype the base's
+weights were quantized from (`rlvr-merge-adapter` and `push_merged_adapter` read it to rebuild
+the base the adapter was trained on)."""
 
 
-def adapter_base_quantization(adapter_dir: str | Path) -> str:
-    """The quantization of the base an adapter was trained on (`none` when not recorded)."""
+@dataclass(frozen=True)
+class BaseQuantization:
+    """How the base an adapter was trained on was stored: `quantization` (`none`, `nf4`,
+    `int8`) and the dtype its weights loaded in before they were quantized (the codes depend
+    on it: a bfloat16 run quantizes bfloat16-rounded weights)."""
+
+    quantization: str = "none"
+    dtype: torch.dtype = torch.float32
+
+
+def adapter_base_quantization(adapter_dir: str | Path) -> BaseQuantization:
+    """The storage of the base an adapter was trained on (`none` when not recorded; float32
+    for a file written before it recorded the dtype)."""
     path = Path(adapter_dir) / BASE_QUANTIZATION_FILE
-    return json.loads(path.read_text())["quantization"] if path.is_file() else "none"
+    if not path.is_file():
+        return BaseQuantization()
+    recorded = json.loads(path.read_text())
+    dtype = getattr(torch, recorded.get("dtype", "float32"))
+    return BaseQuantization(recorded["quantization"], dtype)
+
+
+def load_trained_base(path: str, base: BaseQuantization, dtype: torch.dtype) -> torch.nn.Module:
+    """The model at `path` as a run with base storage `base` trained on it: quantized again
+    from the dtype that run loaded it in (quantizing is deterministic, so the same codes, and
+    the other weights in that dtype too), or unquantized in `dtype`."""
+    if base.quantization == "none":
+        return load_model(path, ModelConfig(name=path), dtype=dtype)
+    quantized = ModelConfig(name=path, quantization=base.quantization)
+    return load_model(path, quantized, dtype=base.dtype)
 
 
 MERGE_INTO = ("trained", "original")
@@ -456,14 +488,11 @@ def merge_adapter(
         raise FileNotFoundError(f"{adapter_dir} is not a PEFT adapter (no adapter_config.json)")
     base = base or json.loads(config_file.read_text())["base_model_name_or_path"]
     base_path = resolve_model(base)
-    quantization = adapter_base_quantization(adapter_dir) if into == "trained" else "none"
+    stored = adapter_base_quantization(adapter_dir) if into == "trained" else BaseQuantization()
     torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
-    model_cfg = ModelConfig(name=base_path, quantization=quantization)
-    if quantization == "none":
-        model = load_model(base_path, model_cfg, dtype=torch_dtype)
-    else:  # the trained base: quantized as the trainer did, dequantized to float32, then cast
-        model = dequantize_model(load_model(base_path, model_cfg, dtype=torch.float32))
-        model = model.to(torch_dtype)
+    model = load_trained_base(base_path, stored, torch_dtype)
+    if stored.quantization != "none":  # the trained base dequantized, then cast
+        model = dequantize_model(model).to(torch_dtype)
     base_vocab = ReasoningVocab.load(base_path)
     reasoning_vocab = ReasoningVocab.load(adapter_dir) or base_vocab
     if reasoning_vocab is not None and base_vocab is None:
@@ -482,14 +511,16 @@ def merge_adapter(
 
 def merge_statement(adapter_dir: str | Path, into: str) -> str:
     """What `merge_adapter(adapter_dir, ..., into=into)` merges the adapter into, in words."""
-    quantization = adapter_base_quantization(adapter_dir)
+    stored = adapter_base_quantization(adapter_dir)
+    quantization = stored.quantization
     if quantization == "none":
         return "merged into the base model (the adapter was trained on it unquantized)"
     if into == "trained":
+        source = str(stored.dtype).removeprefix("torch.")
         return (
-            f"merged into the {quantization}-dequantized base the adapter was trained on: the "
-            "policy the run trained and served (--into original merges into the unquantized "
-            "base instead)"
+            f"merged into the {quantization}-dequantized base the adapter was trained on "
+            f"(quantized from {source}, as the run loaded it): the policy the run trained and "
+            "served (--into original merges into the unquantized base instead)"
         )
     return (
         f"merged into the ORIGINAL unquantized base, although the adapter was trained on its "

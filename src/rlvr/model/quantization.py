@@ -89,6 +89,17 @@ def quantization_of(model: torch.nn.Module) -> str:
     return "none"
 
 
+def quantized_from(model: torch.nn.Module) -> torch.dtype:
+    """The dtype `model`'s quantized layers were quantized from: the dtype its weights loaded
+    in, which decides the codes (a bfloat16 load rounds the weights before quantizing)."""
+    for module in model.modules():
+        if is_4bit(module):
+            return module.weight.quant_state.dtype
+        if is_8bit(module):
+            return module.compute_dtype
+    raise TypeError(f"{type(model).__name__} has no quantized layer")
+
+
 def prepare_quantized(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Make every quantized layer of `model` compute `x @ dequantized_weight(layer).T + b` in
     every mode and on every device (see the module docstring), in `dtype` (the model's); run

@@ -223,6 +223,7 @@ class Trainer:
         if resume:
             self.logger.print(f"resumed from {resume} at step {self.start_step}")
         self._connect_servers()
+        self._restore_probes(state.get("push_probes") or {})
         unwrapped = acc.unwrap_model(self.model)
         for push, url in zip(self.weights.pushes, cfg.server.urls, strict=True):
             check_served_rope(unwrapped.config, cfg.model.name, push.control, url)
@@ -275,6 +276,14 @@ class Trainer:
         )
         self.weights, self.pool = self.connection.weights, self.connection.pool
         self.probes = self.connection.probes
+
+    def _restore_probes(self, saved: dict[str, dict]) -> None:
+        """Each server's probe as the checkpoint left it (by URL), so that a resume's first
+        push is judged like any later one; a server the checkpoint does not know calibrates
+        afresh."""
+        for url, probe in zip(self.cfg.server.urls, self.probes, strict=False):
+            if url in saved:
+                probe.load_state(saved[url])
 
     def _load_env(self) -> None:
         """The environment (rank 0 only), with its sampling defaults checked against what the
@@ -593,6 +602,8 @@ class Trainer:
         }
         if curriculum is not None:
             state["curriculum"] = {str(k): v for k, v in curriculum.items()}
+        urls = self.cfg.server.urls
+        state["push_probes"] = {url: p.state() for url, p in zip(urls, self.probes, strict=False)}
         path = save_checkpoint(
             self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last, in_flight
         )

@@ -273,15 +273,15 @@ def push_merged_adapter(base_url: str, model: str, adapter: str | Path) -> float
 
     This is what a LoRA GRPO run resuming from `adapter` sends on its first push, so a warm
     start (an SFT adapter) is evaluated exactly as GRPO will start from it. An adapter trained
-    on a quantized base (QLoRA) goes onto that base, dequantized, as it trained."""
-    from rlvr.config import LoraConfig, ModelConfig
+    on a quantized base (QLoRA) goes onto that base, quantized from the dtype the run loaded
+    it in and dequantized, as it trained."""
+    from rlvr.config import LoraConfig
     from rlvr.model.names import resolve_model
-    from rlvr.model.policy import adapter_base_quantization, apply_lora, load_model
+    from rlvr.model.policy import adapter_base_quantization, apply_lora, load_trained_base
     from rlvr.weight_sync.merged_stream import MergedWeightSource
 
     path = resolve_model(model)
-    cfg = ModelConfig(name=path, quantization=adapter_base_quantization(adapter))
-    base = load_model(path, cfg, dtype=torch.float32)
+    base = load_trained_base(path, adapter_base_quantization(adapter), torch.float32)
     policy = apply_lora(base, LoraConfig(resume_from=str(adapter)))
     with MergedPush(base_url, model) as weights:
         weights.connect(MergedWeightSource(policy))

@@ -21,22 +21,35 @@ activations), and on a bf16 server that offset is far larger than one optimizer 
 of the probe, so an absolute limit cannot see a stale server there. The check therefore
 compares *changes*: between a reference push and this one, the server's change dS must be the
 trainer's change dT. The offset between the implementations cancels in the difference up to
-its variation, the server's noise: at the initial push both sides hold the same weights, and
-the offset measured there (with the server's repeatability, from scoring twice) sets it; the
-offset is redrawn as rounding boundaries are crossed, hence sqrt(2) times it. Weights rounded
-to the server's dtype follow float32 master weights in aggregate, so sub-ulp updates count as
-realised once they add up. A check is decisive when rms(dT) is at least `DECISIVE_SNR` times
-the noise; then the server must have realised the move (<dS,dT>/<dT,dT> within
-`REALISED_TOLERANCE` of 1: ~0 for a stale server). Every check bounds the residual
-rms(dS - dT) by part of the move plus the noise (a partly updated server, or one that moved
-by itself). The reference advances only on decisive checks, so a move too small to measure
-accumulates until it is measurable; a second comparison against the initial push sees a
-partial push (a tensor never updated) drift further every step. The absolute mismatch
-(`push/probe_kl`, mismatch-KL's estimator exp(d) - 1 - d averaged, d = trainer - server) is
-logged, and it is the initial push's only check: at most `PROBE_KL_CAP` (or
-`server.probe_kl_max`), which a server serving another model fails. Later pushes are held to
-it only where `server.probe_kl_max` is set: a limit calibrated by the initial push would fire
-on complete pushes once training sharpens the logits and with them the rounding.
+its variation over the move, the server's noise (`Noise`). At most the whole offset is
+redrawn (rounding boundaries crossed): sqrt(2) times the offset the initial push measures,
+where both sides hold the same weights, with the server's repeatability (it scores twice).
+What a push really redraws is usually far less -- nothing under adapter sync on a server that
+applies the adapter exactly, a few rounding steps for a small move on a bf16 server -- so the
+first pushes measure the noise of *changes*: the part of dS that is not a multiple of dT
+(`CALIBRATION_PUSHES` of them at least, over a move that resolves the server's rounding,
+`RESOLVED_TOKENS`). A stale server changes nothing and measures no noise, so it is caught as
+soon as they are measured, at any learning rate; a server that makes part of every move in
+the trainer's direction, likewise. Weights rounded to the server's dtype follow float32 master
+weights in aggregate, so sub-ulp updates count as realised once they add up.
+
+A check is decisive when rms(dT) is at least `DECISIVE_SNR` times the noise; then the server
+must have realised the move (<dS,dT>/<dT,dT> within `REALISED_TOLERANCE` of 1: ~0 for a stale
+server). Every check bounds the residual rms(dS - dT) by the noise (a partly updated server,
+or one that moved by itself), and since the initial push also by part of the move (the offset
+of a lower-precision server grows as training sharpens the logits). The reference advances
+only on decisive checks, so a move too small to measure accumulates until it is measurable; a
+second comparison against the initial push sees a partial push (a tensor never updated) drift
+further every step. On a float32 server the noise is that of float32 kernels (at least
+`PROBE_NOISE_FLOOR`), so one layer of 30 left out is caught at its first push; on a bf16
+server a part that carries less of the move than the noise, or one missing from the first
+push on (measured as noise), is seen only once its drift clears the initial offset
+(`CANNOT_SEE`). The absolute mismatch (`push/probe_kl`, mismatch-KL's estimator
+exp(d) - 1 - d averaged, d = trainer - server) is logged, and it is a fresh run's initial
+push's only check: at most `PROBE_KL_CAP` (or `server.probe_kl_max`), which a server serving
+another model fails. Later pushes, and a resumed run's first (the probe's state is in the
+checkpoint), are held to it only where `server.probe_kl_max` is set: the offset grows as
+training sharpens the logits.
 
 Any non-finite log-probability on either side, or statistic, fails: comparisons are written
 so that NaN cannot pass.
@@ -55,8 +68,9 @@ costs one forward of ~80 tokens and one prompt-only request per push (two at the
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -66,6 +80,8 @@ from rlvr.reasoning_vocab.mapping import ReasoningVocab
 if TYPE_CHECKING:
     from rlvr.weight_sync.control import ServerControl
 
+log = logging.getLogger(__name__)
+
 PROBE_TEXT = (
     "Question: A farmer has 17 sheep and buys 23 more. How many sheep does he have now?\n"
     "Answer: He starts with 17 and adds 23, so 17 + 23 = 40. The answer is 40.\n"
@@ -74,21 +90,31 @@ PROBE_TEXT = (
 REASONING_PROBE_IDS = 16
 """How many of a reasoning vocabulary's added ids the probe's think span holds."""
 PROBE_KL_CAP = 1e-2
-"""The most `push/probe_kl` the initial push may show (a bf16 server against a float32 trainer
-stays well below it; another model does not)."""
-PROBE_NOISE_FLOOR = 1e-4
+"""The most `push/probe_kl` a fresh run's initial push may show (a bf16 server against a
+float32 trainer stays well below it; another model does not)."""
+PROBE_NOISE_FLOOR = 3e-6
 """The least noise assumed (RMS log-probability per token): float32 on both sides measures
-~1e-7, which the offset's growth over a run may exceed; one optimizer step moves the probe
-well above this floor."""
+~1e-7, which the offset's growth over a run may exceed; one layer's share of an optimizer
+step at lr 1e-5 (~3e-5) is ten times this floor."""
+CALIBRATION_PUSHES = 3
+"""How many pushes after the initial one at least measure the noise of changes (pushes
+whose move is below the noise floor do not count)..."""
+RESOLVED_TOKENS = 10
+"""...and until the trainer's summed move would have changed this many probe tokens' rounding
+on the server (its rounding step taken as sqrt(12) x the initial offset, what uniform
+rounding errors give): a correct server that rounds coarsely may show no change at all over
+smaller moves (probability ~exp(-10) here), which would measure as a stale server's."""
 DECISIVE_SNR = 2.0
 """A check judges whether the server realised the trainer's move once rms(dT) is this many
 times the noise: the realised fraction's standard error is about noise / (rms(dT) sqrt(n))
 for n probe tokens, ~0.06 here with ~64 tokens, so `REALISED_TOLERANCE` is ~8 of them."""
 REALISED_TOLERANCE = 0.5
 """How far from 1 the realised fraction of a decisive move may be."""
-RESIDUAL_FRACTION = 0.05
 RESIDUAL_NOISE = 3.0
-"""rms(dS - dT) may reach RESIDUAL_FRACTION of the move plus RESIDUAL_NOISE times the noise."""
+"""rms(dS - dT) may reach RESIDUAL_NOISE times the noise of the move..."""
+RESIDUAL_FRACTION = 0.05
+"""...plus, since the initial push only, this fraction of the move: the offset of a
+lower-precision server grows as training sharpens the logits."""
 
 
 class WeightsNotServedError(RuntimeError):
@@ -98,6 +124,13 @@ class WeightsNotServedError(RuntimeError):
 NOT_SERVED = (
     "The server does not serve what was pushed: a push that did not arrive, a stale or partly "
     "updated server (a skipped layer or lm_head), or another process pushing into it."
+)
+CANNOT_SEE = (
+    "The probe sees only what moves its ~70 tokens' log-probabilities beyond the server's "
+    "noise: on a lower-precision (bf16) server a part of the model that carries less of the "
+    "move than that noise (one layer of many), or that was missing from the first pushes on "
+    "(measured as noise), can pass until the move since the initial push clears the initial "
+    "offset."
 )
 TURN_OFF = "server.push_probe=false turns the check off."
 BROKEN_POLICY = (
@@ -162,46 +195,72 @@ class Scores:
     trainer: torch.Tensor
     served: torch.Tensor
 
+    def state(self) -> dict[str, Any]:
+        """JSON-able: the version and both sides' log-probabilities."""
+        return {
+            "version": self.version,
+            "trainer": self.trainer.tolist(),
+            "served": self.served.tolist(),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Scores:
+        """The scores `state()` wrote."""
+        trainer, served = (
+            torch.tensor(state[k], dtype=torch.float64) for k in ("trainer", "served")
+        )
+        return cls(state["version"], trainer, served)
+
 
 @dataclass(frozen=True)
 class Move:
     """How the server's probe log-probabilities followed the trainer's between two pushes.
     dT, dS: each side's change since `since`; `moved` = rms(dT); `realised` = <dS,dT>/<dT,dT>
     (1 when the server made the trainer's move, 0 when it stayed); `residual` = rms(dS - dT);
-    `snr` = moved / the server's noise. Decisive only when the move clears the noise."""
+    `noise`: what a complete push's residual shows over such a move; `fraction`: the share of
+    the move the residual may add (`RESIDUAL_FRACTION` since the initial push, else 0).
+    Decisive only when the move clears the noise."""
 
     since: int
     moved: float
     realised: float
     residual: float
-    snr: float
+    noise: float
+    fraction: float = 0.0
+
+    @property
+    def snr(self) -> float:
+        """The move over the noise."""
+        return self.moved / self.noise
 
     @property
     def decisive(self) -> bool:
         """The move is large enough against the noise to judge the realised fraction."""
         return self.snr >= DECISIVE_SNR
 
-    def allowed_residual(self, noise: float) -> float:
-        """The residual a complete push may show: part of the move, plus the noise."""
-        return RESIDUAL_FRACTION * self.moved + RESIDUAL_NOISE * noise
+    @property
+    def allowed_residual(self) -> float:
+        """The residual a complete push may show: the noise, and part of the move."""
+        return RESIDUAL_NOISE * self.noise + self.fraction * self.moved
 
-    def metrics(self, suffix: str, noise: float) -> dict[str, float]:
-        """`push/probe_snr`, the residual as a fraction of what is allowed (above 1 fails),
-        and the realised fraction where the move is decisive."""
+    def metrics(self, suffix: str) -> dict[str, float]:
+        """`push/probe_snr`, the noise, the residual as a fraction of what is allowed (above
+        1 fails), and the realised fraction where the move is decisive."""
         metrics = {
             f"push/probe_snr{suffix}": self.snr,
-            f"push/probe_residual{suffix}": self.residual / self.allowed_residual(noise),
+            f"push/probe_noise{suffix}": self.noise,
+            f"push/probe_residual{suffix}": self.residual / self.allowed_residual,
         }
         if self.decisive:
             metrics[f"push/probe_realised{suffix}"] = self.realised
         return metrics
 
-    def problem(self, noise: float) -> str | None:
+    def problem(self) -> str | None:
         """What is wrong with this move (None: it is what a complete push does). NaN fails:
         every comparison is written so that only a finite, in-range value passes."""
         if not all(math.isfinite(v) for v in (self.moved, self.realised, self.snr)):
             return f"a non-finite statistic ({self})"
-        allowed = self.allowed_residual(noise)
+        allowed = self.allowed_residual
         if not (self.residual <= allowed):
             return f"residual {self.residual:.3g} > allowed {allowed:.3g}"
         if self.decisive and not (abs(self.realised - 1) <= REALISED_TOLERANCE):
@@ -210,14 +269,15 @@ class Move:
         return None
 
 
-def compare(reference: Scores, now: Scores, noise: float) -> Move:
-    """The server's move against the trainer's from `reference` to `now`."""
-    d_trainer = (now.trainer - reference.trainer).double()
-    d_served = (now.served - reference.served).double()
-    moved = rms(d_trainer)
+def changes(reference: Scores, now: Scores) -> tuple[torch.Tensor, torch.Tensor]:
+    """dT, dS: the trainer's and the server's change of each token's log-probability."""
+    return (now.trainer - reference.trainer).double(), (now.served - reference.served).double()
+
+
+def realised_fraction(d_trainer: torch.Tensor, d_served: torch.Tensor) -> float:
+    """<dS,dT>/<dT,dT>: how much of the trainer's move the server made (0 without a move)."""
     square = float(d_trainer.pow(2).sum())
-    realised = float((d_served * d_trainer).sum()) / square if square > 0 else 0.0
-    return Move(reference.version, moved, realised, rms(d_served - d_trainer), moved / noise)
+    return float((d_served * d_trainer).sum()) / square if square > 0 else 0.0
 
 
 def non_finite(what: str, values: torch.Tensor) -> str | None:
@@ -229,27 +289,116 @@ def non_finite(what: str, values: torch.Tensor) -> str | None:
     return f"{len(bad)} of {len(values)} of {what} log-probabilities are not finite ({shown})"
 
 
+@dataclass
+class Noise:
+    """The server's noise in probe log-probabilities (RMS per token) over a move of the
+    trainer's: the noise of *changes*, measured over the first pushes after the initial one
+    (`CALIBRATION_PUSHES`, `RESOLVED_TOKENS`: the RMS of the part of the server's change that
+    is not a multiple of the trainer's, over their mean move) and grown with the move as sqrt
+    (more rounding boundaries crossed) or linearly (a smooth offset), whichever is larger;
+    never above `cap`, the whole initial offset redrawn (sqrt(2) x the offset and the
+    server's repeatability at the initial push; also the noise until the first pushes are
+    measured), nor below `low` (sqrt(2) x the repeatability, at least the floor). A server
+    that makes no change at all measures none: the noise of a stale server is `low`."""
+
+    cap: float
+    low: float
+    resolved_move: float
+    """The summed rms(dT) over which the measured pushes resolve the server's rounding."""
+    pushes: int = 0
+    sum_change: float = 0.0
+    """Sum over the measured pushes of the squared RMS change."""
+    sum_moved: float = 0.0
+    """Sum over the measured pushes of rms(dT)."""
+
+    @classmethod
+    def at_initial_push(cls, now: Scores, repeat: torch.Tensor | None) -> Noise:
+        """At the initial push both sides hold the same weights: their offset (kernels,
+        dtypes) and the server's repeatability bound the noise."""
+        jitter = 0.0 if repeat is None else rms(repeat.double() - now.served)
+        offset = rms(now.served - now.trainer)
+        cap = max(math.sqrt(2 * (offset**2 + jitter**2)), PROBE_NOISE_FLOOR)
+        low = max(math.sqrt(2) * jitter, PROBE_NOISE_FLOOR)
+        resolved_move = RESOLVED_TOKENS * math.sqrt(12) * offset / len(now.trainer)
+        return cls(cap=cap, low=low, resolved_move=resolved_move)
+
+    @property
+    def measured(self) -> bool:
+        """The noise of changes is known (the first pushes were measured, over a move that
+        resolves the server's rounding)."""
+        return self.pushes >= CALIBRATION_PUSHES and self.sum_moved >= self.resolved_move
+
+    def measure(self, previous: Scores, now: Scores) -> None:
+        """Count the change from `previous` to `now` while the first pushes are measured."""
+        d_trainer, d_served = changes(previous, now)
+        moved = rms(d_trainer)
+        if self.measured or not moved >= PROBE_NOISE_FLOOR:
+            return
+        unexplained = d_served - realised_fraction(d_trainer, d_served) * d_trainer
+        self.pushes += 1
+        self.sum_change += rms(unexplained) ** 2
+        self.sum_moved += moved
+
+    def over(self, moved: float) -> float:
+        """The noise a complete push shows over a move of rms `moved`."""
+        if not self.measured:
+            return self.cap
+        ratio = moved * self.pushes / self.sum_moved
+        change = math.sqrt(self.sum_change / self.pushes) * max(math.sqrt(ratio), ratio)
+        return min(max(change, self.low), self.cap)
+
+    def state(self) -> dict[str, float]:
+        """JSON-able."""
+        return asdict(self)
+
+
 class PushProbe:
-    """The probe's token ids, its absolute limit (`kl_max`: every push; default: the initial
-    push only, at `PROBE_KL_CAP`), the server's noise (measured at the first check unless
-    `noise` fixes it) and the scores it compares later pushes with. Every rank holds one and
-    checks the same (broadcast) scores, so all ranks pass or raise together."""
+    """The probe of one server: its token ids, its absolute limit (`kl_max`: every push;
+    default: a fresh run's initial push only, at `PROBE_KL_CAP`), the server's noise (measured
+    at the initial push and the first pushes after it, unless `noise` fixes it) and the
+    scores it compares later pushes with. Every rank holds one and checks the same
+    (broadcast) scores, so all ranks pass or raise together. `state()` / `load_state()`
+    carry it across a resume, so that a resumed run's first push is judged like any other."""
 
     def __init__(self, ids: list[int], kl_max: float | None = None, noise: float | None = None):
         self.ids = ids
         self.kl_max = kl_max if kl_max is not None else PROBE_KL_CAP
         self.configured = kl_max is not None
-        self.noise = noise
-        self.noise_configured = noise is not None
+        self.fixed_noise = noise
+        self.noise: Noise | None = None
         self.initial: Scores | None = None
         """The initial push's scores: the cumulative check's reference."""
         self.reference: Scores | None = None
         """The last decisive push's scores (the initial one before any)."""
+        self.previous: Scores | None = None
+        """The last push's scores (the noise of changes is measured from push to push)."""
 
     @property
     def calibrated(self) -> bool:
-        """The initial push was checked (its scores and the noise are known)."""
+        """The initial push was checked (its scores and the noise's bounds are known)."""
         return self.initial is not None
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the probe (JSON-able; empty before the initial push)."""
+        if self.initial is None:
+            return {}
+        return {
+            "ids": self.ids,
+            "noise": self.noise.state(),
+            **{key: getattr(self, key).state() for key in ("initial", "reference", "previous")},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from `state()` of the run being resumed. A state for other probe ids
+        (another tokenizer or reasoning vocabulary) is left out: the probe calibrates again."""
+        if state.get("ids") != self.ids:
+            if state:
+                log.warning("the checkpoint's push probe used other token ids: calibrating again")
+            return
+        self.noise = Noise(**state["noise"])
+        self.initial, self.reference, self.previous = (
+            Scores.from_state(state[key]) for key in ("initial", "reference", "previous")
+        )
 
     def check(
         self,
@@ -275,23 +424,29 @@ class PushProbe:
                 f"{TURN_OFF}"
             )
         if self.initial is None:
-            self._calibrate(now, repeat)
+            self.noise = Noise.at_initial_push(now, repeat)
+            self.initial = self.reference = self.previous = now
             return {"push/probe_kl": kl}
-        step, total = (
-            compare(self.reference, now, self.noise),
-            compare(self.initial, now, self.noise),
-        )
+        self.noise.measure(self.previous, now)
+        self.previous = now
+        step = self._compare(self.reference, now, fraction=0.0)
+        total = self._compare(self.initial, now, fraction=RESIDUAL_FRACTION)
         for move in (step, total):
-            problem = move.problem(self.noise)
+            problem = move.problem()
             if problem is not None:
                 raise WeightsNotServedError(f"{where} {self._describe(move, problem)}")
         if step.decisive:
             self.reference = now
-        return {
-            "push/probe_kl": kl,
-            **step.metrics("", self.noise),
-            **total.metrics("_total", self.noise),
-        }
+        return {"push/probe_kl": kl, **step.metrics(""), **total.metrics("_total")}
+
+    def _compare(self, reference: Scores, now: Scores, fraction: float) -> Move:
+        """The server's move against the trainer's from `reference` to `now`, its residual
+        allowed `fraction` of the move besides the noise."""
+        d_trainer, d_served = changes(reference, now)
+        moved = rms(d_trainer)
+        noise = self.fixed_noise or self.noise.over(moved)
+        realised = realised_fraction(d_trainer, d_served)
+        return Move(reference.version, moved, realised, rms(d_served - d_trainer), noise, fraction)
 
     def _check_finite(
         self, where: str, trainer: torch.Tensor, served: torch.Tensor, repeat: torch.Tensor | None
@@ -305,24 +460,16 @@ class PushProbe:
             if problem is not None:
                 raise WeightsNotServedError(f"{where}: {problem}. {advice}")
 
-    def _calibrate(self, now: Scores, repeat: torch.Tensor | None) -> None:
-        """At the initial push both sides hold the same weights: their offset (kernels,
-        dtypes) and the server's repeatability set the noise."""
-        if not self.noise_configured:
-            jitter = 0.0 if repeat is None else rms(repeat.double() - now.served)
-            offset = rms(now.served - now.trainer)
-            self.noise = max(math.sqrt(2 * (offset**2 + jitter**2)), PROBE_NOISE_FLOOR)
-        self.initial = self.reference = now
-
     def _describe(self, move: Move, problem: str) -> str:
         """What the check measured and what to do, for the error."""
         return (
             f"did not follow the trainer's weights since version {move.since}: the trainer's "
             f"probe log-probabilities moved by {move.moved:.3g} (RMS per token; "
-            f"{move.snr:.3g}x the server's noise {self.noise:.3g}), and the server realised "
-            f"{move.realised:.3g} of that move (1: every weight arrived, 0: none did; checked "
-            f"when the move is at least {DECISIVE_SNR:g}x the noise), residual "
-            f"{move.residual:.3g}: {problem}. {NOT_SERVED} If the server's log-probabilities "
-            "are noisier than the initial push measured (nondeterministic kernels), set "
-            f"server.probe_noise above {self.noise:.3g}. {TURN_OFF}"
+            f"{move.snr:.3g}x the server's noise {move.noise:.3g} over that move), and the "
+            f"server realised {move.realised:.3g} of that move (1: every weight arrived, 0: "
+            f"none did; checked when the move is at least {DECISIVE_SNR:g}x the noise), "
+            f"residual {move.residual:.3g}: {problem}. {NOT_SERVED} {CANNOT_SEE} If the "
+            "server's log-probabilities are noisier than the first pushes measured "
+            f"(nondeterministic kernels), set server.probe_noise above {move.noise:.3g}. "
+            f"{TURN_OFF}"
         )

@@ -42,9 +42,9 @@ def policy_cfg(model_dir, quantization: str, *extra: str):
     )
 
 
-def quantized_policy(model_dir, quantization: str):
+def quantized_policy(model_dir, quantization: str, *extra: str):
     """A LoRA policy on a quantized tiny model, its adapter moved away from zero."""
-    cfg = policy_cfg(model_dir, quantization)
+    cfg = policy_cfg(model_dir, quantization, *extra)
     torch.manual_seed(0)
     policy = load_policy(cfg.model, cfg.lora, Accelerator(cpu=True))
     with torch.no_grad():
@@ -183,6 +183,68 @@ def test_merge_says_and_uses_the_base_the_adapter_trained_on(tiny_model_dir, tmp
     assert "ORIGINAL unquantized base" in merge_statement(adapter, "original")
     weights = load_file(tmp_path / "trained" / "model.safetensors")
     assert all(w.dtype == torch.float32 for w in weights.values())
+
+
+def trained_weights(policy) -> dict[str, torch.Tensor]:
+    """The weights a LoRA policy computes with, in float32: its base as the layers compute with
+    it (dequantized), plus each adapter's delta."""
+    weights = {n: t.float() for n, t in MergedWeightSource(policy.model, with_adapters=False)}
+    for name, module in policy.model.get_base_model().named_modules():
+        if hasattr(module, "lora_A") and "default" in module.lora_A:
+            weights[f"{name}.weight"] += module.get_delta_weight("default").float()
+    return weights
+
+
+def test_qlora_merge_rebuilds_the_trained_base(tiny_model_dir, tmp_path, monkeypatch):
+    """A bfloat16 run quantizes the float32 checkpoint's weights rounded to bfloat16 (other
+    nf4 codes than quantizing them from float32): the merge into `trained` and the warm-start
+    push rebuild that base from the dtype recorded beside the adapter, so the merged model
+    is the trained policy to float rounding and the push streams what the run streamed."""
+    import json
+
+    import rlvr.weight_sync.merged as merged_module
+
+    policy = quantized_policy(tiny_model_dir, "nf4", "model.dtype=bfloat16")
+    assert policy.model.get_base_model().model.embed_tokens.weight.dtype == torch.bfloat16
+    adapter = tmp_path / "adapter"
+    save_adapter(policy.model, trainable_state(policy.model), adapter)
+    recorded = json.loads((adapter / "base_quantization.json").read_text())
+    assert recorded == {"quantization": "nf4", "dtype": "bfloat16"}
+    assert "quantized from bfloat16" in merge_statement(adapter, "trained")
+
+    out = merge_adapter(adapter, tmp_path / "merged", into="trained")
+    merged = load_file(out / "model.safetensors")
+    expected = trained_weights(policy)
+    assert set(merged) == set(expected)
+    for name, weight in expected.items():
+        assert merged[name].dtype == torch.float32, name
+        torch.testing.assert_close(merged[name], weight, rtol=0, atol=1e-6, msg=name)
+
+    pushed = {}
+
+    class Recorder:  # MergedPush without a server: what the push would stream
+        def __init__(self, base_url, model):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def connect(self, source):
+            self.source = source
+
+        def push(self, version):
+            pushed.update(dict(iter(self.source)))
+            return 0.0
+
+    monkeypatch.setattr(merged_module, "MergedPush", Recorder)
+    merged_module.push_merged_adapter("http://unused", str(tiny_model_dir), adapter)
+    streamed = dict(iter(MergedWeightSource(policy.model)))
+    assert set(pushed) == set(streamed)
+    for name, tensor in streamed.items():
+        assert torch.equal(pushed[name], tensor), name
 
 
 def test_dequantized_model_is_plain(tiny_model_dir):

@@ -54,9 +54,9 @@ def test_probe_absolute_limit_holds_the_initial_push_and_a_configured_one_every_
         fixed.check(trainer, offset(trainer, 0.2), version=1, model="m")
 
 
-def test_probe_noise_is_the_initial_offset_and_repeatability():
-    """sqrt(2) x the rms of both (the offset is redrawn as weights move), never below the
-    floor; a configured noise is kept."""
+def test_probe_noise_is_bounded_by_the_initial_offset_and_repeatability():
+    """Above: sqrt(2) x the rms of both (the offset is redrawn as weights move); below:
+    sqrt(2) x the repeatability; never below the floor; a configured noise is kept."""
     trainer = torch.full((4,), -3.0, dtype=torch.float64)
     served = trainer + torch.tensor([0.03, -0.03, 0.03, -0.03], dtype=torch.float64)
     repeat = served + torch.tensor([0.04, -0.04, 0.04, -0.04], dtype=torch.float64)
@@ -64,13 +64,16 @@ def test_probe_noise_is_the_initial_offset_and_repeatability():
     assert probe.check(trainer, served, 0, "m", repeat=repeat) == {
         "push/probe_kl": pytest.approx(probe_kl(trainer, served))
     }
-    assert probe.noise == pytest.approx(math.sqrt(2) * 0.05)
+    assert probe.noise.cap == pytest.approx(math.sqrt(2) * 0.05)
+    assert probe.noise.low == pytest.approx(math.sqrt(2) * 0.04)
+    assert probe.noise.over(1.0) == probe.noise.cap  # before the first pushes are measured
     exact = PushProbe([0] * 5)
     exact.check(trainer, trainer.clone(), 0, "m", repeat=trainer.clone())
-    assert exact.noise == PROBE_NOISE_FLOOR
+    assert exact.noise.cap == exact.noise.low == PROBE_NOISE_FLOOR
     fixed = PushProbe([0] * 5, noise=0.5)
     fixed.check(trainer, served, 0, "m", repeat=repeat)
-    assert fixed.noise == 0.5
+    moved = fixed.check(trainer + 0.01, served, 1, "m")
+    assert moved["push/probe_noise"] == moved["push/probe_noise_total"] == 0.5
 
 
 def bf16(values: torch.Tensor) -> torch.Tensor:
@@ -173,10 +176,11 @@ def test_probe_is_nan_safe():
                         "m",
                         repeat=scores["repeat"],
                     )
-    nan_move = Move(since=0, moved=math.nan, realised=1.0, residual=0.0, snr=math.nan)
-    assert "non-finite" in nan_move.problem(noise=1e-3)
-    assert Move(0, 1.0, math.nan, 0.0, 10.0).problem(noise=1e-3) is not None
-    assert Move(0, 1.0, 1.0, math.nan, 10.0).problem(noise=1e-3) is not None
+    nan_move = Move(since=0, moved=math.nan, realised=1.0, residual=0.0, noise=1e-3)
+    assert "non-finite" in nan_move.problem()
+    assert Move(0, 1.0, math.nan, 0.0, 0.1).problem() is not None
+    assert Move(0, 1.0, 1.0, math.nan, 0.1).problem() is not None
+    assert Move(0, 1.0, 1.0, 0.0, math.nan).problem() is not None
 
 
 def test_probe_ids_hold_a_think_span_of_reasoning_ids(tiny_model_dir):
@@ -213,3 +217,117 @@ def test_mismatch_kl_warns_only_on_batches_sampled_by_the_weights_they_train(tmp
     (record,) = caplog.records
     assert "step 3: mismatch-KL 0.1" in record.getMessage()
     trainer.logger.close()
+
+
+def test_probe_resume_keeps_its_calibration():
+    """A correct bf16 server whose offset grows as training sharpens the logits passes the
+    1e-2 cap of a fresh run's initial push; a resumed run's first push, with the probe's
+    state from the checkpoint (through JSON), is judged like any later push and passes, and
+    the resumed probe goes on judging (and still sees a server that stops updating)."""
+    import json
+
+    g = torch.Generator().manual_seed(0)
+    start = -6 + torch.randn(64, generator=g, dtype=torch.float64)
+    direction = torch.randn(64, generator=g, dtype=torch.float64)
+    offset = 0.06 * torch.randn(64, generator=g, dtype=torch.float64)
+
+    def scores(version: int, stale_from: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The trainer's probe after `version` steps of ~0.02, and a correct server's (its
+        offset grows by 3.5% a step), or a stale one's from `stale_from` on."""
+        trainer = start + 0.02 * version * direction
+        held = version if stale_from is None else min(version, stale_from)
+        return trainer, start + 0.02 * held * direction + (1 + 0.035 * held) * offset
+
+    probe = PushProbe([0] * 65)
+    for version in range(45):
+        trainer, served = scores(version)
+        probe.check(trainer, served, version, "m", repeat=served if version == 0 else None)
+    assert probe_kl(*scores(44)) > 1e-2  # above the initial push's limit by now
+    saved = json.loads(json.dumps(probe.state()))
+    with pytest.raises(WeightsNotServedError, match="initial push's limit"):
+        PushProbe([0] * 65).check(*scores(44), 44, "m")  # the resume without the state
+    resumed = PushProbe([0] * 65)
+    resumed.load_state(saved)
+    assert resumed.calibrated and resumed.state() == saved
+    metrics = resumed.check(*scores(44), 44, "m")  # the resumed run's initial push
+    assert metrics["push/probe_kl"] > 1e-2
+    for version in range(45, 50):
+        resumed.check(*scores(version), version, "m")
+    with pytest.raises(WeightsNotServedError, match="did not follow"):
+        for version in range(50, 55):
+            resumed.check(*scores(version, stale_from=49), version, "m")
+    other = PushProbe([1] * 65)  # another tokenizer: the saved scores do not apply
+    other.load_state(saved)
+    assert not other.calibrated
+
+
+def adapter_bf16(fraction: float = 1.0, stale: bool = False):
+    """A bf16 server under adapter sync: its base fixed and rounded, the adapter's change of
+    the log-probabilities on top (`fraction` of it: 0.3 for a server that never gets the MLP
+    adapters), or the initial adapter for good (`stale`)."""
+    held = {}
+
+    def served(version: int, trainer: torch.Tensor) -> torch.Tensor:
+        base = held.setdefault("base", trainer)
+        return bf16(base) + (0.0 if stale else fraction * (trainer - base))
+
+    return served
+
+
+DEFAULT_LR_STEP = 1e-3
+"""How far one optimizer step at lr 1e-5 moves the probe (RMS per token, on SmolLM2)."""
+
+
+def test_probe_catches_stale_bf16_server_at_default_lr():
+    """At lr 1e-5 a step moves the probe ~0.001, far below a bf16 server's offset (~0.01
+    here): a noise bounded by that offset needs ~35 pushes before a check is decisive. The
+    noise of *changes*, measured over the first pushes, is that of the server's change beside
+    the trainer's: nothing for a server that never changes (stale) or that makes a share of
+    each move (adapter sync: its base is fixed) -- caught once the first pushes are measured,
+    which takes as many as make a correct server's rounding change (~5 here). Complete
+    servers pass 300 pushes, merged (every push rounded again) or adapter-synced, also with
+    steps far below their rounding, where a correct server shows no change for many pushes."""
+    for seed in range(3):
+        for complete in (lambda v, t: bf16(t), adapter_bf16()):
+            for step in (DEFAULT_LR_STEP, 1e-5):
+                assert drive(PushProbe([0] * 65), complete, 300, step, seed) is None
+    stale_servers = {
+        "merged, stale": lambda: PartServer(stale_from=1),
+        "adapter sync, stale": lambda: adapter_bf16(stale=True),
+        "adapter sync, no MLP adapters": lambda: adapter_bf16(fraction=0.3),
+    }
+    for what, server in stale_servers.items():
+        for seed in range(3):
+            caught = drive(PushProbe([0] * 65), server(), 300, DEFAULT_LR_STEP, seed)
+            assert caught is not None and caught <= 6, (what, seed, caught)
+
+
+def test_probe_catches_a_missing_layer():
+    """30 layers move the probe together, each ~1/30 of a step at lr 1e-5; a float32 server
+    that never applies one layer's updates realises ~0.97 of every move. Its residual (~3% of
+    the move) is far above what a float32 offset can redraw: caught at the first push after
+    the initial one. A complete float32 server (its offset redrawn at ~1e-7 every push)
+    passes 300 pushes."""
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randn(64, generator=g, dtype=torch.float64)
+
+    def run(missing: int | None, pushes: int) -> int | None:
+        probe = PushProbe([0] * 65)
+        trainer = -6 + torch.randn(64, generator=g, dtype=torch.float64)
+        served = trainer.clone()
+        for version in range(pushes):
+            if version:
+                own = torch.randn(30, 64, generator=g, dtype=torch.float64)
+                layers = DEFAULT_LR_STEP * (shared + 0.3 * own) / 30
+                trainer = trainer + layers.sum(0)
+                served = served + layers.sum(0) - (layers[missing] if missing is not None else 0)
+            redraw = 1e-7 * torch.randn(64, generator=g, dtype=torch.float64)
+            try:
+                probe.check(trainer, served + redraw, version, "m", repeat=served + redraw)
+            except WeightsNotServedError as e:
+                assert "residual" in str(e) and "one layer of many" in str(e)
+                return version
+        return None
+
+    assert run(missing=None, pushes=300) is None
+    assert run(missing=7, pushes=40) == 1
