@@ -11,14 +11,17 @@ all of them, or two servers on half each. The first step warms up and is dropped
 1. generated tokens/s (the sum of `servers/<i>/tokens_per_s`) and step seconds, 1 vs 2 servers;
    `scaling_efficiency` = tokens/s with 2 servers / tokens/s with 1, at equal total threads,
    and tokens/s per server thread. On a machine whose cores the servers share, two servers
-   cannot be faster than one: the efficiency is the ratio that carries to GPUs (one server per
-   GPU), where each server brings its own device.
+   cannot be faster than one when generation is compute-bound: the efficiency is the ratio
+   that carries to GPUs (one server per GPU), where each server brings its own device. The
+   tiny model is not compute-bound: each server's engine loop (one core of Python) bounds it,
+   so one server leaves its second thread mostly idle and two servers come out faster;
+   `--model smollm2-135m` measures a compute-bound model (slower).
 2. push seconds (`time/weight_push`, `push/<i>/seconds`), 2 servers / 1 server.
 3. a server SIGKILLed while it generates the groups of step 2 (of the 2-server setting): the
    seconds from the kill to that step's end, and the step's time against the undisturbed
    2-server step (`rollouts/retried_groups` says how many groups ran again).
 
-Run (about 6 minutes on 2 cores; `--steps`, `--examples`, `--max-tokens` shrink or grow it):
+Run (about 8 minutes on 2 busy cores; `--steps`, `--examples`, `--max-tokens` shrink or grow it):
 
     .venv/bin/python bench/servers.py
 """
@@ -45,6 +48,7 @@ from toy_env import target_share_env  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from rlvr.config import load_config  # noqa: E402
+from rlvr.model.names import resolve_model  # noqa: E402
 from rlvr.model.tiny_model import build_tiny_model  # noqa: E402
 from rlvr.server.launcher import cpu_thread_binding  # noqa: E402
 from rlvr.server.process import EXACT_FLAGS, VLLMServer  # noqa: E402
@@ -85,6 +89,13 @@ class TimedTrainer(Trainer):
         time.sleep(self.kill_after_s)
         self.kill.kill()
         self.killed_at = time.perf_counter()
+
+
+def model_directory(model: str, work: Path) -> Path:
+    """The directory of `model`: "tiny" builds the tiny model under `work`."""
+    if model == "tiny":
+        return build_tiny_model(work / "tiny-qwen2")
+    return Path(resolve_model(model))
 
 
 def thread_slices(servers: int, threads: int) -> list[str]:
@@ -231,8 +242,10 @@ def report(one: dict, two: dict, killed: dict, threads: int) -> dict:
         f"{two['tokens_per_s_per_thread']:.1f} (2 servers)"
     )
     print(
-        f"on {threads} shared cores two servers cannot be faster than one; scaling_efficiency "
-        "(tokens/s per server thread, 2 servers / 1) is the ratio that carries to GPUs"
+        f"on {threads} shared cores two servers cannot be faster than one where generation is"
+        " compute-bound; a model too small for that is bound by each server's one-core engine"
+        " loop, which a second server doubles. scaling_efficiency (tokens/s per server thread,"
+        " 2 servers / 1) is the ratio that carries to GPUs (one server per device)"
     )
     print(
         f"server killed {killed['kill_after_s']:.1f} s into its step-{KILL_STEP} generation: "
@@ -245,11 +258,21 @@ def report(one: dict, two: dict, killed: dict, threads: int) -> dict:
     return ratios
 
 
+def phase(began: float, text: str) -> None:
+    """Print `text` after the seconds since `began`."""
+    print(f"[{time.perf_counter() - began:.0f} s] {text}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (rlvr.model.tiny_model), or a model, e.g. smollm2-135m",
+    )
     parser.add_argument("--steps", type=int, default=3, help="measured steps per setting")
     parser.add_argument("--examples", type=int, default=8, help="groups of 8 rollouts a step")
-    parser.add_argument("--max-tokens", type=int, default=256, help="tokens every reply makes")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens every reply makes")
     parser.add_argument(
         "--threads", type=int, default=len(os.sched_getaffinity(0)), help="server threads in all"
     )
@@ -260,23 +283,24 @@ def main() -> None:
         raise SystemExit("--threads must be even and at least 2 (two servers split them)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model_dir = build_tiny_model(work / "tiny-qwen2")
+        model_dir = model_directory(args.model, work)
         results = {}
+        began = time.perf_counter()
         with serving(model_dir, 1, args.threads, work) as servers:
-            print(f"1 server, {args.threads} threads", flush=True)
+            phase(began, f"1 server, {args.threads} threads")
             _, history = train(model_dir, servers, work / "one", args, args.steps + 1)
             results["one_server"] = steady(history, 1, args.threads)
         with serving(model_dir, 2, args.threads, work) as servers:
-            print(f"2 servers, {args.threads // 2} threads each", flush=True)
+            phase(began, f"2 servers, {args.threads // 2} threads each")
             _, history = train(model_dir, servers, work / "two", args, args.steps + 1)
             results["two_servers"] = steady(history, 2, args.threads)
-            print(f"2 servers, one SIGKILLed in step {KILL_STEP}", flush=True)
+            phase(began, f"2 servers, one SIGKILLed in step {KILL_STEP}")
             results["killed"] = killed_run(model_dir, servers, work / "killed", args)
     ratios = report(results["one_server"], results["two_servers"], results["killed"], args.threads)
     save(
         "servers",
         {
-            "model": "tiny-qwen2 (rlvr.model.tiny_model)",
+            "model": args.model,
             "examples": args.examples,
             "rollouts_per_example": ROLLOUTS_PER_EXAMPLE,
             "max_tokens": args.max_tokens,
