@@ -21,7 +21,8 @@ all of them, or two servers on half each. The first step warms up and is dropped
    seconds from the kill to that step's end, and the step's time against the undisturbed
    2-server step (`rollouts/retried_groups` says how many groups ran again).
 
-Run (about 8 minutes on 2 busy cores; `--steps`, `--examples`, `--max-tokens` shrink or grow it):
+Run (11 minutes on 2 cores shared with other work at load 6; `--steps`, `--examples` and
+`--max-tokens` shrink or grow it):
 
     .venv/bin/python bench/servers.py
 """
@@ -106,17 +107,16 @@ def thread_slices(servers: int, threads: int) -> list[str]:
 
 
 @contextmanager
-def serving(model_dir: Path, servers: int, threads: int, logs: Path) -> Iterator[list[VLLMServer]]:
-    """`servers` vf-vllm servers on the tiny model, `threads` cores in all, split evenly."""
+def serving(model_dir: Path, servers: int, threads: int) -> Iterator[list[VLLMServer]]:
+    """`servers` vf-vllm servers on `model_dir`, `threads` cores in all, split evenly, all
+    stopped on the way out; their logs stay in /tmp/vf-vllm-<port>.log. They start one after
+    the other, from this thread: a server dies with the thread that started it (its
+    parent-death signal, rlvr.server.lifetime), so a thread pool cannot start them."""
     with ExitStack() as stack:
         started = []
-        for i, cores in enumerate(thread_slices(servers, threads)):
-            server = VLLMServer(
-                str(model_dir),
-                extra_args=EXACT_FLAGS,
-                log_path=logs / f"vf-vllm-{servers}-{i}.log",
-                env={"VLLM_CPU_OMP_THREADS_BIND": cores},
-            )
+        for cores in thread_slices(servers, threads):
+            env = {"VLLM_CPU_OMP_THREADS_BIND": cores}
+            server = VLLMServer(str(model_dir), extra_args=EXACT_FLAGS, env=env)
             started.append(stack.enter_context(server))
         yield started
 
@@ -286,11 +286,11 @@ def main() -> None:
         model_dir = model_directory(args.model, work)
         results = {}
         began = time.perf_counter()
-        with serving(model_dir, 1, args.threads, work) as servers:
+        with serving(model_dir, 1, args.threads) as servers:
             phase(began, f"1 server, {args.threads} threads")
             _, history = train(model_dir, servers, work / "one", args, args.steps + 1)
             results["one_server"] = steady(history, 1, args.threads)
-        with serving(model_dir, 2, args.threads, work) as servers:
+        with serving(model_dir, 2, args.threads) as servers:
             phase(began, f"2 servers, {args.threads // 2} threads each")
             _, history = train(model_dir, servers, work / "two", args, args.steps + 1)
             results["two_servers"] = steady(history, 2, args.threads)
