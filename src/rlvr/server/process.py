@@ -82,7 +82,9 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         """Start and wait until it serves. A port picked here can be taken by another process
-        before the launcher binds it; then the launcher refuses it and a fresh port is tried."""
+        before the launcher binds it; then the launcher refuses it and a fresh port is tried.
+        Start it from a thread that outlives it: the child is told to end when the thread that
+        started it ends (`dies_with`, Linux's parent-death signal follows the thread)."""
         for _ in range(PORT_ATTEMPTS - 1 if self._port_chosen_here else 0):
             try:
                 return self._start_once()
