@@ -305,3 +305,576 @@ def question_slices(question: str, shortest: int = 2, longest: int = 5) -> list[
         for n in range(shortest, longest + 1)
         for i in range(len(words) - n + 1)
     ]
+
+
+# --- round 5: sentences, notations, units, countries and full names, reasoned refusals, ------
+# --- two-name hedges ---------------------------------------------------------------------------
+
+MAX_ANSWER_WORDS = 20  # submit_answer refuses a longer answer: no such form is written
+
+
+def _fits(form: str) -> bool:
+    return len(form.split()) <= MAX_ANSWER_WORDS
+
+
+def _last_bridge(row: Row) -> str:
+    """The answer of the hop before the last (the entity an explanation goes through)."""
+    steps = row["question_decomposition"]
+    return steps[-2]["answer"] if len(steps) >= 2 else steps[0]["answer"]
+
+
+def _relation_statement(row: Row, gold: str) -> str | None:
+    """The last hop as a sentence, "It is the capital of Mountrail County." for
+    "#1 >> capital", when it is written "X >> relation"."""
+    question = sub_questions(row)[-1]
+    if ">>" not in question:
+        return None
+    subject, relation = (part.strip() for part in question.split(">>", 1))
+    words = RELATION_WORDS.get(relation, relation).split()[0]
+    return f"It is the {words} of {subject}."
+
+
+_RESTATABLE = re.compile(r"^(?:What|Which|Who|Where) (is|was|are|were) (?:the )?(.+?)\s*\?$")
+
+
+def _restated_question(row: Row, gold: str) -> str | None:
+    """ "The seat of the county where Van Hook Township is located is Stanley." for "What is
+    the seat of the county where Van Hook Township is located?"."""
+    found = _RESTATABLE.match(row["question"].strip())
+    if found is None or found.group(2).split()[0].lower() in {"a", "an", "the"}:
+        return None
+    verb, rest = found.groups()
+    return f"The {rest} {verb} {gold}."
+
+
+def sentence_answers(row: Row) -> list[tuple[str, str]]:
+    """(style, answer) pairs: the gold in the sentences models write around an answer, an
+    announcement before it, a source or an explanation after it (the explanations go
+    through the row's own bridge entity)."""
+    gold, bridge = row["answer"], _last_bridge(row)
+    support = next(p["idx"] for p in row["paragraphs"] if p["is_supporting"])
+    forms = [
+        ("the answer is", f"The answer is {gold}."),
+        ("final answer:", f"Final answer: {gold}"),
+        ("answer:", f"Answer: {gold}"),
+        ("so the answer is", f"So the final answer is {gold}."),
+        ("based on the documents", f"Based on the documents, the answer is {gold}."),
+        ("it is", f"It is {gold}."),
+        ("is the answer", f"{gold} is the answer."),
+        ("per the documents", f"{gold} (per the documents)"),
+        ("according to the documents", f"{gold}, according to the documents."),
+        ("document cited", f"{gold} (Document {support})"),
+        ("bold", f"**{gold}**"),
+        ("explained after a full stop", f"{gold}. I found it through {bridge}."),
+        ("explained after because", f"{gold}, because the documents link it to {bridge}."),
+        ("explained after which", f"{gold}, which the document on {bridge} names."),
+        ("explained after a dash", f"{gold} - found through {bridge}"),
+        ("explained in brackets", f"{gold} (via {bridge})"),
+        ("announced and sourced", f"The answer is {gold} (per the documents)."),
+    ]
+    if (statement := _relation_statement(row, gold)) is not None:
+        forms.append(("explained by the relation", f"{gold}. {statement}"))
+    if (restated := _restated_question(row, gold)) is not None:
+        forms.append(("restated question", restated))
+    return [(style, form) for style, form in forms if _fits(form)]
+
+
+def sentence_hedges(row: Row, other: str) -> list[tuple[str, str]]:
+    """Sentences that name a second candidate beside the gold, in both orders: none may pay
+    more than committing to the first name (a sentence is judged by the span it commits to;
+    one that hedges or sets a bare name beside the first is no sentence and pays less)."""
+    gold = row["answer"]
+    forms = []
+    for first, second in ((gold, other), (other, gold)):
+        forms += [
+            ("announced list", f"The answer is {first} or {second}."),
+            ("second guess after a full stop", f"{first}. Or maybe {second}."),
+            ("bare second name after a full stop", f"{first}. {second}."),
+            ("bare second name after a dash", f"{first} - {second}"),
+            ("second name in the explanation", f"{first}. {second} is the other candidate."),
+            ("second name possible", f"Final answer: {first}, though {second} is possible"),
+            ("second name in an explanation", f"{first}. The documents also name {second}."),
+        ]
+    return [(style, form) for style, form in forms if _fits(form)]
+
+
+# Dates, years and numbers in other notations.
+_MONTH_ABBREVIATION = {m: m[:3] + "." if len(m) > 4 else m for m in _MONTHS}
+_DATE_IN_TEXT = re.compile(
+    rf"\b(?:(\d{{1,2}}) ({'|'.join(_MONTHS)}),? (\d{{4}})"
+    rf"|({'|'.join(_MONTHS)}) (\d{{1,2}}), (\d{{4}}))\b"
+)
+_ORDINAL = {1: "st", 2: "nd", 3: "rd"}
+
+
+def _ordinal(day: int) -> str:
+    return f"{day}{'th' if 10 <= day % 100 <= 20 else _ORDINAL.get(day % 10, 'th')}"
+
+
+def _date_notations(day: int, month: int, year: str) -> list[tuple[str, str]]:
+    name = _MONTHS[month - 1]
+    forms = [
+        ("ISO date", f"{year}-{month:02d}-{day:02d}"),
+        ("US numeric date", f"{month}/{day}/{year}"),
+        ("abbreviated month", f"{_MONTH_ABBREVIATION[name]} {day}, {year}"),
+        ("abbreviated month, day first", f"{day} {name[:3]} {year}"),
+        ("ordinal day", f"{_ordinal(day)} of {name} {year}"),
+        ("ordinal day, month first", f"{name} {_ordinal(day)}, {year}"),
+        ("European dotted date", f"{day:02d}.{month:02d}.{year}"),
+    ]
+    if day > 12:
+        forms.append(("day-first numeric date", f"{day}/{month}/{year}"))
+    return forms
+
+
+_SMALL = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen"
+).split()
+_TENS_WORDS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def number_words(n: int) -> str:
+    """English words for 0 <= n < 1,000,000 ("sixteen thousand eight hundred one",
+    "thirty-five")."""
+    if n < 20:
+        return _SMALL[n]
+    if n < 100:
+        tens, units = divmod(n, 10)
+        return _TENS_WORDS[tens - 2] + (f"-{_SMALL[units]}" if units else "")
+    if n < 1000:
+        hundreds, rest = divmod(n, 100)
+        return f"{_SMALL[hundreds]} hundred" + (f" {number_words(rest)}" if rest else "")
+    thousands, rest = divmod(n, 1000)
+    return f"{number_words(thousands)} thousand" + (f" {number_words(rest)}" if rest else "")
+
+
+_PLAIN_NUMBER = re.compile(r"^(\$?)(\d{1,3}(?:,\d{3})+|\d+)(%?)$")
+_WORD_VALUES = {word: value for value, word in enumerate(_SMALL)}
+
+
+def _number_notations(gold: str) -> list[tuple[str, str]]:
+    found = _PLAIN_NUMBER.match(gold)
+    if found is None:
+        return []
+    dollar, digits, percent = found.groups()
+    value = int(digits.replace(",", ""))
+    forms = []
+    if value >= 1000:
+        forms.append(
+            ("space as thousands separator", f"{dollar}{value:,}".replace(",", " ") + percent)
+        )
+    if value < 1_000_000:
+        words = number_words(value)
+        if percent:
+            forms += [
+                ("number words", f"{words} percent"),
+                ("percent in words", f"{value} percent"),
+            ]
+            forms.append(("per cent", f"{value} per cent"))
+        elif dollar:
+            forms.append(("number words", f"{words} dollars"))
+        else:
+            forms.append(("number words", words))
+    return forms
+
+
+def notation_answers(row: Row) -> list[tuple[str, str]]:
+    """(style, answer) pairs: the gold's date, year or number in other notations (ISO, US
+    numeric, abbreviated month, ordinal day; "AD 1895"; space-separated thousands, number
+    words), or a number word gold in digits; a date inside a longer gold is rewritten in
+    place ("began 1951-07-10")."""
+    gold = row["answer"]
+    forms: list[tuple[str, str]] = []
+    if date := _DATE_IN_TEXT.search(gold):
+        day, month, year = (
+            (date.group(1), date.group(2), date.group(3))
+            if date.group(1)
+            else (date.group(5), date.group(4), date.group(6))
+        )
+        for style, form in _date_notations(int(day), _MONTHS.index(month) + 1, year):
+            forms.append((style, gold[: date.start()] + form + gold[date.end() :]))
+    elif re.fullmatch(r"\d{3,4}", gold):
+        forms += [
+            ("AD before the year", f"AD {gold}"),
+            ("AD after the year", f"{gold} AD"),
+            ("CE after the year", f"{gold} CE"),
+            ("the year", f"the year {gold}"),
+        ]
+    else:
+        forms += _number_notations(gold)
+    words = gold.split()
+    if any(w.lower() in _WORD_VALUES for w in words):
+        digits = " ".join(
+            str(_WORD_VALUES.get(w.lower(), w)) if w.lower() in _WORD_VALUES else w for w in words
+        )
+        forms.append(("digits for number words", digits))
+    return [(style, form) for style, form in forms if form != gold]
+
+
+def wrong_values(row: Row) -> list[tuple[str, str]]:
+    """A near miss of a date, year or number gold (the next day, the next year, one more),
+    written as the gold is and in the other notations: the other notations may pay no more
+    than the wrong value written as the gold is."""
+    gold = row["answer"]
+    if date := _DATE_IN_TEXT.fullmatch(gold):
+        day, month, year = (
+            (date.group(1), date.group(2), date.group(3))
+            if date.group(1)
+            else (date.group(5), date.group(4), date.group(6))
+        )
+        day_after = int(day) % 28 + 1
+        wrong = gold.replace(day, str(day_after), 1)
+        return [("next day, as the gold is written", wrong)] + [
+            (f"next day, {style}", form)
+            for style, form in _date_notations(day_after, _MONTHS.index(month) + 1, year)
+        ]
+    if re.fullmatch(r"\d{3,4}", gold):
+        year = str(int(gold) + 1)
+        return [("next year, as the gold is written", year), ("next year, AD", f"AD {year}")]
+    found = _PLAIN_NUMBER.match(gold)
+    if found is None:
+        return []
+    more = int(found.group(2).replace(",", "")) + 1
+    wrong = f"{found.group(1)}{more:,}{found.group(3)}"
+    return [("one more, as the gold is written", wrong)] + [
+        (f"one more, {style}", form) for style, form in _number_notations(wrong)
+    ]
+
+
+def _document_value(row: Row, pattern: re.Pattern[str], group: int = 0) -> str | None:
+    """The first match of `pattern` in the row's paragraphs, supporting ones first."""
+    paragraphs = sorted(row["paragraphs"], key=lambda p: not p["is_supporting"])
+    for paragraph in paragraphs:
+        if found := pattern.search(paragraph["paragraph_text"]):
+            return found.group(group)
+    return None
+
+
+def with_gold(row: Row, gold: str, kind: str) -> Row:
+    """The row with another gold answer (a value one of its documents writes), so a notation
+    or form can be checked against a gold of that kind on every row: the same question,
+    decomposition and documents; the last hop's answer is the new gold; no aliases."""
+    steps = [dict(step) for step in row["question_decomposition"]]
+    steps[-1]["answer"] = gold
+    return {
+        **row,
+        "id": f"{row['id']}__{kind}",
+        "answer": gold,
+        "answer_aliases": [],
+        "question_decomposition": steps,
+    }
+
+
+_YEAR_IN_TEXT = re.compile(r"\b(?:in|since|until|from|of) (1[0-9]{3}|20[0-2][0-9])\b")
+_THOUSANDS_IN_TEXT = re.compile(r"(?<![\d,.$])(\d{1,3},\d{3})(?![\d,]|\.\d)")
+
+
+def document_value_rows(rows: list[Row]) -> dict[str, list[Row]]:
+    """For each kind of value (a full date, a year, a number with a thousands separator), the
+    rows that have one in their documents, with it as their gold (`with_gold`)."""
+    kinds = {
+        "date": (_DATE_IN_TEXT, 0),
+        "year": (_YEAR_IN_TEXT, 1),
+        "number": (_THOUSANDS_IN_TEXT, 1),
+    }
+    out: dict[str, list[Row]] = {kind: [] for kind in kinds}
+    for row in rows:
+        for kind, (pattern, group) in kinds.items():
+            if (value := _document_value(row, pattern, group)) is not None:
+                out[kind].append(with_gold(row, value, kind))
+    return out
+
+
+# Measures: a number and a unit as documents write them, and the unit's other spellings.
+_UNIT_FAMILIES = (
+    ("metres", "meters", "m"),
+    ("meters", "metres", "m"),
+    ("kilometres", "kilometers", "km"),
+    ("kilometers", "kilometres", "km"),
+    ("km", "kilometres", "kilometers"),
+    ("feet", "ft", "foot"),
+    ("ft", "feet"),
+    ("miles", "mi"),
+    ("mi", "miles"),
+    ("kg", "kilograms"),
+    ("kilograms", "kg"),
+    ("hectares", "ha"),
+    ("acres",),
+    ("percent", "per cent", "%"),
+)
+_MEASURE_IN_TEXT = re.compile(
+    r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?) ("
+    + "|".join(sorted({f[0] for f in _UNIT_FAMILIES}, key=len, reverse=True))
+    + r")(?![\w])"
+)
+
+
+def measure_rows(rows: list[Row]) -> list[Row]:
+    """Rows with a measure from their documents as their gold ("1,400 metres", "5 km")."""
+    out = []
+    for row in rows:
+        if (value := _document_value(row, _MEASURE_IN_TEXT)) is not None:
+            out.append(with_gold(row, value, "measure"))
+    return out
+
+
+def unit_answers(row: Row) -> list[tuple[str, str]]:
+    """A measure gold with its unit abbreviated, spelled out or spelled the other way, and
+    its number with or without a thousands separator."""
+    found = _MEASURE_IN_TEXT.fullmatch(row["answer"])
+    if found is None:
+        return []
+    number, unit = found.groups()
+    family = next(f for f in _UNIT_FAMILIES if f[0] == unit)
+    forms = [
+        ("other unit spelling", f"{number} {other}" if other != "%" else f"{number}%")
+        for other in family[1:]
+    ]
+    if "," in number:
+        forms.append(("without thousands separator", f"{number.replace(',', '')} {unit}"))
+    elif number.isdigit() and int(number) >= 1000:
+        forms.append(("with thousands separator", f"{int(number):,} {unit}"))
+    forms.append(("approximately", f"about {number} {unit}"))
+    return forms
+
+
+def wrong_measures(row: Row) -> list[tuple[str, str]]:
+    """A measure gold with one more unit, as the gold is written and in the unit's other
+    spellings."""
+    found = _MEASURE_IN_TEXT.fullmatch(row["answer"])
+    if found is None:
+        return []
+    number, unit = found.groups()
+    if not number.replace(",", "").isdigit():
+        return []
+    more = f"{int(number.replace(',', '')) + 1:,}"
+    return [("one more, as the gold is written", f"{more} {unit}")] + [
+        (f"one more, {style}", form.replace(number, more, 1))
+        for style, form in unit_answers(row)
+        if style == "other unit spelling"
+    ]
+
+
+def _country_short_names() -> dict[str, str]:
+    """alpha-2 code -> the name people write ("Russia", "United States")."""
+    import pycountry
+
+    names = {
+        c.alpha_2: getattr(c, "common_name", None) or c.name.split(",")[0]
+        for c in pycountry.countries
+    }
+    names |= {
+        "US": "United States",
+        "GB": "United Kingdom",
+        "RU": "Russia",
+        "KR": "South Korea",
+        "IR": "Iran",
+        "SY": "Syria",
+        "VN": "Vietnam",
+        "TW": "Taiwan",
+        "CZ": "Czech Republic",
+    }
+    return names
+
+
+def _subdivision_countries() -> dict[str, str]:
+    """A subdivision's name -> its country code (general knowledge, from pycountry)."""
+    import pycountry
+
+    return {s.name.split("[")[0]: s.country_code for s in pycountry.subdivisions}
+
+
+def is_place_row(row: Row) -> bool:
+    """The question asks for a place (as `_qualified_in_documents` reads it) and the gold is a
+    name."""
+    return (
+        bool(_PLACE_QUESTION.search(row["question_decomposition"][-1]["question"]))
+        and row["answer"][:1].isupper()
+    )
+
+
+def country_answers(row: Row) -> list[tuple[str, str]]:
+    """For a place: the gold with the country (and state) it lies in, from general knowledge
+    of a region the documents write after it ("Clatskanie, Oregon" -> "Clatskanie, Oregon,
+    United States", "Clatskanie, United States"), or with an earlier hop's answer that is
+    a country or state the last hop looks in ("Moscow, Russia" for "#1 >> capital" where #1
+    is Russia; "what is the largest city in #1")."""
+    if not is_place_row(row):
+        return []
+    gold = row["answer"]
+    names, subdivisions = _country_short_names(), _subdivision_countries()
+    countries = {name: code for code, name in names.items()}
+    forms: list[tuple[str, str]] = []
+    if (qualified := _qualified_in_documents(row, gold)) is not None:
+        region = qualified.split(", ", 1)[1]
+        if region in subdivisions:
+            country = names[subdivisions[region]]
+            forms += [
+                ("state and country", f"{gold}, {region}, {country}"),
+                ("country", f"{gold}, {country}"),
+            ]
+    last = row["question_decomposition"][-1]["question"]
+    for k, step in enumerate(row["question_decomposition"][:-1], start=1):
+        bridge = step["answer"]
+        inside = re.search(
+            rf">> capital$|\b(?:largest|biggest|capital|city|town) (?:in|of) #{k}\b", last
+        )
+        if (bridge in countries or bridge in subdivisions) and inside:
+            forms.append(("an earlier hop's region", f"{gold}, {bridge}"))
+    return forms
+
+
+_ACRONYM_IN_TEXT = re.compile(
+    r"((?:[A-Z][\w'\-]*\s(?:(?:of|the|for|and|de|des|du|la|der|für)\s)*){1,6}[A-Z][\w'\-]*)"
+    r" \(([A-Z][A-Za-z]{1,7})\)"
+)
+
+
+def _initials(name: str) -> str:
+    return "".join(
+        w[0] for w in re.findall(r"[\w']+", name) if w.lower() not in {"of", "the", "and", "for"}
+    ).upper()
+
+
+def acronym_rows(rows: list[Row]) -> list[Row]:
+    """Rows with an acronym from their documents as their gold, where a document writes it in
+    brackets after its full name ("National Basketball Association (NBA)"): the gold is the
+    acronym (with the full name kept for `full_name_answers`)."""
+    out = []
+    for row in rows:
+        found = _document_value(row, _ACRONYM_IN_TEXT)
+        if found is None:
+            continue
+        full, acronym = _ACRONYM_IN_TEXT.fullmatch(found).groups()
+        if sum(ch.isupper() for ch in acronym) >= 2:
+            out.append({**with_gold(row, acronym, "acronym"), "full_name": full})
+    return out
+
+
+def full_name_answers(row: Row) -> list[tuple[str, str]]:
+    """The gold beside its acronym or its full name, in brackets: "Kaufhaus des Westens
+    (KaDeWe)" and "KaDeWe (Kaufhaus des Westens)" for "KaDeWe"; "Major League Soccer (MLS)"
+    and "MLS (Major League Soccer)" for "Major League Soccer" with the alias "MLS"."""
+    gold = row["answer"]
+    pairs = []
+    if full := row.get("full_name"):
+        pairs.append((full, gold))
+    for alias in row.get("answer_aliases") or []:
+        if alias.isupper() and len(alias) >= 2 and _initials(gold) == alias:
+            pairs.append((gold, alias))
+    forms = []
+    for full, acronym in pairs:
+        forms += [
+            ("full name, acronym in brackets", f"{full} ({acronym})"),
+            ("acronym, full name in brackets", f"{acronym} ({full})"),
+        ]
+    return forms
+
+
+REASONED_REFUSALS = (
+    "Not enough information in the documents to answer.",
+    "I could not find this information in the documents.",
+    "There is not enough information in the provided documents to answer this question.",
+    "The provided documents do not contain the answer to this question.",
+    "I was unable to find the answer in the documents.",
+    "Unanswerable: the documents do not say.",
+    "Cannot be determined from the documents provided.",
+    "The documents don't contain enough information to answer the question.",
+    "No relevant information was found in the documents.",
+    "Unanswerable - none of the documents mention it.",
+    "I'm sorry, but I cannot find the answer in the documents.",
+    "Based on the documents, I cannot determine the answer.",
+    "Final answer: unanswerable (the documents do not say)",
+    "The answer is not in the documents.",
+    "Insufficient information in the documents to determine the answer.",
+    "The question cannot be answered with the given documents.",
+    "I didn't find any information about this in the documents.",
+    "After searching, I could not find the answer.",
+)
+
+
+def reasoned_refusals(row: Row, missing: int) -> list[tuple[str, str]]:
+    """Refusals that name what is missing: hop `missing` (its sub-question with the earlier
+    answers filled in) as "I could not find the founder of Routledge in the documents." or
+    "The documents do not say who wrote Crazy Little Thing Called Love."."""
+    question = sub_questions(row)[missing].strip().rstrip("?").strip()
+    forms = []
+    if ">>" in question:
+        subject, relation = (part.strip() for part in question.split(">>", 1))
+        thing = RELATION_WORDS.get(relation, relation).split()[0]
+        forms += [
+            (
+                "the missing fact not found",
+                f"I could not find the {thing} of {subject} in the documents.",
+            ),
+            (
+                "the documents do not mention it",
+                f"The documents do not mention the {thing} of {subject}.",
+            ),
+        ]
+    elif re.match(r"(?i)^(who|what|when|where|which|how)\b", question):
+        clause = question[0].lower() + question[1:]
+        forms += [
+            ("the documents do not say", f"The documents do not say {clause}."),
+            ("unanswerable with the reason", f"Unanswerable: the documents do not say {clause}."),
+        ]
+    return [(style, form) for style, form in forms if _fits(form)]
+
+
+_NAME_IN_TEXT = re.compile(r"\b[A-Z][a-z][\w'\-]*(?: (?:of |de |von |van )?[A-Z][\w'\-]*){0,3}")
+_NOT_NAMES = frozenset(
+    "The A An In On At By It He She They His Her Its This That These Those Since After Before "
+    "During While When Where Who Which What Although However As Some From For With Of".split()
+)
+
+
+def _plain(text: str) -> str:
+    """Lower case, words only, without articles: "The Crocodile Hunter" -> "crocodile hunter"."""
+    words = re.findall(r"\w+", text.lower())
+    return f" {' '.join(w for w in words if w not in {'the', 'a', 'an'})} "
+
+
+def other_candidates(row: Row, n: int = 2) -> list[str]:
+    """Names a document holds beside the gold that an agent might hesitate over: names in the
+    gold's own supporting paragraphs, then the titles of the other paragraphs. Neither holds
+    the gold nor is held by it, nor is one of its aliases; no region (a country, state or
+    province) is taken, since a
+    region after a place is a qualifier, not a second candidate (`country_answers`), unless
+    the gold is itself a region."""
+    gold = row["answer"]
+    subdivisions, countries = _subdivision_countries(), set(_country_short_names().values())
+    regions = set(subdivisions) | countries
+    gold_is_region = gold in regions
+    names: list[str] = []
+    supporting = [
+        p for p in row["paragraphs"] if p["is_supporting"] and gold in p["paragraph_text"]
+    ]
+    for paragraph in supporting:  # names of two or more words (one word may start a sentence)
+        names += [m.group(0) for m in _NAME_IN_TEXT.finditer(paragraph["paragraph_text"])]
+    names = [name for name in names if len(name.split()) >= 2]
+    names += [p["title"] for p in row["paragraphs"] if not p["is_supporting"]]
+    golds = [_plain(g) for g in [gold, *(row.get("answer_aliases") or [])]]
+    out: list[str] = []
+    for name in names:
+        name = name.strip()
+        if name.split()[0] in _NOT_NAMES or len(name) < 3:
+            continue
+        if any(g in _plain(name) or _plain(name) in g for g in golds):
+            continue
+        if (name in regions) != gold_is_region or name in out:
+            continue
+        out.append(name)
+        if len(out) == n:
+            break
+    return out
+
+
+def two_name_hedges(gold: str, other: str) -> list[tuple[str, str]]:
+    """The two-name hedge in both orders: "G, D", "D, G", "G (D)", "D (G)"."""
+    return [
+        ("gold first, comma", f"{gold}, {other}"),
+        ("gold second, comma", f"{other}, {gold}"),
+        ("gold first, brackets", f"{gold} ({other})"),
+        ("gold second, brackets", f"{other} ({gold})"),
+    ]

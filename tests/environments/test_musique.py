@@ -21,7 +21,13 @@ import pytest
 from verifiers.types import ToolCall
 from vf_musique import DEFAULT_WEIGHTS, MusiqueDataError, answerability, load_environment
 from vf_musique import dataset as musique_dataset
-from vf_musique.answers import MAX_FORM_CHARS, AnswerContext, is_refusal, matching_gold
+from vf_musique.answers import (
+    MAX_FORM_CHARS,
+    AnswerContext,
+    is_refusal,
+    judge_answer,
+    matching_gold,
+)
 from vf_musique.hops import content_terms, few_searches, searched_missing_hop
 from vf_musique.messages import parse_tool_call, tool_calls
 from vf_musique.replies import get_field, message_text
@@ -32,8 +38,9 @@ from vf_musique.retrieval import (
     QuestionIndex,
     reciprocal_rank_fusion,
 )
-from vf_musique.rubric import read_rollout, score_components
+from vf_musique.rubric import combine, read_rollout, score_components
 from vf_musique.scoring import exact_match, normalize_answer, token_f1
+from vf_musique.tools import parse_submission
 
 from rlvr.testing import Policy, ScriptedClient, render
 
@@ -1156,3 +1163,433 @@ def test_long_answers_are_no_form_and_no_refusal_and_score_fast():
     padded = "Stanley," + " " * MAX_FORM_CHARS + "North Dakota"
     assert matching_gold(padded, ["Stanley"], context) is None
     assert time.monotonic() - started < 2.0
+
+
+# --- rewards round 5 (issue 50): sentences, notations, units, countries, full names, reasoned -
+# --- refusals are paid; the two-name hedge is not ----------------------------------------------
+
+Forms = Callable[[dict[str, Any]], list[tuple[str, str]]]
+Played = dict[str, list[tuple[float, float]]]
+
+
+def resubmitted(completion: list[Any], answer: str) -> list[Any]:
+    """A saved rollout (dict messages) with `answer` in its accepted submission instead, as
+    the tool would have accepted it (`parse_submission`: one line, at most 20 words)."""
+    messages = json.loads(json.dumps(completion, default=lambda m: m.model_dump()))
+    for message in messages:
+        for i, raw in enumerate(message.get("tool_calls") or []):
+            parsed = parse_tool_call(raw)
+            if parsed is not None and parsed.name == "submit_answer":
+                args = json.loads(parsed.arguments)
+                parse_submission(answer, args["cited_doc_ids"])  # raises where the tool refuses
+                args["answer"] = answer
+                message["tool_calls"][i] = {
+                    "id": parsed.id,
+                    "name": parsed.name,
+                    "arguments": json.dumps(args),
+                }
+    return messages
+
+
+def replayed_reward(out: dict[str, Any], answer: str) -> float:
+    """The rubric's reward (`score_components`, `combine`: what MuSiQueRubric computes) for the
+    rollout `out` with `answer` submitted instead."""
+    info = out["info"]
+    components = score_components(resubmitted(out["completion"], answer), info)
+    return combine(components, DEFAULT_WEIGHTS, bool(info["answerable"]))
+
+
+def play_forms(
+    tmp_path: Path,
+    name: str,
+    rows: list[dict[str, Any]],
+    forms: Forms,
+    gold: Callable[[dict[str, Any]], str] = gold_answer,
+    **env_args: Any,
+) -> Played:
+    """The gold decomposition agent plays every row through `env.generate` (the real loop,
+    tools and rubric), submitting `gold(row)`; then each (style, answer) of `forms(row)` is
+    submitted in its place in the saved rollout and rescored by the rubric (saved results
+    rescore identically: `test_saved_results_rescore_identically`; the first style of every
+    row is also played through the loop, and must score the same). Style -> [(reward, the
+    gold's reward on the same row)]."""
+    table = {row["question"]: forms(row) for row in rows}
+    by_question = {row["question"]: row for row in rows}
+    env = load_environment(data_files=rows_file(tmp_path, name, rows), **env_args)
+    outputs = run(env, decomposition_agent(by_question, answer=gold))
+    first = {row["question"]: forms[0][1] for row in rows if (forms := table[row["question"]])}
+    looped = run(
+        env, decomposition_agent(by_question, answer=lambda r: first.get(r["question"], gold(r)))
+    )
+    played: Played = {}
+    for out, loop in zip(outputs, looped, strict=True):
+        for k, (style, answer) in enumerate(table[out["info"]["question"]]):
+            reward = replayed_reward(out, answer)
+            if k == 0:
+                assert reward == loop["reward"], (answer, out["info"]["id"])
+            played.setdefault(style, []).append((reward, out["reward"]))
+    return played
+
+
+def honest_report(played: Played) -> dict[str, dict[str, float]]:
+    """Per style: rows, mean reward, the gold's mean on the same rows, and the false-negative
+    rate (the form paid below the gold string on its row)."""
+    return {
+        style: {
+            "rows": len(pairs),
+            "mean": round(sum(r for r, _ in pairs) / len(pairs), 3),
+            "gold": round(sum(g for _, g in pairs) / len(pairs), 3),
+            "false negatives": round(rate([r < g for r, g in pairs]), 3),
+        }
+        for style, pairs in played.items()
+    }
+
+
+def compact(report: dict[str, dict[str, float]]) -> str:
+    """One line per style: mean (gold) [false negatives] rows."""
+    return "\n".join(
+        f"  {style}: {m['mean']:.3f} (gold {m['gold']:.3f}), false negatives "
+        f"{m['false negatives']:.3f}, {m['rows']} rows"
+        for style, m in report.items()
+    )
+
+
+def assert_paid(report: dict[str, dict[str, float]], limit: float = 0.05) -> None:
+    for style, measured in report.items():
+        assert measured["false negatives"] <= limit, (style, measured)
+
+
+def merged(*reports: Played) -> Played:
+    out: Played = {}
+    for played in reports:
+        for style, pairs in played.items():
+            out.setdefault(style, []).extend(pairs)
+    return out
+
+
+def family_mean(played: Played) -> float:
+    rewards = [r for pairs in played.values() for r, _ in pairs]
+    return sum(rewards) / len(rewards)
+
+
+def rows_in(dev_rows, fixture_rows) -> list[dict[str, Any]]:
+    """The answerable rows of the shared files, one per question."""
+    return list(answerable_rows(dev_rows, fixture_rows).values())
+
+
+def other_answer(rows: list[dict[str, Any]]) -> Callable[[dict[str, Any]], str]:
+    """Each row's first other candidate (`musique_corpus.other_candidates`)."""
+    others = {row["question"]: musique_corpus.other_candidates(row, 1)[0] for row in rows}
+    return lambda row: others[row["question"]]
+
+
+def committed_baseline(
+    tmp_path: Path,
+    name: str,
+    rows: list[dict[str, Any]],
+    candidate: Callable[[dict[str, Any]], str],
+) -> float:
+    """The mean reward of committing to the gold or to `candidate(row)`, one of the two at
+    random: the no-effort baseline of naming both."""
+    played = play_forms(tmp_path, name, rows, lambda row: [("other", candidate(row))])
+    return sum((r + g) / 2 for r, g in played["other"]) / len(played["other"])
+
+
+def test_musique_sentence_answers_are_paid(dev_rows, fixture_rows, tmp_path):
+    """Correct answers in the sentences models write (`sentence_answers`: "The answer is X.",
+    "Final answer: X", "Answer: X", "X (per the documents)", X with a source or an explanation
+    after it, the question restated, ...), on every answerable row, are paid like the gold
+    string: at most 5% of each style below it. A sentence is judged by the span it commits
+    to, so one that names a second candidate (`sentence_hedges`, both orders) pays at most
+    what committing to one of the two at random pays, never more, and below the honest mean;
+    one that puts a second name beside the first without an explanation, or hedges, pays
+    less."""
+    rows = rows_in(dev_rows, fixture_rows)
+    report = honest_report(play_forms(tmp_path, "sentences", rows, musique_corpus.sentence_answers))
+    assert len(report) >= 15 and min(m["rows"] for m in report.values()) >= 50
+    other = other_answer(rows)
+    base = committed_baseline(tmp_path, "sentence_baseline", rows, other)
+    hedges = play_forms(
+        tmp_path,
+        "sentence_hedges",
+        rows,
+        lambda row: musique_corpus.sentence_hedges(row, other(row)),
+    )
+    exploit = {style: family_mean({style: v}) for style, v in hedges.items()}
+    print(
+        f"\nsentences on {len(rows)} rows:\n{compact(report)}",
+        "\nsentence hedges (both orders)",
+        {style: round(mean, 3) for style, mean in exploit.items()},
+        f"committing to one of the two at random {base:.3f}",
+    )
+    assert_paid(report)
+    for style, mean in exploit.items():
+        assert mean <= base + 1e-9, style  # a second name in an explanation: = the baseline
+        assert mean < min(m["mean"] for m in report.values()), style
+    # the span is judged alone: a wrapped wrong answer is paid like the wrong answer
+    nowhere = AnswerContext({"paragraphs": []})
+    assert judge_answer("The answer is Bismarck.", ["Stanley"], nowhere) == (None, "Bismarck")
+    for hedge in ("Stanley - Bismarck", "Stanley. Bismarck.", "The answer is Stanley or Bismarck."):
+        assert judge_answer(hedge, ["Stanley"], nowhere)[0] is None, hedge
+
+
+def test_musique_date_and_number_notations_are_paid(dev_rows, fixture_rows, tmp_path):
+    """Dates, years and numbers in other notations (`notation_answers`: ISO 1895-03-14, US
+    3/14/1895, "Mar. 14, 1895", "14th of March 1895", 14.03.1895; "AD 1895", "1895 CE";
+    "273 282", number words; "48 per cent") are paid like the gold string: on the rows whose
+    gold is a date, year or number, and on every row with a date, a year or a number its
+    documents write made its gold (`document_value_rows`), at most 5% of each style below the
+    gold. A wrong value in another notation (the next day, the next year, one more) pays no
+    more than the same wrong value written as the gold is, and below the honest mean."""
+    rows = rows_in(dev_rows, fixture_rows)
+    sets = {
+        "golds": [row for row in rows if musique_corpus.notation_answers(row)],
+        **musique_corpus.document_value_rows(rows),
+    }
+    assert {kind: len(subset) >= 100 for kind, subset in sets.items() if kind != "golds"} == {
+        "date": True,
+        "year": True,
+        "number": True,
+    }
+    played = merged(
+        *(
+            play_forms(tmp_path, f"notation_{kind}", subset, musique_corpus.notation_answers)
+            for kind, subset in sets.items()
+        )
+    )
+    report = honest_report(played)
+    wrong = merged(
+        *(
+            play_forms(tmp_path, f"wrong_{kind}", subset, musique_corpus.wrong_values)
+            for kind, subset in sets.items()
+            if kind != "golds"
+        )
+    )
+    as_gold = {s: v for s, v in wrong.items() if s.endswith("as the gold is written")}
+    other = {s: v for s, v in wrong.items() if not s.endswith("as the gold is written")}
+    exploit = {style: round(family_mean({style: v}), 3) for style, v in wrong.items()}
+    print(
+        f"\nnotations on {sum(map(len, sets.values()))} rows:\n{compact(report)}",
+        f"\nwrong values {exploit}",
+    )
+    assert_paid(report)
+    assert family_mean(other) <= family_mean(as_gold) + 1e-9
+    assert max(exploit.values()) < min(m["mean"] for m in report.values())
+    nowhere = AnswerContext({"paragraphs": []})
+    for answer, gold in [
+        ("1895-03-14", "March 14, 1895"),
+        ("3/14/1895", "March 14, 1895"),
+        ("Mar. 14, 1895", "March 14, 1895"),
+        ("AD 1895", "1895"),
+        ("273 282", "273,282"),
+        ("thirty-five", "35"),
+        ("one hundred and twenty", "120"),
+    ]:
+        assert matching_gold(answer, [gold], nowhere) == gold, answer
+    for answer, gold in [
+        ("3/4/1895", "April 3, 1895"),  # US order: March 4
+        ("1895-03-15", "March 14, 1895"),
+        ("1895 BC", "1895"),
+        ("273 282", "273"),
+        ("thirty-six", "35"),
+    ]:
+        assert matching_gold(answer, [gold], nowhere) is None, answer
+
+
+def test_musique_units_countries_and_full_names_are_paid(dev_rows, fixture_rows, tmp_path):
+    """Measures with their unit abbreviated or spelled another way ("1,400 m" and "1,400
+    meters" for "1,400 metres"; `measure_rows`: a measure the documents write made the gold),
+    places with the country or state that holds them from general knowledge or from the hop
+    that looks inside it ("Moscow, Russia"; `country_answers`), and a name beside its acronym
+    or full name in brackets ("Kaufhaus des Westens (KaDeWe)"; `full_name_answers`, on acronyms
+    the documents write in brackets and on acronym aliases) are paid like the gold: at most 5%
+    of each style below it. A region that cannot hold the gold is no qualifier: a region beside
+    a region ("Maine, Vermont"), a country beside a country-level gold, a hop's answer that the
+    gold lies in (a province for its country), a region after a person."""
+    rows = rows_in(dev_rows, fixture_rows)
+    measures = musique_corpus.measure_rows(rows)
+    places = [row for row in rows if musique_corpus.country_answers(row)]
+    acronyms = musique_corpus.acronym_rows(rows)
+    aliased = [row for row in rows if musique_corpus.full_name_answers(row)]
+    assert len(measures) >= 50 and len(places) >= 10 and len(acronyms) >= 50
+    played = merged(
+        play_forms(tmp_path, "units", measures, musique_corpus.unit_answers),
+        play_forms(tmp_path, "countries", places, musique_corpus.country_answers),
+        play_forms(tmp_path, "acronyms", acronyms, musique_corpus.full_name_answers),
+        play_forms(tmp_path, "aliased", aliased, musique_corpus.full_name_answers),
+    )
+    report = honest_report(played)
+    wrong = play_forms(tmp_path, "wrong_units", measures, musique_corpus.wrong_measures)
+    as_gold = {s: v for s, v in wrong.items() if s.endswith("as the gold is written")}
+    other = {s: v for s, v in wrong.items() if not s.endswith("as the gold is written")}
+    print(
+        f"\nunits on {len(measures)} rows, countries on {len(places)}, full names on",
+        f"{len(acronyms) + len(aliased)}:\n{compact(report)}",
+        f"\nwrong measures { {s: round(family_mean({s: v}), 3) for s, v in wrong.items()} }",
+    )
+    assert_paid(report)
+    assert family_mean(other) <= family_mean(as_gold) + 1e-9
+    # the issue's examples
+    nowhere = AnswerContext({"paragraphs": []})
+    for answer, gold in [
+        ("1,400 m", "1,400 metres"),
+        ("1,400 meters", "1,400 metres"),
+        ("Kaufhaus des Westens (KaDeWe)", "KaDeWe"),
+        ("KaDeWe (Kaufhaus des Westens)", "KaDeWe"),
+        ("Maine, USA", "Maine"),
+        ("Mexico City, Mexico", "Mexico City"),
+    ]:
+        assert matching_gold(answer, [gold], nowhere) == gold, answer
+    via_russia = AnswerContext(
+        {
+            "question": "What is the capital of the country where the Kamchatka Peninsula is?",
+            "hops": [
+                {"question": "Kamchatka Peninsula >> country", "answer": "Russia"},
+                {"question": "#1 >> capital", "answer": "Moscow"},
+            ],
+        }
+    )
+    assert matching_gold("Moscow, Russia", ["Moscow"], via_russia) == "Moscow"
+    for answer, gold in [("Maine, Vermont", "Maine"), ("Russia, Ukraine", "Russia")]:
+        assert matching_gold(answer, [gold], nowhere) is None, answer
+    by_question = {row["question"]: row for row in rows}
+    for answer, prefix in [
+        ("Alfredo Stroessner's Paraguay, Yugoslavia", "Where is the embassy in the only"),
+        ("SR Serbia, Vojvodina", "In which country is the province where Serbian"),
+        ("Yeltsin, Russia", "Who was the first president in the country where the Kamchatka"),
+    ]:
+        row = next(r for q, r in by_question.items() if q.startswith(prefix))
+        info = load_row_info(row)
+        assert matching_gold(answer, info["answers"], AnswerContext(info)) is None, answer
+
+
+def load_row_info(row: dict[str, Any]) -> dict[str, Any]:
+    """The environment's `info` for one raw row."""
+    return musique_dataset.to_example(row, 1.0, 0)["info"]
+
+
+def first_missing(row: dict[str, Any]) -> int:
+    """The first hop whose evidence MuSiQue-Full removed (no supporting paragraph)."""
+    steps = row["question_decomposition"]
+    return next((i for i, s in enumerate(steps) if s.get("paragraph_support_idx") is None), 0)
+
+
+def test_musique_reasoned_refusals_are_paid(dev_rows, fixture_rows, fixture_path, tmp_path):
+    """Refusals that give their reason (`REASONED_REFUSALS`: "Not enough information in the
+    documents to answer.", "I could not find this information in the documents.", ...; and
+    `reasoned_refusals`, naming the missing fact: "I could not find the founder of Routledge in
+    the documents.") are paid exactly like "unanswerable" on MuSiQue-Full rows: the fixture's
+    unanswerable rows and the 200 dev rows made unanswerable (first or last hop removed); at
+    most 5% of each phrasing below "unanswerable" (the rule is `answers.is_refusal`, which the
+    rubric reads). On answerable rows every one of them earns 0, and a refusal hedged with an
+    answer is no refusal."""
+    reasons = [(p, p) for p in musique_corpus.REASONED_REFUSALS]
+    played: Played = {}
+    fixture = [row for row in read_rows(fixture_path).values() if not row.get("answerable", True)]
+    sets = {
+        "fixture": (fixture, first_missing),
+        "first hop removed": (
+            [without_hops_from(row, 0) for row in dev_rows.values()],
+            first_missing,
+        ),
+        "last hop removed": (
+            [
+                without_hops_from(row, len(row["question_decomposition"]) - 1)
+                for row in dev_rows.values()
+            ],
+            first_missing,
+        ),
+    }
+    for kind, (subset, missing) in sets.items():
+        forms = lambda row, missing=missing: [  # noqa: E731
+            *reasons,
+            *musique_corpus.reasoned_refusals(row, missing(row)),
+        ]
+        played = merged(
+            played,
+            play_forms(
+                tmp_path, f"refusals_{kind.split()[0]}", subset, forms, dataset_config="full"
+            ),
+        )
+    report = honest_report(played)
+    answerable = rows_in(dev_rows, fixture_rows)
+    declined = play_forms(
+        tmp_path,
+        "refusals_answerable",
+        answerable,
+        lambda row: [*reasons, *musique_corpus.reasoned_refusals(row, 0)],
+    )
+    print(
+        f"\nreasoned refusals on {sum(len(s) for s, _ in sets.values())} unanswerable rows:",
+        f"\n{compact(report)}",
+        f"\non {len(answerable)} answerable rows: mean {family_mean(declined):.3f}",
+    )
+    assert_paid(report)
+    assert all(r == 0.0 for pairs in declined.values() for r, _ in pairs)
+    assert all(is_refusal(p) for p in musique_corpus.REASONED_REFUSALS)
+    for hedged in (
+        "Not enough information in the documents, but probably Stanley.",
+        "I could not find it in the documents; it may be Stanley.",
+        "Stanley, though the documents do not say.",
+        "The documents do not say, maybe Stanley.",
+        "Unanswerable. Stanley is the seat.",
+    ):
+        assert not is_refusal(hedged), hedged
+
+
+def test_musique_two_name_hedge_does_not_pay(dev_rows, fixture_rows, tmp_path):
+    """Naming a second candidate beside the gold, "G, D" or "G (D)" (D a name a document
+    holds beside the gold: `other_candidates`; a region only where the gold is a region, as a
+    region after a place says which place), in both orders, is never read as the gold, and
+    pays less than committing to one of the two at random (the no-effort baseline) and less
+    than the honest answer, form by form. The qualifiers that say which gold stay paid: the
+    country and state of a place, an acronym or its expansion (as in the test above)."""
+    rows = rows_in(dev_rows, fixture_rows)
+    candidates = {row["question"]: musique_corpus.other_candidates(row, 2) for row in rows}
+    hedges = play_forms(
+        tmp_path,
+        "two_names",
+        rows,
+        lambda row: [
+            form
+            for other in candidates[row["question"]]
+            for form in musique_corpus.two_name_hedges(row["answer"], other)
+        ],
+    )
+    baseline = play_forms(
+        tmp_path,
+        "two_names_baseline",
+        rows,
+        lambda row: [("commit to the other", other) for other in candidates[row["question"]]],
+    )
+    committed = sum((r + g) / 2 for r, g in baseline["commit to the other"]) / len(
+        baseline["commit to the other"]
+    )
+    honest = sum(g for _, g in baseline["commit to the other"]) / len(
+        baseline["commit to the other"]
+    )
+    families = {
+        "comma": {s: v for s, v in hedges.items() if "comma" in s},
+        "brackets": {s: v for s, v in hedges.items() if "brackets" in s},
+    }
+    means = {name: round(family_mean(family), 3) for name, family in families.items()}
+    print(
+        f"\ntwo-name hedges on {len(rows)} rows, {len(baseline['commit to the other'])} pairs:",
+        {s: round(family_mean({s: v}), 3) for s, v in hedges.items()},
+        f"families (both orders) {means}; committing to one of the two at random",
+        f"{committed:.3f}; the gold {honest:.3f}",
+    )
+    for name, mean in means.items():
+        assert mean <= committed, name
+        assert mean < honest, name
+    read_as_gold = []
+    for row in rows:
+        info = load_row_info(row)
+        ctx = AnswerContext(info)
+        for other in candidates[row["question"]]:
+            for style, form in musique_corpus.two_name_hedges(row["answer"], other):
+                if judge_answer(form, info["answers"], ctx)[0] is not None:
+                    read_as_gold.append((style, form))
+        for _style, form in musique_corpus.country_answers(row):
+            assert judge_answer(form, info["answers"], ctx)[0] is not None, form
+    assert read_as_gold == []

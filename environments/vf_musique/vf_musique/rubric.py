@@ -22,8 +22,9 @@ saved results (dict messages, tool calls as JSON strings) score the same as fres
   phrasing (`answers.is_refusal`).
 
 * EM and F1 use SQuAD normalisation, best over the answer and its aliases; an answer in a form
-  a correct answer takes ("in 2003", "Pittsburgh, Pennsylvania") is the gold
-  (`answers.matching_gold`).
+  a correct answer takes ("in 2003", "Pittsburgh, Pennsylvania", "1895-03-14", "The answer is
+  Stanley.") is the gold (`answers.judge_answer`); a sentence is scored by the span it commits
+  to, right or wrong.
 * citation precision and recall count a cited paragraph as right only when it supports the answer
   and a search showed it in this episode: citing a paragraph never shown costs precision, not the
   answer. Citation F1 is their harmonic mean, so citing everything scores lower than citing the
@@ -49,7 +50,7 @@ from typing import Any
 
 import verifiers as vf
 
-from .answers import AnswerContext, is_refusal, matching_gold
+from .answers import AnswerContext, is_refusal, judge_answer
 from .dataset import UNANSWERABLE
 from .hops import content_terms, distinct_searches, few_searches, searched_missing_hop
 from .messages import ParsedToolCall, tool_calls
@@ -145,14 +146,16 @@ def answer_scores(
 ) -> tuple[float, float]:
     """Exact match and token F1 of the answer. On an unanswerable row only a refusal (in any
     phrasing) is right; on an answerable row a form of the gold or an alias (`answers`) counts
-    as the gold, anything else gets SQuAD EM and F1, best over the golds."""
+    as the gold, anything else gets SQuAD EM and F1, best over the golds. A reply written as a
+    sentence is scored by the span it commits to (`answers.judge_answer`)."""
     if not answerable:
         return float(claimed), float(claimed)
     golds = [str(gold) for gold in info.get("answers") or []]
     em = best_over_golds(exact_match, answer, golds)
-    if em or matching_gold(answer, golds, AnswerContext(info)) is not None:
+    matched, scored = judge_answer(answer, golds, AnswerContext(info))
+    if em or matched is not None:
         return 1.0, 1.0
-    return em, best_over_golds(token_f1, answer, golds)
+    return em, best_over_golds(token_f1, scored, golds)
 
 
 def score_components(
