@@ -77,8 +77,9 @@ def test_two_hosts_gloo_training_pushes_arrive(remote_tp_server, tmp_path):
     )
     trainer = Trainer(cfg, env=target_share_env(target_id(remote_tp_server.model_dir)))
     history = trainer.run()
-    assert trainer.weights.meeting.master_address == ns.host_address
-    assert trainer.weights.meeting.world_size == 3  # the trainer + 2 tensor-parallel workers
+    (push,) = trainer.weights.pushes  # the one server's merged push
+    assert push.meeting.master_address == ns.host_address
+    assert push.meeting.world_size == 3  # the trainer + 2 tensor-parallel workers
     assert len(history) == 2 and trainer.pushes == 3  # the initial push and one per step
     kls = measured(history, "mismatch_kl")
     assert max(kls) < 1e-3, kls
