@@ -463,7 +463,10 @@ DELEGATED_PLAN = (
     "Subproblem 1 states the problem. Starting from the result of subproblem 1, finish solving "
     "that problem."
 )
-_WHOLE_NUMBER = re.compile(r"(?<![\d.,])(\$)?(\d{1,3}(?:,\d{3})+|\d+)(?![\d,]|\.\d)(%)?")
+# A whole number in digits, not beside another number ("2 15 minutes" spelled would read 17).
+_WHOLE_NUMBER = re.compile(
+    r"(?<![\d.,])(?<!\d )(\$)?(\d{1,3}(?:,\d{3})+|\d+)(?![\d,]|\.\d)(%)?(?! \$?\d)"
+)
 
 
 def reworded(question: str) -> str:

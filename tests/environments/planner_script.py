@@ -265,7 +265,9 @@ class Script:
         self.texts[problem.question] = problem
         try:
             decision = json.loads(reply)
-        except ValueError:
+        except (ValueError, RecursionError):  # not a plan (the tests of malformed replies)
+            return
+        if not isinstance(decision, dict):
             return
         for text in [decision.get("plan", ""), *decision.get("subproblems", [])]:
             self.texts[text] = problem

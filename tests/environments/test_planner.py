@@ -232,7 +232,7 @@ def generate(env: vf.Environment, server: ScriptedOpenAIServer, inputs: list[dic
 
 def run_plan(env, server, script, question: str, reply: str, tokens: int | None = None) -> dict:
     script.problem = script.problems[question]
-    script.plans[question] = reply
+    script.expect(script.problem, question, reply)
     if tokens is not None:
         script.planner_tokens[question] = tokens
     return generate(env, server, rollout_inputs(env, [question]))[0]

@@ -13,9 +13,9 @@ only that subproblem, computed a result that
   the subproblem),
 - is not the final answer (a subproblem that alone yields the answer did not decompose anything),
   unless an earlier step of the solution has the same value (row 19: 6 miles left, 6 mph),
-- and no earlier subproblem of the plan already produced it;
-- and, for a subproblem that holds the problem itself (at least half of its wording and every
-  number the solution uses, or all but one: steps.holds_problem), its own question names the
+- no earlier subproblem of the plan already produced it,
+- and, for a subproblem that holds the problem itself (every number the solution uses and 35%
+  of its wording, or all but one and half of it: steps.holds_problem), its own question names the
   step it computed (steps.names_step): the problem with a generic probe ("What is the first
   quantity you need to compute?", "the value before the final step") or with the problem's own
   question leaves the decomposition to the worker, whatever the worker then returns.

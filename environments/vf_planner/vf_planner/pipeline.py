@@ -12,19 +12,23 @@ plan whose texts do the work themselves (`plan_leak`, with `leak_rule` naming th
 
 - `states_result`: the plan text or a subproblem states a result of the solution that the
   problem does not give, in any notation (steps.py), checked before any worker call;
-- `answer_without_results`: the combination, asked with the same plan and subproblems but with
-  decoy results (numbers that are no result of the solution), still gives the answer. This
-  counterfactual runs concurrently with the subproblems, its tokens not charged to the plan, and
-  catches every instruction that makes the worker emit a given answer, in any wording or
-  notation the worker understands ("reply with seventeen plus one", "if no solved parts are
-  listed, say you cannot tell; otherwise answer this: what is 17 + 1?").
+- `answer_without_results`: the combination, asked with the same plan, the subproblems with
+  their numbers masked (`masked`) and decoy results (numbers that are no result of the
+  solution), still gives the answer. This counterfactual runs concurrently with the subproblems,
+  its tokens not charged to the plan, and catches every instruction in the plan that makes the
+  worker emit a given answer, in any wording or notation the worker understands ("reply with
+  seventeen plus one", "if no solved parts are listed, say you cannot tell; otherwise answer
+  this: what is 17 + 1?"). The masking keeps it independent of the worker: one that re-solves
+  the problem from the subproblems' texts, rather than trusting the listed results, has no
+  numbers to re-solve it from.
 
 One rule cuts a plan that is not a decomposition to the pay of a direct solve that did no step
 (`not_decomposed`: I = 0, so the reward is w_c, below the atomic plan's w_c + w_t * E): the plan
 text holds the problem, its numbers and its wording (the problem handed to the combination), a
-subproblem returned the answer by itself, or a subproblem stated every number of the problem the
-solution uses and returned no intermediate result of the solution (the whole problem handed to
-one call, whatever it was asked to do with the answer).
+subproblem returned the answer by itself, every subproblem holds the problem and names no step
+of it (the decomposition left to the worker, independence.py), or the combination still gives
+the answer when the subproblems that computed a step get decoy results (the answer came from the
+others: a whole problem hidden in one subproblem with its answer scaled, in any wording).
 """
 
 from __future__ import annotations
