@@ -13,10 +13,16 @@ rubric's verdicts were looked at. For each row:
 
 Styles (`STYLES`), as people and models write plans: named quantities, "Step 1 ... Step 3",
 money and percent formats, decimals, fractions, numbers spelled out, subproblems that repeat the
-problem's sentences, and bare arithmetic. A row is used when its solution reads as steps: at
-least two annotated steps, the last one gives the answer, every operand is a problem number, an
-earlier result or a unit constant, and the answer combines at least one earlier result
-(`decompose` returns None otherwise, and says nothing about the rubric).
+problem's sentences, bare arithmetic, a first subproblem that collects a given fact (copies the
+sentence holding the numbers and asks for one back), and inline lists ("3) ... the number from
+line 1 ..."). Plans that leave the decomposing to the worker (`delegated_plans`: the whole
+problem with a probe for "the first quantity", and variants) and plans whose plan text does the
+work (`dictating_plans`) are written from the same rows, for the tests that they do not pay.
+
+A row is used when its solution reads as steps: at least two annotated steps, the last one gives
+the answer, every operand is a problem number, an earlier result or a unit constant, and the
+answer combines at least one earlier result (`decompose` returns None otherwise, and says
+nothing about the rubric).
 """
 
 from __future__ import annotations
