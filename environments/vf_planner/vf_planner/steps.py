@@ -11,6 +11,10 @@ The reference solution is read as steps (GSM8K's `<<a*b=c>>` annotations). Three
   uses holds the whole problem; whether it was a step or a direct solve in disguise is read from
   what the worker returned (pipeline.py). `pastes_problem`: a plan text that holds those numbers
   and the problem's own wording hands the problem to the combination.
+- `holds_problem` and `names_step` (independence.py): a subproblem that holds the problem
+  itself (its numbers and a good share of its wording) counts only when its own question names
+  the step it computed; a generic probe ("the first quantity you need to compute") leaves the
+  decomposition to the worker.
 - `reachable` (independence.py): a subproblem counts only when its result follows from the
   problem's numbers it states: "What is 3 * 3?" returns the 9 of `16-3-4=9` without carrying any
   of that step's operands, so the planner, not the worker, did the step.
