@@ -1,16 +1,15 @@
 """What a plan's texts state about the reference solution, read as steps and results.
 
-The reference solution is read as steps (GSM8K's `<<a*b=c>>` annotations). Three checks use it:
+The reference solution is read as steps (GSM8K's `<<a*b=c>>` annotations). These checks use it:
 
 - `stated_result` (`plan_leak`, scored 0): the plan text or a subproblem states a number that is
   a result of the solution (the answer, or an intermediate value) and that the problem does not
   give, in any notation (notation.py). It reads what the text *states*, never what the text's
   numbers could compute: an honest subproblem must state the problem's numbers it needs, and
   those numbers can always compute something.
-- `carries_whole_problem`: a subproblem that states every number of the problem the solution
-  uses holds the whole problem; whether it was a step or a direct solve in disguise is read from
-  what the worker returned (pipeline.py). `pastes_problem`: a plan text that holds those numbers
-  and the problem's own wording hands the problem to the combination.
+- `carries_whole_problem`: a text states every number of the problem the solution uses.
+  `pastes_problem`: a plan text that holds those numbers and the problem's own wording hands the
+  problem to the combination (pipeline.py).
 - `holds_problem` and `names_step` (independence.py): a subproblem that holds the problem
   itself (its numbers and a good share of its wording) counts only when its own question names
   the step it computed; a generic probe ("the first quantity you need to compute") leaves the
