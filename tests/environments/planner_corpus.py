@@ -13,10 +13,16 @@ rubric's verdicts were looked at. For each row:
 
 Styles (`STYLES`), as people and models write plans: named quantities, "Step 1 ... Step 3",
 money and percent formats, decimals, fractions, numbers spelled out, subproblems that repeat the
-problem's sentences, and bare arithmetic. A row is used when its solution reads as steps: at
-least two annotated steps, the last one gives the answer, every operand is a problem number, an
-earlier result or a unit constant, and the answer combines at least one earlier result
-(`decompose` returns None otherwise, and says nothing about the rubric).
+problem's sentences, bare arithmetic, a first subproblem that collects a given fact (copies the
+sentence holding the numbers and asks for one back), and inline lists ("3) ... the number from
+line 1 ..."). Plans that leave the decomposing to the worker (`delegated_plans`: the whole
+problem with a probe for "the first quantity", and variants) and plans whose plan text does the
+work (`dictating_plans`) are written from the same rows, for the tests that they do not pay.
+
+A row is used when its solution reads as steps: at least two annotated steps, the last one gives
+the answer, every operand is a problem number, an earlier result or a unit constant, and the
+answer combines at least one earlier result (`decompose` returns None otherwise, and says
+nothing about the rubric).
 """
 
 from __future__ import annotations
@@ -310,8 +316,12 @@ def _listing(items: list[str]) -> str:
 _SYMBOLS = {"*": "×", "/": "÷", "+": "+", "-": "-", "(": "(", ")": ")"}
 
 
-def _formula(plan: Decomposition, index: int, render: Render) -> str:
-    """The step's expression with each operand in words: a part's name, a number as written."""
+def _formula(
+    plan: Decomposition, index: int, render: Render, refer: Callable[[int], str] | None = None
+) -> str:
+    """The step's expression with each operand in words: a part's name (or what `refer` calls
+    the step), a number as written."""
+    refer = refer or (lambda j: f"({plan.steps[j].name})")
     step = plan.steps[index]
     terms = iter(step.operands)
     pieces = []
@@ -321,7 +331,7 @@ def _formula(plan: Decomposition, index: int, render: Render) -> str:
             continue
         op = next(terms)
         if op.step is not None:
-            pieces.append(f"({plan.steps[op.step].name})")
+            pieces.append(refer(op.step))
         else:
             pieces.append(render(op.mention, op.value) if op.mention else format_number(op.value))
     return " ".join(pieces).replace("( ", "(").replace(" )", ")")
@@ -333,6 +343,41 @@ def _plan_text(plan: Decomposition, render: Render, numbered: bool) -> str:
         label = f"Step {k}: " if numbered else ""
         lines.append(f"{label}{plan.steps[index].name} = {_formula(plan, index, render)}.")
     return " ".join(lines) + " The last value is the answer."
+
+
+def _line_of(plan: Decomposition, index: int) -> int:
+    """The line that computes a step in the "lists" style: the parts first, then the plan's."""
+    return [*plan.parts, *plan.later].index(index) + 1
+
+
+def _plan_lines(plan: Decomposition, render: Render, numbered: bool) -> str:
+    """The later steps as an inline list ("3) eggs sold = the number from line 1 × 2. 4) ..."),
+    each earlier result named by its line."""
+    lines = []
+    for index in plan.later:
+        formula = _formula(
+            plan, index, render, lambda j: f"the number from line {_line_of(plan, j)}"
+        )
+        lines.append(f"{_line_of(plan, index)}) {plan.steps[index].name} = {formula}.")
+    last = _line_of(plan, plan.later[-1])
+    return " ".join(lines) + f" The number from line {last} is the answer."
+
+
+def _ask_lines(plan: Decomposition, index: int, render: Render) -> str:
+    return f"Line {_line_of(plan, index)}: {_ask(plan, index, render)}"
+
+
+def _collector(plan: Decomposition) -> str | None:
+    """A subproblem that collects a given fact: it copies the problem's sentence that holds the
+    most numbers the solution uses and asks for one of them back ("collect the given fact")."""
+    used = [op.mention for step in plan.steps for op in step.operands if op.mention is not None]
+    if not used:
+        return None
+    sentences = [m.sentence for m in used]
+    sentence = max(dict.fromkeys(sentences), key=sentences.count)
+    mention = next(m for m in used if m.sentence == sentence)
+    asked = mention.context.removeprefix(mention.text).strip() or "that number"
+    return f"{sentence} Collect the given fact: how many {asked}?"
 
 
 def _ask(plan: Decomposition, index: int, render: Render) -> str:
@@ -376,16 +421,25 @@ STYLES: dict[str, tuple[Ask, Render, bool]] = {
     "spelled": (_ask, spelled, False),
     "sentences": (_ask_sentences, as_written, False),
     "arithmetic": (_ask_arithmetic, as_written, True),
+    "collector": (_ask, as_written, False),
+    "lists": (_ask_lines, as_written, True),
 }
+PLAN_WRITERS: dict[str, Callable[[Decomposition, Render, bool], str]] = {"lists": _plan_lines}
+"""Styles whose plan text is written otherwise than `_plan_text`."""
+COLLECTING = frozenset({"collector"})
+"""Styles that open with a subproblem collecting a given fact (where fewer than 4 parts)."""
 
 
 def honest_plan(plan: Decomposition, style: str) -> dict:
     """The planner's JSON decision for a row in one style."""
     ask, render, numbered = STYLES[style]
+    subproblems = [ask(plan, index, render) for index in plan.parts]
+    collector = _collector(plan) if style in COLLECTING and len(subproblems) < 4 else None
+    write = PLAN_WRITERS.get(style, _plan_text)
     return {
         "should_decompose": True,
-        "subproblems": [ask(plan, index, render) for index in plan.parts],
-        "plan": _plan_text(plan, render, numbered),
+        "subproblems": [collector, *subproblems] if collector else subproblems,
+        "plan": write(plan, render, numbered),
     }
 
 
@@ -403,3 +457,128 @@ def corpus_rows(rows: list[dict], count: int) -> list[tuple[int, dict, Decomposi
         if len(found) == count:
             break
     return found
+
+
+# --- plans that leave the decomposition to the worker (issue 50) ---------------------------------
+
+PROBE_FIRST = "What is the first quantity you need to compute? Reply with that number only."
+PROBE_SECOND = "What is the second quantity you need to compute? Reply with that number only."
+PROBE_BEFORE_FINAL = "What is the value before the final step? Reply with that number only."
+PROBE_REWORDED = "Which number do you have to work out first? Give just that number."
+DELEGATED_PLAN = (
+    "Subproblem 1 states the problem. Starting from the result of subproblem 1, finish solving "
+    "that problem."
+)
+# A whole number in digits, not beside another number ("2 15 minutes" spelled would read 17).
+_WHOLE_NUMBER = re.compile(
+    r"(?<![\d.,])(?<!\d )(\$)?(\d{1,3}(?:,\d{3})+|\d+)(?![\d,]|\.\d)(%)?(?! \$?\d)"
+)
+
+
+def reworded(question: str) -> str:
+    """The problem in other words, by rule: its statements in reverse order after a preamble,
+    whole numbers spelled out ("$80,000" -> "eighty thousand dollars"), its question last."""
+    *facts, asked = [s for _, _, s in _sentences(question.strip()) if s.strip()]
+
+    def spell(match: re.Match[str]) -> str:
+        n = int(match.group(2).replace(",", ""))
+        if n >= 1_000_000:
+            return match.group()
+        unit = " dollars" if match.group(1) else " percent" if match.group(3) else ""
+        return number_words(n) + unit
+
+    text = " ".join(["Consider this task.", *reversed(facts), asked])
+    return _WHOLE_NUMBER.sub(spell, text)
+
+
+def _neutralised(plan: Decomposition) -> tuple[str, str, str] | None:
+    """The problem with the last problem number the answer's step uses set to 1 (a factor or a
+    divisor) or 0 (a term), so that its answer is the value before the final step; with the
+    neutral and the original number as written. None when that step uses no number in digits."""
+    step = plan.steps[-1]
+    tokens = re.findall(rf"{_DIGITS.pattern}|[-+*/()]", step.expression)
+    numbers = [i for i, t in enumerate(tokens) if t not in _SYMBOLS]
+    chosen = None
+    for position, op in zip(numbers, step.operands, strict=False):
+        if op.mention is not None and parse_number(op.mention.text) is not None:
+            chosen = position, op.mention
+    if chosen is None:
+        return None
+    position, mention = chosen
+    near = [t for t in tokens[max(position - 1, 0) : position + 2] if t in "*/+-"]
+    factor = not near or near[0] in "*/"
+    neutral = "1" if factor else "0"
+    if mention.percent:
+        neutral = "100%" if factor else "0%"
+    elif mention.money:
+        neutral = f"${neutral}"
+    sentence = mention.sentence.replace(mention.text, neutral, 1)
+    return plan.question.replace(mention.sentence, sentence, 1), neutral, mention.text
+
+
+def delegated_plans(plan: Decomposition) -> dict[str, dict]:
+    """The issue's template that hands the decomposition to the worker (the whole problem with
+    a probe for "the first quantity", a plan text the same for every row) and its variants:
+    reworded, two and three probes, "the value before the final step", the problem with its
+    last operand set to 1 or 0."""
+    q = plan.question
+
+    def decision(subproblems: list[str], text: str) -> dict:
+        return {"should_decompose": True, "subproblems": subproblems, "plan": text}
+
+    plans = {
+        "delegated": decision([f"{q} {PROBE_FIRST}"], DELEGATED_PLAN),
+        "delegated, reworded": decision(
+            [f"{reworded(q)} {PROBE_REWORDED}"],
+            "Part 1 restates the task. Take its result and complete the task from there.",
+        ),
+        "delegated, two probes": decision(
+            [f"{q} {PROBE_FIRST}", f"{q} {PROBE_SECOND}"],
+            "Subproblems 1 and 2 state the problem. Starting from their results, finish solving "
+            "that problem.",
+        ),
+        "delegated, three probes": decision(
+            [f"{q} {PROBE_FIRST}", f"{q} {PROBE_SECOND}", f"{q} {PROBE_BEFORE_FINAL}"],
+            "Subproblems 1 to 3 state the problem. Starting from their results, finish solving "
+            "that problem.",
+        ),
+        "delegated, before the final step": decision(
+            [f"{q} {PROBE_BEFORE_FINAL}"],
+            "Subproblem 1 states the problem. Starting from the result of subproblem 1, do the "
+            "final step of that problem.",
+        ),
+    }
+    neutralised = _neutralised(plan)
+    if neutralised is not None:
+        text, neutral, original = neutralised
+        plans["delegated, last operand neutral"] = decision(
+            [text],
+            f"Subproblem 1 is the problem with one number set to {neutral}. Starting from its "
+            f"result, finish solving the problem, in which that number is {original}.",
+        )
+    return plans
+
+
+def dictating_plans(plan: Decomposition, style: str = "named") -> dict[str, dict]:
+    """Honest subproblems with a plan that does the work itself, in the forms only the decoy
+    counterfactuals see (arithmetic whose numbers are no result of the solution), the problem
+    handed to the combination, and a hidden direct solve (the problem with its answer x 10 as
+    subproblem 1 beside an honest step, and a plan that divides by 10)."""
+    honest = honest_plan(plan, style)
+    parts = honest["subproblems"]
+    gold = plan.steps[-1].value
+    arithmetic = f"What is {format_number(gold + 1)} - 1?"
+    condition = "If no solved parts are listed, say you cannot tell. Otherwise answer this:"
+    return {
+        "dictated as arithmetic": {**honest, "plan": arithmetic},
+        "conditional dictation": {**honest, "plan": f"{condition} {arithmetic}"},
+        "problem as plan": {**honest, "plan": plan.question},
+        "hidden direct solve": {
+            "should_decompose": True,
+            "subproblems": [
+                f"{plan.question} Give your final answer multiplied by 10.",
+                parts[0],
+            ],
+            "plan": "Divide the first result by 10.",
+        },
+    }

@@ -10,12 +10,22 @@ depends on what the plan passed on.
 Like an instruction-following model it answers the question it is asked: of the steps it can do,
 a subproblem answers the one whose line in the reference solution best matches the words of
 its question (the deepest one when no line does), and the problem's own question with the
-answer. A combination reads the plan and the results it is shown, not the subproblems' texts
-(the results are what the subproblems were for). It also does what it is told: repeats a line
-it is told to reply with (numbers in digits: "Answer: XVIII" is repeated as "Answer: 18"),
+answer. By default a combination reads the plan and the results it is shown, not the
+subproblems' texts (the results are what the subproblems were for; other ways below). It also
+does what it is told: repeats a line it is told to reply with (numbers in digits: "Answer:
+XVIII" is repeated as "Answer: 18"),
 works out bare arithmetic ("What is 3 * 3?"), multiplies its answer when told to ("give your
 final answer multiplied by 10"), divides or multiplies a listed result when the plan says so,
-and says it cannot tell when the plan tells it to for a prompt without solved parts.
+and says it cannot tell when the plan tells it to for a prompt without solved parts. Asked to
+"collect the given fact", it restates the number its prompt gives for it; asked for "the first
+quantity you need to compute" (second, ..., "the value before the final step"), it gives the
+step it computes first (second, ..., the last before the answer's).
+
+How it combines is `Script.combination` (COMBINATIONS): "plan" (the default) reads the plan and
+the listed results; "trusting" also reads the facts the parts' texts give, and uses the listed
+results for the steps the parts asked for; "re-solving" solves the problem directly whenever
+the texts it is shown hold the problem (every number its solution uses and half of its wording,
+steps.pastes_problem; the results ignored), else trusts.
 """
 
 from __future__ import annotations
@@ -37,9 +47,10 @@ from vf_planner.answers import (
     gold_number,
     parse_number,
 )
-from vf_planner.notation import given_numbers, roman_value, stated_numbers
+from vf_planner.notation import given_numbers, mask_numbers, roman_value, stated_numbers
 from vf_planner.prompts import WORKER_COMBINE_SYSTEM, WORKER_DIRECT_SYSTEM
 from vf_planner.scripted_server import ScriptedReply
+from vf_planner.steps import pastes_problem
 from vf_planner.worker import estimate_tokens
 
 POLICY = "planner-lora"  # served as a LoRA adapter of BASE, as vLLM lists it
@@ -54,6 +65,19 @@ RESULT_OPERATION = re.compile(
     re.IGNORECASE,
 )
 WITHOUT_PARTS = re.compile(r"if no solved parts are listed", re.IGNORECASE)
+RESTATE = re.compile(r"\bgiven fact\b", re.IGNORECASE)
+PROBE = re.compile(
+    r"\b(?P<nth>first|second|third|fourth) (?:quantity|number)\b|(?P<last>before the final step)"
+    r"|\bwork out (?P<first>first)\b",
+    re.IGNORECASE,
+)
+"""A question that leaves the step to the worker: the quantity it computes first, second, ...,
+or the value before the final step."""
+COMBINATIONS = ("plan", "trusting", "re-solving")
+"""How the scripted worker combines (`Script.combination`): from the plan and the listed results
+only; also from the facts the parts' texts give, trusting the listed results for the steps the
+parts asked for; or solving the problem directly whenever the texts it is shown (plan and
+parts, not the results) hold the problem, else trusting."""
 _ORDINALS = ("first", "second", "third", "fourth")
 _OPERATORS: dict[type, Callable[[float, float], float]] = {
     ast.Add: operator.add,
@@ -156,6 +180,19 @@ def asked_step(prompt: str, done: list[int], problem: Problem) -> int:
     return max(done, key=match)
 
 
+def probed_step(prompt: str, done: list[int], problem: Problem) -> int:
+    """The step a subproblem asks for; for a generic probe, the one the worker computes first
+    (second, ...) or the one before the final step, in the order of the reference solution."""
+    probe = PROBE.search(_question(prompt))
+    if probe is None:
+        return asked_step(prompt, done, problem)
+    if probe.group("last"):
+        before = [i for i in done if i < len(problem.steps) - 1]
+        return before[-1] if before else done[-1]
+    nth = _ORDINALS.index((probe.group("nth") or probe.group("first")).lower())
+    return done[min(nth, len(done) - 1)]
+
+
 def evaluate(expression: str) -> float:
     """A bare arithmetic expression with + - * / and parentheses ("16 - 3 - 4", "9 * (2 + 1)")."""
 
@@ -181,6 +218,21 @@ def obey(told: re.Match[str]) -> str:
     return f"Answer: {format_number(evaluate(told.group('expression')))}"
 
 
+def restated(text: str) -> float | None:
+    """The number a "collect the given fact" question asks for: the stated number (outside the
+    question) whose next words share most words with the question, the first on a tie."""
+    question = _question(text)
+    facts = text.replace(question, " ")
+    best, score = None, -1
+    for match in re.finditer(r"\$?\d[\d,]*(?:\.\d+)?%?", facts):
+        value = parse_number(match.group())
+        after = facts[match.end() : match.end() + 40]
+        shared = len(_words(question) & _words(after))
+        if value is not None and shared > score:
+            best, score = value, shared
+    return best
+
+
 def answer(value: float | None) -> str:
     return CANNOT_TELL if value is None else f"Answer: {format_number(value)}"
 
@@ -203,6 +255,8 @@ class Script:
     worker_status: int = 200
     subproblem_delay: float = 0.0
     texts: dict[str, Problem] = field(default_factory=dict)
+    combination: str = "plan"
+    unmasked: dict[str, str] = field(default_factory=dict)
 
     def expect(self, problem: Problem, prompt: str, reply: str) -> None:
         """Play `reply` as the planner for `prompt`, and know the texts of that plan as
@@ -211,17 +265,25 @@ class Script:
         self.texts[problem.question] = problem
         try:
             decision = json.loads(reply)
-        except ValueError:
+        except (ValueError, RecursionError):  # not a plan (the tests of malformed replies)
+            return
+        if not isinstance(decision, dict):
             return
         for text in [decision.get("plan", ""), *decision.get("subproblems", [])]:
             self.texts[text] = problem
+        for text in decision.get("subproblems", []):
+            self.unmasked[mask_numbers(text)] = text
 
     def problem_for(self, system: str, user: str) -> Problem | None:
-        """The problem a worker request belongs to: by the text it carries, else `problem`."""
-        key = user
+        """The problem a worker request belongs to: by the text it carries (for a combination,
+        a part's text before the plan's, which may be the same for every row), else
+        `problem`."""
+        keys = [user]
         if system == WORKER_COMBINE_SYSTEM:
-            key = user.partition("\n\nSolved parts:")[0].removeprefix("Plan: ")
-        return self.texts.get(key, self.problem)
+            plan, _, solved = user.partition("\n\nSolved parts:")
+            parts = re.findall(r"(?ms)^\d+\. (.*?)\n   Result: ", solved)
+            keys = [*(self.unmasked.get(part, part) for part in parts), plan.removeprefix("Plan: ")]
+        return next((self.texts[key] for key in keys if key in self.texts), self.problem)
 
     def __call__(self, model: str, messages: list[dict]) -> ScriptedReply:
         user = messages[-1]["content"]
@@ -254,10 +316,12 @@ class Script:
         told = REPLY_EXACTLY.search(text) or ARITHMETIC.search(text)
         if told:
             return ScriptedReply(obey(told), 20)
+        if RESTATE.search(text):
+            return ScriptedReply(answer(restated(text)), 20)
         done = derive(problem.facts(text), problem)
         if not done:
             return ScriptedReply(answer(max(stated_numbers(text), default=None)), 20)
-        result = self._values(problem, done)[done.index(asked_step(text, done, problem))]
+        result = self._values(problem, done)[done.index(probed_step(text, done, problem))]
         scaled = SCALED.search(text)
         result *= float(scaled.group("by")) if scaled else 1.0
         return ScriptedReply(answer(result), 20 + 20 * len(done))
@@ -274,10 +338,18 @@ class Script:
         told = REPLY_EXACTLY.search(plan) or ARITHMETIC.search(plan)
         if told:
             return ScriptedReply(obey(told), 20)
+        shown = " ".join([plan, *(sub for sub, _ in parts)])
+        if self.combination == "re-solving" and pastes_problem(
+            shown, problem.question, problem.solution
+        ):
+            done = derive(problem.facts(shown), problem)
+            if among(problem.gold, self._values(problem, done)):
+                return ScriptedReply(answer(problem.gold), 20 + 20 * len(done))
         operation = RESULT_OPERATION.search(plan)
         if operation:
             return ScriptedReply(answer(self._operate(operation, results)), 20)
-        facts = problem.facts(plan) | set(results)
+        read = plan if self.combination == "plan" else shown
+        facts = problem.facts(read) | set(results)
         done = derive(facts, problem, self._asked_steps(problem, [sub for sub, _ in parts]))
         told_answer = among(problem.gold, stated_numbers(plan)) and not among(
             problem.gold, stated_numbers(problem.question)
@@ -290,8 +362,10 @@ class Script:
         return ScriptedReply(answer(problem.gold if solved else None), 20 + 20 * len(done))
 
     def _asked_steps(self, problem: Problem, subproblems: list[str]) -> frozenset[int]:
-        """The steps the subproblems asked for (the steps whose value each one's answer is)."""
-        answers = [final_number(self.subproblem(problem, sub).text) for sub in subproblems]
+        """The steps the subproblems asked for (the steps whose value each one's answer is); a
+        part shown with its numbers masked asked for what it asked when it was solved."""
+        asked = [self.unmasked.get(sub, sub) for sub in subproblems]
+        answers = [final_number(self.subproblem(problem, sub).text) for sub in asked]
         steps = problem.steps
         return frozenset(i for i, step in enumerate(steps) if among(step.value, answers))
 

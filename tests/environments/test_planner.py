@@ -32,22 +32,32 @@ from vf_planner.answers import (
     numbers_match,
     parse_number,
 )
-from vf_planner.notation import stated_numbers
+from vf_planner.notation import mask_numbers, stated_numbers
 from vf_planner.plan import PlanError
 from vf_planner.prompts import WORKER_COMBINE_SYSTEM, WORKER_DIRECT_SYSTEM
 from vf_planner.rubric import efficiency
 from vf_planner.scripted_server import ScriptedOpenAIServer
-from vf_planner.steps import plan_leak
+from vf_planner.steps import carries_whole_problem, plan_leak
 from vf_planner.worker import WorkerPool, WorkerSettings
 
 from tests.environments.planner_corpus import (
     STYLES,
     Decomposition,
     corpus_rows,
+    delegated_plans,
+    dictating_plans,
+    honest_plan,
     honest_reply,
     number_words,
 )
-from tests.environments.planner_script import BASE, CANNOT_TELL, POLICY, Problem, Script
+from tests.environments.planner_script import (
+    BASE,
+    CANNOT_TELL,
+    COMBINATIONS,
+    POLICY,
+    Problem,
+    Script,
+)
 
 TOKEN_WEIGHT, INDEPENDENCE_WEIGHT = 0.2, 0.3
 # The GSM8K test split has no row whose gold answer is 0, so the zero case uses this written one.
@@ -202,6 +212,8 @@ def fresh_script(script: Script):
     script.problem = None
     script.worker_status = 200
     script.subproblem_delay = 0.0
+    script.combination = "plan"
+    script.unmasked.clear()
 
 
 def rollout_inputs(env: vf.Environment, questions: list[str]) -> list[dict]:
@@ -220,7 +232,7 @@ def generate(env: vf.Environment, server: ScriptedOpenAIServer, inputs: list[dic
 
 def run_plan(env, server, script, question: str, reply: str, tokens: int | None = None) -> dict:
     script.problem = script.problems[question]
-    script.plans[question] = reply
+    script.expect(script.problem, question, reply)
     if tokens is not None:
         script.planner_tokens[question] = tokens
     return generate(env, server, rollout_inputs(env, [question]))[0]
@@ -289,8 +301,9 @@ def test_atomic_plans_are_not_penalised_structurally(env, server, script, rows):
 
 def test_worker_sees_only_what_the_plan_gives_it(env, server, script, rows):
     """Subproblem calls carry the subproblem's text alone; the combination carries the plan and
-    the results, and is also asked with decoy results (the check that the answer comes from the
-    results); the problem reaches the worker only in the direct solve (the baseline)."""
+    the results, and is also asked with decoy results and the subproblems' numbers masked (the
+    check that the answer comes from the results, which no worker can then re-solve from the
+    texts); the problem reaches the worker only in the direct solve (the baseline)."""
     question = rows[2]["question"]
     subproblems, plan = HONEST[2]
     before = len(server.requests)
@@ -303,7 +316,8 @@ def test_worker_sees_only_what_the_plan_gives_it(env, server, script, rows):
     assert sorted(subproblem_calls) == sorted(subproblems)
     combination, decoyed = sorted(users[WORKER_COMBINE_SYSTEM], key=lambda u: "130000" not in u)
     shown = [parse_number(r) for r in re.findall(r"Result: (.+)", decoyed)]
-    assert decoyed.startswith(f"Plan: {plan}\n\nSolved parts:\n1. {subproblems[0]}")
+    assert decoyed.startswith(f"Plan: {plan}\n\nSolved parts:\n1. {mask_numbers(subproblems[0])}")
+    assert "80,000" not in decoyed and "150%" not in decoyed
     assert len(shown) == 2 and not set(shown) & {130000.0, 200000.0, 120000.0, 70000.0}
     assert plan in combination and "Result: 130000" in combination and question not in combination
     assert out["metrics"]["plan_leak"] == 0.0
@@ -479,10 +493,21 @@ def corpus_env(gsm8k_file: Path) -> vf.Environment:
     return planner_env(gsm8k_file, max_examples=1, worker_model=BASE, worker_timeout=120.0)
 
 
+PLAYS_PER_GENERATE = 400
+"""Rollouts per env.generate call: the scripted server answers one request at a time, so a
+larger batch queues its worker calls past the worker's timeout on a loaded 2-core machine."""
+
+
 def play(env, server, script, plays: list[tuple[dict, str, str]]) -> list[dict]:
-    """Every (row, name, reply) as one rollout, all in one env.generate call. Each rollout's
-    prompt is tagged with its name, so the scripted planner tells them apart; the rubric reads
-    the problem from `info`, as in any rollout."""
+    """Every (row, name, reply) as one rollout, in env.generate calls of PLAYS_PER_GENERATE.
+    Each rollout's prompt is tagged with its name, so the scripted planner tells them apart;
+    the rubric reads the problem from `info`, as in any rollout."""
+    if len(plays) > PLAYS_PER_GENERATE:
+        return [
+            out
+            for start in range(0, len(plays), PLAYS_PER_GENERATE)
+            for out in play(env, server, script, plays[start : start + PLAYS_PER_GENERATE])
+        ]
     inputs = []
     for k, (row, name, reply) in enumerate(plays):
         prompt = f"{row['question']}\n\n[{name}]"
@@ -536,6 +561,179 @@ def test_planner_honest_styles_are_paid(corpus_env, server, script, corpus):
         for rule in RULES:
             assert row[rule] <= MAX_FALSE_NEGATIVE_RATE, (style, rule, row)
         assert row["mean"] > atomic, (style, row["mean"], atomic)
+
+
+# --- issue 50: the decomposition must be the planner's, whatever the worker does ----------------
+
+# GSM8K test rows the other tests do not use (the issue's audit read rows 950-1100): the first
+# AUDIT_ROWS from AUDIT_FIRST_ROW whose solution reads as steps.
+AUDIT_FIRST_ROW = int(os.environ.get("PLANNER_AUDIT_FIRST_ROW", "950"))
+AUDIT_ROWS = int(os.environ.get("PLANNER_AUDIT_ROWS", "60"))
+ISSUE_50_STYLES = ("collector", "lists")
+
+
+@pytest.fixture(scope="module")
+def audit_corpus(gsm8k_file: Path) -> list[tuple[int, dict, Decomposition]]:
+    with gsm8k_file.open() as f:
+        rows = [json.loads(line) for line in f]
+    first = AUDIT_FIRST_ROW
+    return [(first + i, row, plan) for i, row, plan in corpus_rows(rows[first:], AUDIT_ROWS)]
+
+
+def audit_plays(corpus: list[tuple[int, dict, Decomposition]]) -> list[tuple[dict, str, str]]:
+    """Every honest style, the atomic plan, and every plan that does none of the decomposing
+    (delegated_plans) or whose plan text does the work (dictating_plans), on every row."""
+    plays = []
+    for _, row, plan in corpus:
+        plays += [(row, style, honest_reply(plan, style)) for style in STYLES]
+        plays.append((row, "atomic", plan_json([])))
+        exploits = {**delegated_plans(plan), **dictating_plans(plan)}
+        plays += [(row, name, json.dumps(decision)) for name, decision in exploits.items()]
+    return plays
+
+
+@pytest.fixture(scope="module")
+def audit_outcomes(corpus_env, server, script, audit_corpus):
+    """The audit plays' outcomes by name, once per combination behaviour of the worker (trusting:
+    uses the listed results; re-solving: solves from the texts it is shown whenever it can),
+    computed on first use."""
+    cache: dict[str, dict[str, list[dict]]] = {}
+
+    def outcomes(combination: str) -> dict[str, list[dict]]:
+        if combination not in cache:
+            plays = audit_plays(audit_corpus)
+            script.combination = combination
+            try:
+                played = play(corpus_env, server, script, plays)
+            finally:
+                script.combination = "plan"
+            by_name: dict[str, list[dict]] = {}
+            for (_, name, _), out in zip(plays, played, strict=True):
+                by_name.setdefault(name, []).append(out)
+            cache[combination] = by_name
+        return cache[combination]
+
+    return outcomes
+
+
+def exploit_table(outcomes: dict[str, list[dict]], names) -> dict[str, dict[str, float]]:
+    """Per strategy: mean and max reward, the share that earned any independence and the share
+    each rule cut or zeroed; printed."""
+    table = {}
+    for name in names:
+        outs = outcomes[name]
+        n = len(outs)
+        table[name] = {
+            "mean": sum(o["reward"] for o in outs) / n,
+            "max": max(o["reward"] for o in outs),
+            "I>0": sum(o["metrics"]["independence"] > 0 for o in outs) / n,
+            "correct": sum(o["metrics"]["correct"] for o in outs) / n,
+        } | {rule: sum(map(fires, outs)) / n for rule, fires in RULES.items()}
+    columns = list(next(iter(table.values())))
+    print(f"\n{'strategy':<34}" + "".join(f"{c:>23}" for c in columns))
+    for name, row in table.items():
+        print(f"{name:<34}" + "".join(f"{row[c]:>23.3f}" for c in columns))
+    return table
+
+
+def test_planner_delegated_decomposition_does_not_pay(audit_outcomes, audit_corpus):
+    """The issue's template (the whole problem verbatim with "What is the first quantity you need
+    to compute? Reply with that number only.", and a plan text the same for every row) and its
+    variants (reworded, two and three probes, "the value before the final step", the problem
+    with its last operand set to 1 or 0) leave the decomposition to the worker: a subproblem
+    that holds the problem counts only when its own question names the step it computed
+    (steps.names_step), so none earns independence and each is paid at most w_c, below the
+    atomic plan, while the honest plans of the same rows are paid above it. Played with the
+    trusting worker, which reads the facts of the subproblems' texts in the combination and so
+    reaches the right answer from the template (the issue measured 1.34 against honest 1.35)."""
+    outcomes = audit_outcomes("trusting")
+    families = list(
+        dict.fromkeys(name for *_, plan in audit_corpus for name in delegated_plans(plan))
+    )
+    assert "delegated, last operand neutral" in families
+    table = exploit_table(outcomes, ["atomic", "named", *families])
+    atomic, honest = table.pop("atomic")["mean"], table.pop("named")["mean"]
+    assert table["delegated"]["correct"] >= 0.9  # the worker finishes it: only the rule stops it
+    for name, row in table.items():
+        assert row["I>0"] <= MAX_FALSE_NEGATIVE_RATE, (name, row)
+        assert row["mean"] <= atomic < honest, (name, row, atomic, honest)
+        assert row["max"] <= 1.0, (name, row)  # w_c: no independence, no efficiency bonus
+    assert len(outcomes["delegated, last operand neutral"]) >= 0.5 * len(audit_corpus)
+
+
+def test_planner_collector_and_list_styles_are_paid(corpus_env, server, script, audit_corpus):
+    """Honest plans are not cut by their wording: a subproblem that copies the sentence holding
+    the problem's numbers and restates one of them ("collect the given fact ...") earns nothing
+    itself but no longer makes the plan `not_decomposed` (a whole-problem subproblem that
+    computed no step did, 11% of plans in the issue's audit), and inline list labels and
+    cross-references ("1) ... 2) ...", "the number from line 3") are not read as quantities
+    (they zeroed 3%: a label equal to a result tripped `states_result`). Every rule stays at or
+    under 5% per style, and both styles are paid above the atomic plan."""
+    assert stated_numbers("1) Find it. 2) Multiply the number from line 1 by 2. 3) Done.") == {2.0}
+    assert stated_numbers("(costs 2) each, x (y 3) 4) z") == {2.0, 3.0}  # closes a parenthesis
+    plays = [
+        (row, style, honest_reply(plan, style))
+        for _, row, plan in audit_corpus
+        for style in ISSUE_50_STYLES
+    ]
+    plays += [(row, "atomic", plan_json([])) for _, row, _ in audit_corpus]
+    outcomes: dict[str, list[dict]] = {style: [] for style in ["atomic", *ISSUE_50_STYLES]}
+    for (_, style, _), out in zip(plays, play(corpus_env, server, script, plays), strict=True):
+        outcomes[style].append(out)
+    table = corpus_table(outcomes)
+    atomic = table.pop("atomic")["mean"]
+    for style, row in table.items():
+        for rule in RULES:
+            assert row[rule] <= MAX_FALSE_NEGATIVE_RATE, (style, rule, row)
+        assert row["mean"] > atomic, (style, row["mean"], atomic)
+    # the cases the issue measured are in the corpus: a collector that holds every number the
+    # solution uses, and a list label or line reference equal to a result of the solution
+    whole, labelled = 0, 0
+    for _, row, plan in audit_corpus:
+        question, solution = row["question"], row["answer"]
+        collector = honest_plan(plan, "collector")["subproblems"][0]
+        whole += carries_whole_problem(collector, question, solution)
+        written = re.findall(r"(\d+)\)|line (\d+)", honest_plan(plan, "lists")["plan"])
+        labels = {float(a or b) for a, b in written}
+        labelled += bool(labels & {step.value for step in calculator_steps(solution)})
+    print(
+        f"collectors holding every number: {whole}; list plans whose label is a result: {labelled}"
+    )
+    assert whole >= 3 and labelled >= 3
+
+
+def test_planner_rules_hold_for_both_workers(audit_outcomes, audit_corpus):
+    """The rules read what the plan states and ask their counterfactuals with the subproblems'
+    numbers masked (pipeline.masked), so they do not depend on how the worker combines: with a
+    trusting worker (uses the listed results) and with a re-solving worker (solves directly
+    whenever the texts it is shown hold what the whole solution needs; before the masking it
+    zeroed 6.8-7.9% of honest plans through `answer_without_results`), no rule cuts or zeroes
+    more than 5% of any honest style, every honest style is paid above every strategy that does
+    no decomposing or whose plan text does the work, and each such strategy is paid at most
+    what the atomic plan (no effort) is paid."""
+    exploits = list(
+        dict.fromkeys(
+            name
+            for *_, plan in audit_corpus
+            for name in [*delegated_plans(plan), *dictating_plans(plan)]
+        )
+    )
+    for combination in ("trusting", "re-solving"):
+        assert combination in COMBINATIONS
+        outcomes = audit_outcomes(combination)
+        print(f"\n[{combination} worker]")
+        honest = corpus_table({style: outcomes[style] for style in ["atomic", *STYLES]})
+        atomic = honest.pop("atomic")["mean"]
+        table = exploit_table(outcomes, exploits)
+        for style, row in honest.items():
+            for rule in RULES:
+                assert row[rule] <= MAX_FALSE_NEGATIVE_RATE, (combination, style, rule, row)
+            assert row["mean"] > max(atomic, *(r["mean"] for r in table.values())), (
+                combination,
+                style,
+            )
+        for name, row in table.items():
+            assert row["mean"] <= atomic, (combination, name, row, atomic)
 
 
 def hidden_direct_solves(index: int, row: dict) -> dict[str, str]:

@@ -3,9 +3,10 @@
 The corpus that measures what every reward rule costs an honest policy: each form rule reads a
 gold answer (and, for units and percents, the question) and writes the same value the way
 people write it (unit dropped or added, degree sign, mixed number vs improper fraction, decimal,
-percent, interval vs set-builder, ``\\dfrac``, thousands separators, ...); each reply style wraps
-the form in a complete reply (reasoning, the row's own reference solution, a think block).
-Hedges (alternatives, lists of candidates, several boxes) are written the same way. The rules
+percent, interval vs set-builder, ``\\dfrac``, thousands separators, the value beside an
+answer-choice letter or an answer label, ...); each reply style wraps the form in a complete
+reply (reasoning, the row's own reference solution, a think block). Hedges (alternatives,
+lists of candidates, several boxes, a choice letter alone) are written the same way. The rules
 were written from the gold's notation alone, before any verdict was looked at, so they apply
 unchanged to rows they have never seen.
 
@@ -260,6 +261,47 @@ def lists(gold: str, question: str) -> list[str]:
     return []
 
 
+LETTERED = (
+    "\\textbf{{({letter}) }} {value}",
+    "\\textbf{{({letter})}}\\ {value}",
+    "({letter}) {value}",
+    "\\text{{({letter})}}\\ {value}",
+    "\\mathrm{{({letter})}}~{value}",
+    "{value} \\textbf{{ ({letter})}}",
+)
+"""A value with its answer-choice letter, as contest solutions print it (the letter first or
+last, bold, in text, in roman)."""
+LABELLED = (
+    "\\text{{Answer: }} {value}",
+    "\\textbf{{Answer:}}\\ {value}",
+    "\\text{{The answer is }} {value}",
+)
+"""A value after an answer label inside the box."""
+
+
+def _letter(gold: str) -> tuple[str, int]:
+    """A choice letter for the row (the value decides, the letter only varies with the gold)
+    and the index that picks the forms, both from the gold's characters."""
+    key = sum(map(ord, gold))
+    return "ABCDE"[key % 5], key
+
+
+def answer_letters(gold: str, question: str) -> list[str]:
+    """``40`` -> ``\\textbf{(C) } 40``, ``(C)\\ 40``, ``40 \\textbf{ (C)}``, ...: one of the
+    lettered forms per row, in turn."""
+    value = _bare(gold)
+    if re.fullmatch(r"[A-E]", value):
+        return []  # the gold is itself a letter
+    letter, key = _letter(gold)
+    return [LETTERED[key % len(LETTERED)].format(letter=letter, value=value)]
+
+
+def answer_labels(gold: str, question: str) -> list[str]:
+    """``40`` -> ``\\text{Answer: } 40`` (or another label, in turn)."""
+    value = _bare(gold)
+    return [LABELLED[_letter(gold)[1] % len(LABELLED)].format(value=value)]
+
+
 FORM_RULES: dict[str, FormRule] = {
     "units dropped": units_dropped,
     "units added": units_added,
@@ -271,6 +313,8 @@ FORM_RULES: dict[str, FormRule] = {
     "dfrac/tfrac": fraction_commands,
     "thousands separators": thousands,
     "lists": lists,
+    "answer letters": answer_letters,
+    "answer labels": answer_labels,
 }
 
 Style = Callable[[str, dict[str, Any]], str]
@@ -309,6 +353,16 @@ HEDGES: dict[str, Callable[[str], str]] = {
     "units around two values": lambda gold: (
         f"\\boxed{{{_bare(gold)} \\text{{ cm or }} {_wrong(gold)} \\text{{ cm}}}}"
     ),
+    "answer letter alone": lambda gold: f"\\boxed{{\\textbf{{({_letter(gold)[0]})}}}}",
+    "two lettered values": lambda gold: (
+        f"\\boxed{{\\textbf{{(C)}}\\ {_bare(gold)}, \\textbf{{(D)}}\\ {_wrong(gold)}}}"
+    ),
+    "answer label, two values": lambda gold: (
+        f"\\boxed{{\\text{{Answer: }} {_bare(gold)}, {_wrong(gold)}}}"
+    ),
+    "lettered value or another": lambda gold: (
+        f"\\boxed{{(C)\\ {_wrong(gold)} \\text{{ or }} (D)\\ {_bare(gold)}}}"
+    ),
 }
 """Replies that offer more than one answer: each must score 0 (the gold is among them)."""
 
@@ -345,8 +399,8 @@ def hedge_items(rows: Sequence[dict[str, Any]]) -> list[Item]:
     items = []
     for index, row in enumerate(rows):
         gold = str(row["answer"])
-        if re.search(r",|\band\b|\bor\b|\\pm|<|\\le|\\mid", gold):
-            continue
+        if re.search(r",|\band\b|\bor\b|\\pm|<|\\le|\\mid", gold) or re.fullmatch(r"[A-E]", gold):
+            continue  # a list, a range, or a choice letter
         for name, write in HEDGES.items():
             items.append(Item(name, "hedge", index, gold, str(row["problem"]), "", write(gold)))
     return items

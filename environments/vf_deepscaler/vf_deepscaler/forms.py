@@ -51,11 +51,14 @@ _ORDINAL = re.compile(
 _THIN_SEPARATOR = re.compile(r"(?<=\d)(?:\\[,;! ]|\{,\}|~)(?=\d{3}(?!\d))")
 _SPACED_GROUPS = re.compile(r"-?\d{1,3}(?: \d{3})+")
 _WHOLE_TEXT = re.compile(r"\\(?:text|textrm|mbox)\s*\{([^{}]*)\}")
-_REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
+_REPEATING = re.compile(r"(?<!\d)(-?)(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
 _FINAL_PERIOD = re.compile(r"(?<=[\d}])\s*\.$")
 """A sentence's period boxed with the answer (``26.``)."""
 _DOLLAR_WORD = re.compile(r"\\textdollar\s*|\\\$\s*")
-_LEFT_RIGHT = re.compile(r"\\(?:left|right|middle)(?![A-Za-z])\s*")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right|middle|[Bb]igg?[lrm]?)(?![A-Za-z])\s*")
+"""Delimiter sizes: ``\\left(``, ``\\Big\\{``, ``\\bigr]``."""
+_BRACED_MINUS = re.compile(r"\{\s*-\s*\}")
+"""A minus sign in braces (``{-}13.5``, as contest solutions write it after a label)."""
 _PERCENT = re.compile(
     r"\s*(?:\\%|%|\\text\s*\{\s*(?:\\?%|percent)\s*\}|\\mathrm\s*\{\s*percent\s*\}|percent)\s*$"
 )
@@ -76,6 +79,19 @@ _PERCENT_QUESTION = re.compile(
     r"|\bas\s+a\s+percent(?:age)?\b|\bhow\s+many\s+percent\b|\bin\s+percent(?:age)?s?\b",
     re.IGNORECASE,
 )
+_LABEL_TEXT = r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|rm|bf)\s*"
+_GAP = r"(?:\s|\\[,;:! ]|\\q?quad(?![A-Za-z])|~)*"
+"""Blanks, LaTeX spacing commands and ties between a label and the value."""
+_CHOICE = r"\(\s*[A-E]\s*\)"
+"""An answer-choice letter as contests print it: ``(C)``."""
+_CHOICE_LABEL = rf"(?:{_LABEL_TEXT}\{{\s*{_CHOICE}\s*\}}|{_CHOICE})"
+_LEADING_CHOICE = re.compile(rf"^{_CHOICE_LABEL}{_GAP}(?=\S)")
+_TRAILING_CHOICE = re.compile(rf"(?<=\S){_GAP}{_CHOICE_LABEL}$")
+_ANSWER_WORDS = r"(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:)"
+_ANSWER_LABEL = re.compile(
+    rf"^(?:{_LABEL_TEXT}\{{\s*{_ANSWER_WORDS}\s*\}}|{_ANSWER_WORDS}){_GAP}(?=\S)", re.IGNORECASE
+)
+"""``\\text{Answer: }`` (``\\textbf{The answer is}``, a bare ``Answer:``) before the value."""
 _ALTERNATIVE = re.compile(r"(?<![A-Za-z])(?:or|either)(?![A-Za-z])", re.IGNORECASE)
 """Words that offer alternatives ("26 or 27"); ``\\lor`` and "for" do not match."""
 
@@ -90,22 +106,51 @@ def asks_percent(question: str) -> bool:
 
 def canonical(answer: str) -> str:
     """``answer`` without the forms math-verify does not read as their value: a whole answer in
-    ``\\text{}``, units, degree signs, ordinal suffixes, thin-space separators, dollar words,
-    repeating decimals, a final period, set-builder braces, and one-variable inequalities
-    (written as the interval they denote). Percent signs stay."""
-    text = answer.strip().strip("$").strip()
-    if whole := _WHOLE_TEXT.fullmatch(text):  # \text{5 cm}
-        text = whole[1].strip()
+    ``\\text{}``, an answer label or a choice letter beside the value (``strip_labels``), units,
+    degree signs, ordinal suffixes, thin-space separators, dollar words, repeating decimals, a
+    final period, set-builder braces, and one-variable inequalities (written as the interval
+    they denote). Percent signs stay."""
+    text = _unwrap(answer.strip().strip("$").strip())  # \text{5 cm}, \text{(C) 40}
+    text = _unwrap(strip_labels(text))  # \textbf{(D)}\ \text{245 yd.}
     if _SPACED_GROUPS.fullmatch(text):  # 1 000 000
         text = text.replace(" ", "")
     text = _REPEATING.sub(_repeating_fraction, text)
-    text = _LEFT_RIGHT.sub("", text)
+    text = _BRACED_MINUS.sub("-", _LEFT_RIGHT.sub("", text))
     text = _DOLLAR_WORD.sub("", text)
     text = _DEGREE.sub("", text)
     text = _ORDINAL.sub(r"\1", text)
     text = _THIN_SEPARATOR.sub("", text)
     text = _FINAL_PERIOD.sub("", _strip_units(text))
     return _as_interval(_set_condition(text))
+
+
+def _unwrap(text: str) -> str:
+    """The inside of an answer written wholly in ``\\text{}``."""
+    whole = _WHOLE_TEXT.fullmatch(text)
+    return whole[1].strip() if whole else text
+
+
+def strip_labels(answer: str) -> str:
+    """``answer`` without an answer label before it (``\\text{Answer: } 40``) and an
+    answer-choice letter before or after it (``\\textbf{(C) } 40``, ``(C)\\ 40``,
+    ``40\\textbf{ (C)}``): contests print a choice as its letter and its value, and the value is
+    what is graded. A label is removed only where a value stays beside it, so a letter alone
+    (``\\textbf{(C)}``) is still a letter and scores 0 against a value; only one letter goes,
+    so ``(C) 26, (D) 27`` stays a list of two values."""
+    text = answer.strip()
+    if label := _ANSWER_LABEL.match(text):
+        text = text[label.end() :]
+    if choice := _LEADING_CHOICE.match(text):
+        return text[choice.end() :].strip()
+    if choice := _TRAILING_CHOICE.search(text):
+        return text[: choice.start()].strip()
+    return text
+
+
+def labelled(answer: str) -> bool:
+    """Whether ``answer`` carries an answer label or a choice letter beside its value."""
+    text = _unwrap(answer.strip().strip("$").strip())
+    return strip_labels(text) != text
 
 
 def _repeating_fraction(match: re.Match[str]) -> str:
@@ -179,6 +224,8 @@ def readings(gold: str, prediction: str, percent_question: bool = False) -> list
     gold_value, gold_percent = split_percent(canonical(gold))
     value, percent = split_percent(canonical(prediction))
     if not (gold_percent or percent or percent_question):
+        if labelled(prediction):  # math-verify reads "(C) 40" as the product c*40
+            return [(gold_value, value)]
         return list(dict.fromkeys([(gold, prediction), (gold_value, value)]))
     if gold_percent or percent_question:
         pairs = [(gold_value, value)]

@@ -13,7 +13,12 @@ only that subproblem, computed a result that
   the subproblem),
 - is not the final answer (a subproblem that alone yields the answer did not decompose anything),
   unless an earlier step of the solution has the same value (row 19: 6 miles left, 6 mph),
-- and no earlier subproblem of the plan already produced it.
+- no earlier subproblem of the plan already produced it,
+- and, for a subproblem that holds the problem itself (every number the solution uses and 35%
+  of its wording, or all but one and half of it: steps.holds_problem), its own question names the
+  step it computed (steps.names_step): the problem with a generic probe ("What is the first
+  quantity you need to compute?", "the value before the final step") or with the problem's own
+  question leaves the decomposition to the worker, whatever the worker then returns.
 
     I = counted subproblems / subproblems         in [0, 1]; 0 for an atomic plan
 
@@ -28,11 +33,11 @@ that step, i.e. where it is a real subproblem.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vf_planner.answers import among, calculator_steps, intermediate_values
 from vf_planner.notation import stated_numbers
-from vf_planner.steps import reachable
+from vf_planner.steps import holds_problem, names_step, reachable
 
 _WORDS = re.compile(r"\w+")
 
@@ -48,6 +53,9 @@ def copied_from(subproblem: str, question: str) -> bool:
 class Independence:
     score: float
     counted: list[bool]
+    delegated: list[bool] = field(default_factory=list)
+    """Per subproblem: it holds the whole problem and its question names no step it computed
+    (the worker, not the planner, chose what it computed)."""
 
 
 def independence(
@@ -62,11 +70,15 @@ def independence(
     annotated = bool(calculator_steps(solution))
     final = {gold} if gold is not None and not among(gold, intermediates[:-1]) else set()
     counted: list[bool] = []
+    delegated: list[bool] = []
     found: list[float] = []
     for subproblem, result in zip(subproblems, results, strict=True):
         carried = reachable(subproblem, question, solution) if annotated else intermediates
+        whole = holds_problem(subproblem, question, solution)
+        delegated.append(whole and not names_step(subproblem, question, solution, result))
         new = (
             not copied_from(subproblem, question)
+            and not delegated[-1]
             and among(result, carried)
             and not among(result, final | stated_numbers(subproblem))
             and not among(result, found)
@@ -75,4 +87,4 @@ def independence(
         if new and result is not None:
             found.append(result)
     score = sum(counted) / len(subproblems) if subproblems else 0.0
-    return Independence(score=score, counted=counted)
+    return Independence(score=score, counted=counted, delegated=delegated)

@@ -75,15 +75,37 @@ _PERCENT = re.compile(r"(\d[\d,]*(?:\.\d+)?|\.\d+)\s*(?:%|percent\b|per\s+cent\b
 _ITEMS = r"(?:steps?|parts?|sub-?problems?|sub-?questions?|questions?|results?|answers?|values?)"
 # Items a plan counts ("the two results"); "3 steps" may be stairs.
 _COUNTED = r"(?:results?|parts?|sub-?problems?|sub-?questions?|answers?|values?)"
-# "Step 3", "part two", "steps 1 and 2", "the two results", "#2", "(2)" or "2." opening a line:
-# labels and counts of the plan's own items, not quantities.
+# "Step 3", "part two", "steps 1 and 2", "line 3", "the two results", "#2", "(2)" or "2." opening
+# a line: labels, cross-references and counts of the plan's own items, not quantities.
 _LABEL = re.compile(
-    rf"\b(?:step|part|sub-?problem|sub-?question|result|question)\s*#?\s*(?:\d+|{_ONE_TO_SIX})\b"
-    rf"|\b{_ITEMS}\s+\d+(?:\s*(?:,|and|&|or)\s*\d+)+\b"
+    rf"\b(?:step|part|sub-?problem|sub-?question|result|question|line|item)\s*#?\s*"
+    rf"(?:\d+|{_ONE_TO_SIX})\b"
+    rf"|\b(?:{_ITEMS}|lines|items)\s+\d+(?:\s*(?:,|and|&|or)\s*\d+)+\b"
     rf"|\b(?:\d|{_ONE_TO_SIX}|both)\s+(?:of\s+the\s+)?{_COUNTED}\b"
     r"|#\d+\b|(?m:^\s*\(?\d+[.):](?!\d))",
     re.IGNORECASE,
 )
+# "1) ... 2) ..." inside a line: a list's labels, unless the parenthesis closes one opened before
+# ("(costs 2)" states 2).
+_INLINE_LABEL = re.compile(r"(?<![\w(.,$/])[1-9]\)")
+
+
+def _unlabelled(text: str) -> str:
+    """The text without the labels and cross-references of the plan's own items."""
+    text = _LABEL.sub(" ", text)
+    pieces, start, read, depth = [], 0, 0, 0
+    for match in _INLINE_LABEL.finditer(text):
+        between = text[read : match.start()]
+        depth += between.count("(") - between.count(")")
+        read = match.end()
+        if depth <= 0:  # no parenthesis open: a label
+            pieces.append(text[start : match.start()] + " ")
+            start, depth = match.end(), 0
+        else:  # the parenthesis closes one opened before
+            depth -= 1
+    return "".join(pieces) + text[start:]
+
+
 # What a problem implies without writing a number.
 _IMPLIED = {
     r"every\s+(?:other|second)|each\s+other|pairs?|couples?|both|twins?": (2.0,),
@@ -187,10 +209,36 @@ def _symbol_numbers(text: str) -> set[float]:
 def stated_numbers(text: str) -> frozenset[float]:
     """Every number `text` states, in any notation: digits (a percentage also as its fraction,
     "60%" is 60 and 0.6), words, multipliers and fraction words, fractions, Roman numerals.
-    Labels that number the plan's own parts ("Step 3", "part 2", "1." opening a line) are not
-    quantities and are not read."""
-    text = _LABEL.sub(" ", text)
+    Labels that number the plan's own parts ("Step 3", "part 2", "1." opening a line, "1) ...
+    2) ..." inside one, "the number from line 3") are not quantities and are not read."""
+    text = _unlabelled(text)
     return frozenset(_symbol_numbers(text) | _word_numbers(text))
+
+
+MASK = "N"
+"""What `mask_numbers` writes in place of each number."""
+_DIGITS = re.compile(
+    r"[-−]?\$?(?:\d+(?:,\d{3})*(?:\.\d+)?|\.\d+)(?:\s*(?:%|percent\b|per\s+cent\b))?", re.IGNORECASE
+)
+# Longest notations first: "two thirds" before "two", "3/5" and "60%" before "3", "5", "60".
+_MASKED = (
+    _FRACTION_WORDS,
+    _TIMES_DOZEN,
+    _SPELLED,
+    _MULTIPLIER,
+    _FRACTION,
+    _DIGITS,
+    _ROMAN_TOKEN,
+)
+
+
+def mask_numbers(text: str) -> str:
+    """`text` with every number it states, in any notation `stated_numbers` reads, written as
+    `MASK` ("Janet's ducks lay N eggs; she eats N"): its words stay, its numbers are gone, so
+    nothing can be computed from it. The decoy counterfactuals show the subproblems this way."""
+    for pattern in _MASKED:
+        text = pattern.sub(MASK, text)
+    return text
 
 
 @lru_cache(maxsize=4096)
@@ -198,7 +246,7 @@ def given_numbers(question: str) -> frozenset[float]:
     """The numbers a problem gives a solver: those it states (a fraction's parts too), those its
     words imply ("every second", "a week": 2, 7), the unit constants, and each decimal as a
     percentage (0.6 is the 60 of "60%", $1.25 is 125 cents)."""
-    parts = numbers_in(_LABEL.sub(" ", question))  # with a fraction's parts
+    parts = numbers_in(_unlabelled(question))  # with a fraction's parts
     stated = stated_numbers(question) | set(parts)
     implied = {v for pattern, values in _IMPLICATION if pattern.search(question) for v in values}
     scaled = {n * 100 for n in stated if not float(n).is_integer()}

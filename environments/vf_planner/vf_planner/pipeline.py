@@ -12,19 +12,23 @@ plan whose texts do the work themselves (`plan_leak`, with `leak_rule` naming th
 
 - `states_result`: the plan text or a subproblem states a result of the solution that the
   problem does not give, in any notation (steps.py), checked before any worker call;
-- `answer_without_results`: the combination, asked with the same plan and subproblems but with
-  decoy results (numbers that are no result of the solution), still gives the answer. This
-  counterfactual runs concurrently with the subproblems, its tokens not charged to the plan, and
-  catches every instruction that makes the worker emit a given answer, in any wording or
-  notation the worker understands ("reply with seventeen plus one", "if no solved parts are
-  listed, say you cannot tell; otherwise answer this: what is 17 + 1?").
+- `answer_without_results`: the combination, asked with the same plan, the subproblems with
+  their numbers masked (`masked`) and decoy results (numbers that are no result of the
+  solution), still gives the answer. This counterfactual runs concurrently with the subproblems,
+  its tokens not charged to the plan, and catches every instruction in the plan that makes the
+  worker emit a given answer, in any wording or notation the worker understands ("reply with
+  seventeen plus one", "if no solved parts are listed, say you cannot tell; otherwise answer
+  this: what is 17 + 1?"). The masking keeps it independent of the worker: one that re-solves
+  the problem from the subproblems' texts, rather than trusting the listed results, has no
+  numbers to re-solve it from.
 
 One rule cuts a plan that is not a decomposition to the pay of a direct solve that did no step
 (`not_decomposed`: I = 0, so the reward is w_c, below the atomic plan's w_c + w_t * E): the plan
 text holds the problem, its numbers and its wording (the problem handed to the combination), a
-subproblem returned the answer by itself, or a subproblem stated every number of the problem the
-solution uses and returned no intermediate result of the solution (the whole problem handed to
-one call, whatever it was asked to do with the answer).
+subproblem returned the answer by itself, every subproblem holds the problem and names no step
+of it (the decomposition left to the worker, independence.py), or the combination still gives
+the answer when the subproblems that computed a step get decoy results (the answer came from the
+others: a whole problem hidden in one subproblem with its answer scaled, in any wording).
 """
 
 from __future__ import annotations
@@ -42,22 +46,16 @@ import verifiers as vf
 
 from vf_planner.answers import (
     among,
-    calculator_steps,
     final_number,
     format_number,
     numbers_match,
     parse_number,
 )
 from vf_planner.independence import Independence, independence
-from vf_planner.notation import given_numbers, stated_numbers
+from vf_planner.notation import given_numbers, mask_numbers, stated_numbers
 from vf_planner.plan import Plan, PlanError, PlanParser
 from vf_planner.replies import last_reply_text
-from vf_planner.steps import (
-    carries_whole_problem,
-    pastes_problem,
-    plan_leak,
-    solution_results,
-)
+from vf_planner.steps import pastes_problem, plan_leak, solution_results
 from vf_planner.worker import Worker, WorkerError, WorkerPool, WorkerReply, estimate_tokens
 
 logger = logging.getLogger(__name__)
@@ -189,7 +187,7 @@ class PlannerPipeline:
         """The combination request with decoy results in place of the subproblems' results."""
         values = decoys(problem, len(plan.subproblems))
         replies = [WorkerReply(f"Answer: {format_number(v)}", 0) for v in values]
-        return await worker.combine(plan.plan, plan.subproblems, replies)
+        return await worker.combine(plan.plan, masked(plan.subproblems), replies)
 
     @staticmethod
     async def _answer_skips_counted_work(
@@ -213,8 +211,16 @@ class PlannerPipeline:
             WorkerReply(f"Answer: {format_number(next(values))}", 0) if among(r, work) else reply
             for reply, r in zip(replies, results, strict=True)
         ]
-        reply = await worker.combine(plan.plan, plan.subproblems, mixed)
+        reply = await worker.combine(plan.plan, masked(plan.subproblems), mixed)
         return numbers_match(final_number(reply.text), problem.gold)
+
+
+def masked(subproblems: list[str]) -> list[str]:
+    """The subproblems as the counterfactual combinations show them: their words, without their
+    numbers (notation.mask_numbers). A worker may re-solve a problem from the texts it is
+    shown rather than trust the listed results; with the numbers masked, the only way to the
+    answer without the results is the plan's own text, whatever the worker does."""
+    return [mask_numbers(subproblem) for subproblem in subproblems]
 
 
 def decoys(problem: Problem, count: int) -> list[float]:
@@ -265,14 +271,11 @@ def _not_decomposed(
     """Why the plan is a direct solve in disguise rather than a decomposition, or None."""
     if pastes_problem(plan.plan, problem.question, problem.solution):
         return "the plan carries the whole problem"
-    steps = calculator_steps(problem.solution)
-    intermediates = [step.value for step in steps[:-1]]
-    for subproblem, result, counted in zip(plan.subproblems, results, scored.counted, strict=True):
+    if scored.delegated and all(scored.delegated):
+        return "every subproblem is the whole problem with no step of it named"
+    for result, counted in zip(results, scored.counted, strict=True):
         if numbers_match(result, problem.gold) and problem.gold_unstated and not counted:
             return "a subproblem alone produced the answer"
-        whole = carries_whole_problem(subproblem, problem.question, problem.solution)
-        if whole and not among(result, intermediates):
-            return "a subproblem carries the whole problem and computed no step of it"
     return None
 
 

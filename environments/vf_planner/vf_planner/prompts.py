@@ -21,7 +21,9 @@ a last call then combines their results. The solver sees only what you give it:
 - the combining call sees your plan and the subproblems with their results, not the problem, so
   the plan must say how to combine the results and give any number still needed.
 A subproblem is worth its call when it computes a new intermediate quantity: not a number stated
-in the problem and not the final answer. Copying or restating the problem earns nothing.
+in the problem and not the final answer. Ask each subproblem for the quantity you chose, by name;
+copying or restating the problem, or handing it over with "what do you compute first?", earns
+nothing.
 
 Reply with exactly one JSON object and nothing else:
 {{"should_decompose": true, "subproblems": ["...", "..."], "plan": "how to combine the results"}}

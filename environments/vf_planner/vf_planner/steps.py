@@ -1,16 +1,19 @@
 """What a plan's texts state about the reference solution, read as steps and results.
 
-The reference solution is read as steps (GSM8K's `<<a*b=c>>` annotations). Three checks use it:
+The reference solution is read as steps (GSM8K's `<<a*b=c>>` annotations). These checks use it:
 
 - `stated_result` (`plan_leak`, scored 0): the plan text or a subproblem states a number that is
   a result of the solution (the answer, or an intermediate value) and that the problem does not
   give, in any notation (notation.py). It reads what the text *states*, never what the text's
   numbers could compute: an honest subproblem must state the problem's numbers it needs, and
   those numbers can always compute something.
-- `carries_whole_problem`: a subproblem that states every number of the problem the solution
-  uses holds the whole problem; whether it was a step or a direct solve in disguise is read from
-  what the worker returned (pipeline.py). `pastes_problem`: a plan text that holds those numbers
-  and the problem's own wording hands the problem to the combination.
+- `carries_whole_problem`: a text states every number of the problem the solution uses.
+  `pastes_problem`: a plan text that holds those numbers and the problem's own wording hands the
+  problem to the combination (pipeline.py).
+- `holds_problem` and `names_step` (independence.py): a subproblem that holds the problem
+  itself (its numbers and a good share of its wording) counts only when its own question names
+  the step it computed; a generic probe ("the first quantity you need to compute") leaves the
+  decomposition to the worker.
 - `reachable` (independence.py): a subproblem counts only when its result follows from the
   problem's numbers it states: "What is 3 * 3?" returns the 9 of `16-3-4=9` without carrying any
   of that step's operands, so the planner, not the worker, did the step.
@@ -25,7 +28,7 @@ from __future__ import annotations
 import re
 
 from vf_planner.answers import among, calculator_steps, numbers_in
-from vf_planner.notation import given_numbers, stated_numbers
+from vf_planner.notation import given_numbers, mask_numbers, stated_numbers
 
 
 def solution_results(solution: str, gold: float | None) -> list[float]:
@@ -112,6 +115,91 @@ PASTED_SHARE = 0.5
 def _trigrams(text: str) -> set[tuple[str, ...]]:
     words = re.findall(r"\w+", text.lower())
     return {tuple(words[i : i + 3]) for i in range(len(words) - 2)}
+
+
+def wording_share(text: str, question: str) -> float:
+    """The share of the problem's word trigrams that `text` holds."""
+    wording = _trigrams(question)
+    return len(_trigrams(text) & wording) / len(wording) if wording else 0.0
+
+
+# The share of the problem's word trigrams above which a text that states every number the
+# solution uses holds the problem (the problem reworded by rule, statements reordered and
+# numbers spelled out, keeps 38% of them or more on GSM8K test rows 950-1319; the honest corpus's
+# subproblems other than copied sentences keep at most 33%).
+REWORDED_SHARE = 0.35
+
+
+def holds_problem(subproblem: str, question: str, solution: str) -> bool:
+    """Whether the subproblem is the problem itself, not a part of it: it states every number of
+    the problem the solution uses and holds 35% of its wording, or it states all but one of
+    them and holds half of its wording (the problem copied with its last operand set to 1 or 0
+    is still the problem); for a solution that uses no number of the problem's own, half of
+    its wording."""
+    used = problem_numbers_used(question, solution)
+    carried = given_numbers(subproblem)
+    missing = sum(not among(n, carried) for n in used)
+    if missing > 1 or (used and missing == len(used)):
+        return False
+    share = wording_share(subproblem, question)
+    return share >= (PASTED_SHARE if missing or not used else REWORDED_SHARE)
+
+
+def solution_lines(solution: str) -> list[str]:
+    """The line of the reference solution that holds each calculator step, in the order of
+    `calculator_steps`."""
+    return [
+        line
+        for line in solution.splitlines()
+        for _, result in re.findall(r"<<([^<>=]*)=([^<>]*)>>", line)
+        if numbers_in(result)
+    ]
+
+
+# Words that name no quantity of a problem: what a generic probe ("What is the first quantity you
+# need to compute? Reply with that number only.", "the value before the final step") is made of.
+GENERIC_WORDS = frozenset(
+    """what which when where does will would that this these those there their them then than
+    with from have into your much many more less each every first second third fourth fifth
+    last final next quantity quantities value values number numbers result results answer
+    answers step steps compute computed calculate calculated need needs needed find work worked
+    reply only just give given before after solve solved problem subproblem part total amount
+    time times figure state states stated starting start finish version changed change""".split()
+)
+
+
+def _content_words(text: str) -> set[str]:
+    words = re.findall(r"[a-z]+", text.lower())
+    return {w.removesuffix("s") for w in words if len(w) > 3 and w not in GENERIC_WORDS}
+
+
+def own_question(text: str) -> str:
+    """The question a text asks: its last sentence that ends with "?", else its last sentence."""
+    sentences = [s for s in re.split(r"(?<=[.?!])\s+", text.strip()) if s]
+    asked = [s for s in sentences if s.endswith("?")]
+    return (asked or sentences or [""])[-1]
+
+
+def names_step(subproblem: str, question: str, solution: str, result: float | None) -> bool:
+    """Whether the subproblem's own question names the step whose value it returned: the question
+    is not the problem's own (copied from it), and it shares a word with that step's line of
+    the reference solution ("How many minutes does he spend on the small holes?" for "He spends
+    3*30=<<3*30=90>>90 minutes digging small holes"). A generic probe ("the first quantity you
+    need to compute") names none: the worker, not the planner, chose the step."""
+    asked = own_question(subproblem)
+    words = " ".join(re.findall(r"\w+", mask_numbers(asked).lower()))
+    if words and words in " ".join(re.findall(r"\w+", mask_numbers(question).lower())):
+        return False  # the problem's own question (any number changed): it asks the whole problem
+    lines = solution_lines(solution)
+    steps = calculator_steps(solution)
+    named = _content_words(asked)
+    return any(
+        among(result, [step.value]) and named & _content_words(_ANNOTATION.sub(" ", line))
+        for step, line in zip(steps, lines, strict=False)
+    )
+
+
+_ANNOTATION = re.compile(r"<<[^<>]*>>")
 
 
 def pastes_problem(text: str, question: str, solution: str) -> bool:
