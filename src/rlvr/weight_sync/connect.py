@@ -1,13 +1,14 @@
-"""Deciding how the trainer's weights reach vf-vllm, and connecting every rank to it.
+"""Deciding how the trainer's weights reach each vf-vllm of the run, and connecting every rank.
 
-`connect` runs once at start-up, on every rank. Rank 0 asks the server how it runs and checks
+`connect` runs once at start-up, on every rank. Rank 0 asks each server how it runs and checks
 that it can serve this policy: the same vocabulary (a reasoning vocabulary needs the expanded
 directory served, `check_served_vocabulary`) and logprobs of the sampled distribution
-(`check_served_logprobs`). It then chooses the push (`choose_push`): the LoRA adapter, served
-by vLLM on its frozen base (`rlvr.weight_sync.adapter`), or the transfer of merged weights
+(`check_served_logprobs`); with several servers, that they serve alike (`check_same_serving`,
+`check_same_push`). It then chooses the push (`choose_push`): the LoRA adapter, served by vLLM
+on its frozen base (`rlvr.weight_sync.adapter`), or the transfer of merged weights
 (`rlvr.weight_sync.merged`, streamed by `rlvr.weight_sync.merged_stream`), and tells the other
 ranks, which then connect with it (they only join the trainer-side gathers of ZeRO-3 shards).
-Either way the trainer gets a `rlvr.weight_sync.base.WeightPush` and never asks which.
+The trainer gets one `rlvr.weight_sync.fleet.FleetPush` over every server and never asks which.
 
 A LoRA policy on a quantized base (QLoRA) computes with the dequantized base, not the server's
 original one; under adapter sync that base is pushed once at start through the merged transfer
