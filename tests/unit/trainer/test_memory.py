@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -227,6 +228,18 @@ def _resident_bytes() -> int:
     pytest.skip("no /proc/self/status on this system")
 
 
+def touch_fresh_pages(size: int) -> None:
+    """Map `size` bytes of new memory, write every page, and unmap it: pages no allocator
+    could have had resident already (a tensor may reuse a long test session's freed heap)."""
+    import mmap
+
+    block = mmap.mmap(-1, size)
+    view = np.frombuffer(block, dtype=np.uint8)
+    view[:] = 1
+    del view
+    block.close()
+
+
 def test_peak_is_reset_per_step():
     """After a reset the CPU peak is today's resident size, so a step's peak is its own.
 
@@ -238,8 +251,7 @@ def test_peak_is_reset_per_step():
     start = memory.peak_bytes(device)
     if start > _resident_bytes() + 64 * 2**20:
         pytest.skip("this kernel does not reset the resident high-water mark (clear_refs)")
-    big = torch.ones(64 * 2**20)  # 256 MiB, touched
-    del big
+    touch_fresh_pages(256 * 2**20)
     raised = memory.peak_bytes(device)
     assert raised > start + 200 * 2**20
     memory.reset_peak(device)

@@ -331,3 +331,20 @@ def test_probe_catches_a_missing_layer():
 
     assert run(missing=None, pushes=300) is None
     assert run(missing=7, pushes=40) == 1
+
+
+def test_probe_passes_a_large_move_rounded_by_a_float32_server():
+    """At lr 2e-2 a step can move the probe by ~2 RMS per token after steps that moved it
+    not at all (no signal, noise measured at the floor); a complete float32 server rounds such
+    a move to a residual of ~1e-5 of it (measured: 2.19e-5 on 2.19), which is not a missing
+    layer (~3% of the move) and must pass."""
+    g = torch.Generator().manual_seed(1)
+    probe = PushProbe([0] * 65)
+    trainer = -6 + torch.randn(64, generator=g, dtype=torch.float64)
+    served = trainer.clone()
+    for version in range(10):
+        if version >= 6:
+            move = 2.0 * torch.randn(64, generator=g, dtype=torch.float64)
+            trainer = trainer + move
+            served = served + move * (1 + 1e-5 * torch.randn(64, generator=g, dtype=torch.float64))
+        probe.check(trainer, served.clone(), version, "m", repeat=served.clone())
