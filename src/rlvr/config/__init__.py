@@ -1,15 +1,11 @@
-"""Run configuration: typed sections, the GRPO and SFT schemas, the YAML + dotted-override
-loader, and the command lines of the scripts.
-
-    rlvr.config.loader    load_config(path, overrides, cls): YAML file + dotted overrides, checked
-    rlvr.config.sections  the sections both trainers share (model, LoRA, optimizer, ...)
-    rlvr.config.grpo      Config, the GRPO run
-    rlvr.config.sft       SFTConfig, the supervised fine-tuning run
-    rlvr.config.cli       the scripts' command lines (--config FILE, shortcuts, overrides)
-
-The public names are re-exported here: `from rlvr.config import Config, load_config`.
+"""Run configuration: `checks` (ConfigError, require), `loader` (YAML + dotted overrides,
+type-checked), `sections` (shared by both trainers), `grpo` (`Config`), `sampling` and `server`
+(GRPO sections with rules of their own), `sft` (`SFTConfig`), `cli` (the scripts' command
+lines). Every section checks its own values in `validate()`; the public names are re-exported
+here. Design: docs/training.md#configuration.
 """
 
+from rlvr.config.checks import ConfigError
 from rlvr.config.grpo import (
     BatchConfig,
     Config,
@@ -20,12 +16,9 @@ from rlvr.config.grpo import (
     LossConfig,
     MixtureEnvConfig,
     RolloutsConfig,
-    SamplingConfig,
-    ServerConfig,
 )
 from rlvr.config.loader import (
     AnyConfig,
-    ConfigError,
     apply_overrides,
     from_dict,
     load_config,
@@ -34,6 +27,7 @@ from rlvr.config.loader import (
     to_dict,
     to_yaml,
 )
+from rlvr.config.sampling import SamplingConfig
 from rlvr.config.sections import (
     CheckpointConfig,
     DistributedConfig,
@@ -43,6 +37,7 @@ from rlvr.config.sections import (
     WandbConfig,
     delimiters_ok,
 )
+from rlvr.config.server import ServerConfig
 from rlvr.config.sft import SFTConfig, SFTDataConfig, SFTTrainConfig
 
 __all__ = [

@@ -1,11 +1,5 @@
-"""Command lines of the training scripts: a config file, shortcuts and dotted overrides.
-
-    scripts/train.py --config run.yaml --env vf-musique optim.lr=1e-5 --batch.async_level 0
-    scripts/sft.py --config sft.yaml --model smollm2-135m train.max_steps=20
-
-`--config FILE` reads a YAML file; `--env X`, `--model X` and `--output-dir X` are shortcuts
-for `env.id=X` (GRPO only), `model.name=X` and `output_dir=X`; every other `key=value`,
-`--key=value` or `--key value` is a dotted override.
+"""The scripts' command lines: `--config FILE`, shortcuts and dotted overrides, turned into a
+checked config (`config_from_argv`); USAGE shows the forms. Design: docs/training.md#configuration.
 """
 
 from __future__ import annotations
@@ -15,7 +9,15 @@ import sys
 from rlvr.config import AnyConfig, Config, ConfigError, load_config
 
 SHORTCUTS = {"env": "env.id", "model": "model.name", "output-dir": "output_dir"}
-USAGE = __doc__
+USAGE = """Command lines of the training scripts: a config file, shortcuts and dotted overrides.
+
+    scripts/train.py --config run.yaml --env vf-musique optim.lr=1e-5 --batch.async_level 0
+    scripts/sft.py --config sft.yaml --model smollm2-135m train.max_steps=20
+
+`--config FILE` reads a YAML file; `--env X`, `--model X` and `--output-dir X` are shortcuts
+for `env.id=X` (GRPO only), `model.name=X` and `output_dir=X`; every other `key=value`,
+`--key=value` or `--key value` is a dotted override.
+"""
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -1,13 +1,9 @@
-"""The trainers' typed configurations: a YAML file plus dotted command-line overrides.
+"""Load a run's typed configuration: a YAML file plus dotted command-line overrides.
 
-One dataclass tree describes a run: `Config` for GRPO (rlvr.config.grpo), `SFTConfig` for
-supervised fine-tuning (rlvr.config.sft; it shares the model, LoRA, optimizer, checkpoint and
-W&B sections of rlvr.config.sections, and their checks). This module knows no particular
-schema: `load_config(path, overrides, cls)` reads the file, applies
-overrides such as `optim.lr=1e-5` or `lora.enabled=false` (values are parsed as YAML, so
-`[q_proj, v_proj]` and `null` work), checks every value against the declared type and rejects
-unknown keys with the full dotted name, so a typo fails before any model is loaded instead of
-being silently ignored.
+`load_config(path, overrides, cls)` knows no particular schema: it reads the file, applies
+overrides such as `optim.lr=1e-5` (values parsed as YAML), checks every value against the
+declared type, rejects unknown keys by their full dotted name (a typo fails before any model
+loads) and calls the config's `validate()`. Default `cls`: the GRPO `Config`.
 """
 
 from __future__ import annotations
@@ -21,19 +17,10 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from rlvr.atomic import atomic_write_text
+from rlvr.config.checks import ConfigError
 
 AnyConfig = TypeVar("AnyConfig")
 """A run's config class: rlvr.config.grpo.Config or rlvr.config.sft.SFTConfig."""
-
-
-class ConfigError(ValueError):
-    """A config value or key is wrong; the message names the dotted field and the value."""
-
-
-def require(ok: bool, name: str, value: Any, why: str = "must be positive") -> None:
-    """Raise ConfigError naming the dotted field `name` and its value unless `ok`."""
-    if not ok:
-        raise ConfigError(f"{name}={value!r}: {why}")
 
 
 def _type_name(hint: Any) -> str:

@@ -1,7 +1,9 @@
-"""The typed sections both trainers share, each checking its own values in `validate()`.
+"""The typed sections both trainers share: model, LoRA, optimizer, checkpoints, W&B, the
+process group.
 
-They are model, LoRA, optimizer, checkpoints, W&B and the process group; the config holding a
-section calls its `validate()`.
+The rule of every config module: a section checks its own values in `validate()` (with
+`rlvr.config.checks.require`); the config holding it calls that, and holds only the checks that
+span sections (such as `check_quantized_base`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlvr.config.loader import require
+from rlvr.config.checks import require
 
 
 @dataclass

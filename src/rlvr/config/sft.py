@@ -1,14 +1,16 @@
 """The supervised fine-tuning run's configuration, `SFTConfig` (scripts/sft.py).
 
 Its own sections are the data files and their format and the training loop, beside the shared
-sections (rlvr.config.sections)."""
+sections (rlvr.config.sections); each checks its own values in `validate()`. Design:
+docs/training.md#sft.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlvr.config.loader import require
+from rlvr.config.checks import require
 from rlvr.config.sections import (
     CheckpointConfig,
     DistributedConfig,
@@ -54,6 +56,21 @@ class SFTDataConfig:
     shuffle_seed: int = 0
     """Each epoch visits the rows in a fresh order drawn from (shuffle_seed, epoch)."""
 
+    def validate(self) -> None:
+        files = self.train_files
+        require(bool(files), "data.train_files", files, "name at least one file")
+        require(self.max_seq_len >= 2, "data.max_seq_len", self.max_seq_len, "must be at least 2")
+        holdout = self.validation_holdout
+        require(holdout >= 0, "data.validation_holdout", holdout, "must be >= 0")
+        require(
+            not (self.validation_file and holdout),
+            "data.validation_holdout",
+            holdout,
+            "cannot be combined with data.validation_file",
+        )
+        if self.max_examples is not None:
+            require(self.max_examples >= 1, "data.max_examples", self.max_examples)
+
 
 @dataclass
 class SFTTrainConfig:
@@ -74,6 +91,14 @@ class SFTTrainConfig:
     eval_every: int = 0
     """val/loss every N steps (0: only before the first and after the last step)."""
 
+    def validate(self) -> None:
+        require(self.epochs >= 1, "train.epochs", self.epochs)
+        if self.max_steps is not None:
+            require(self.max_steps >= 1, "train.max_steps", self.max_steps)
+        require(self.batch_size >= 1, "train.batch_size", self.batch_size)
+        require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size)
+        require(self.eval_every >= 0, "train.eval_every", self.eval_every, "must be >= 0")
+
 
 @dataclass
 class SFTConfig:
@@ -93,29 +118,9 @@ class SFTConfig:
     output_dir: str = "outputs/sft"
 
     def validate(self) -> None:
-        d, t = self.data, self.train
-        require(bool(d.train_files), "data.train_files", d.train_files, "name at least one file")
-        require(d.max_seq_len >= 2, "data.max_seq_len", d.max_seq_len, "must be at least 2")
-        require(
-            d.validation_holdout >= 0,
-            "data.validation_holdout",
-            d.validation_holdout,
-            "must be >= 0",
-        )
-        require(
-            not (d.validation_file and d.validation_holdout),
-            "data.validation_holdout",
-            d.validation_holdout,
-            "cannot be combined with data.validation_file",
-        )
-        if d.max_examples is not None:
-            require(d.max_examples >= 1, "data.max_examples", d.max_examples)
-        require(t.epochs >= 1, "train.epochs", t.epochs)
-        if t.max_steps is not None:
-            require(t.max_steps >= 1, "train.max_steps", t.max_steps)
-        require(t.batch_size >= 1, "train.batch_size", t.batch_size)
-        require(t.micro_batch_size >= 1, "train.micro_batch_size", t.micro_batch_size)
-        require(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
+        """Each section's own checks, and those that span sections."""
+        self.data.validate()
+        self.train.validate()
         self.optim.validate()
         self.model.validate()
         self.lora.validate()

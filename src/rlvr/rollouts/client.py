@@ -36,7 +36,8 @@ from openai import BadRequestError
 from verifiers.clients import OpenAIChatCompletionsClient
 
 from rlvr.config import RolloutsConfig
-from rlvr.rollouts.request_args import check_reproducible, turn_seed
+from rlvr.config.sampling import check_reproducible
+from rlvr.rollouts.request_args import turn_seed
 from rlvr.rollouts.router import server_failure
 from rlvr.rollouts.to_samples import MissingTokensError
 

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from rlvr.batch import GroupResult, RolloutResult
-from rlvr.rollouts.request_args import SamplingFilterError
+from rlvr.config.sampling import SamplingFilterError
 from rlvr.rollouts.to_samples import (
     MissingTokensError,
     NonFiniteRewardError,

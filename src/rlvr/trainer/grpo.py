@@ -32,13 +32,14 @@ import torch
 
 from rlvr.batch import MicroBatch, TrainBatch
 from rlvr.config import Config, ConfigError, save_config, to_yaml
+from rlvr.config.sampling import SamplingFilterError
 from rlvr.model.policy import load_model, load_policy, reference_mode, resolve_dtype, save_final
 from rlvr.model.rope import check_served_rope
 from rlvr.rollouts.client import make_client
 from rlvr.rollouts.groups import UnsupportedEnvironmentError, check_rollout_stage_only
 from rlvr.rollouts.mixture import leaves, load_mixture, routed_filter
 from rlvr.rollouts.prompts import prompt_length_filter
-from rlvr.rollouts.request_args import SamplingFilterError, build_sampling_args
+from rlvr.rollouts.request_args import build_sampling_args
 from rlvr.rollouts.worker import RolloutWorker
 from rlvr.trainer.cadence import Cadence, run_steps
 from rlvr.trainer.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint

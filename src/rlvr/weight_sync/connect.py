@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlvr.config import Config, ConfigError
+from rlvr.config.sampling import SamplingFilterError, check_logprobs_mode
 from rlvr.model.quantization import quantization_of
 from rlvr.rollouts.mixture import leaves
-from rlvr.rollouts.request_args import SamplingFilterError, check_logprobs_mode
 from rlvr.rollouts.servers import ServerPool
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.control import ServerControl

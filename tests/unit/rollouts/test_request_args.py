@@ -97,7 +97,7 @@ def test_extra_body_temperature_is_refused():
     unless equal: in the run config, in an environment's sampling_args (its trainer start-up
     check included) and on any request an environment sends."""
     from rlvr.config import ConfigError
-    from rlvr.rollouts.request_args import SamplingFilterError, check_reproducible
+    from rlvr.config.sampling import SamplingFilterError, check_reproducible
     from rlvr.trainer.grpo import Trainer
 
     with pytest.raises(ConfigError) as refused:

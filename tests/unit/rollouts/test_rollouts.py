@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 
 from rlvr.batch import GroupResult, RolloutResult, Sample, StepBatch
 from rlvr.config import ConfigError, load_config
+from rlvr.config.sampling import SamplingFilterError
 from rlvr.pass_at_k import mean_pass_at_k, succeeded
 from rlvr.rollouts.client import RolloutClient
 from rlvr.rollouts.curriculum import Curriculum
@@ -30,7 +31,6 @@ from rlvr.rollouts.groups import run_group
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import (
     FALLBACK_MAX_TOKENS,
-    SamplingFilterError,
     build_sampling_args,
     request_seed,
     turn_seed,

@@ -1,0 +1,117 @@
+"""`server.*`: the run's vf-vllm servers, how weights reach them and how pushes are checked.
+
+Each field is checked by `ServerConfig.validate`. Design: docs/scaling.md#several-inference-servers
+and docs/weight-transfer.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlvr.config.checks import require
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+"""The server a run talks to when the config names none (vf-vllm's default port)."""
+
+
+@dataclass
+class ServerConfig:
+    """`server.*`: the vf-vllm server, and how weights reach it."""
+
+    base_url: str | None = None
+    """The one vf-vllm (None: `DEFAULT_BASE_URL`). Several servers: `base_urls` instead."""
+    base_urls: list[str] = field(default_factory=list)
+    """Several vf-vllm servers serving the same model (docs/scaling.md#several-inference-
+    servers): each group of rollouts goes to one of them, every weight version to all of them,
+    and the run goes on while at least one answers. Set this or `base_url`, not both."""
+    api_key: str | None = None
+    served_model: str | None = None
+    """The name vf-vllm serves the model under (default: model.name, as vf-vllm does)."""
+    backend: Literal["auto", "shm", "gloo", "nccl", "ipc"] = "auto"
+    """Weight transfer: nccl (server on other GPUs), ipc (server on the trainer's GPU), shm
+    (CPU server on this host), gloo (CPU server elsewhere). auto: nccl when the trainer has
+    CUDA, else shm for a local server, else gloo."""
+    timeout_s: float = 600.0
+    """Per-request timeout for generation and control calls: a server that does not answer a
+    request within it is taken out of rotation (with several servers) or fails the run."""
+    transfer_host: str | None = None
+    """Address of the trainer's first node that vf-vllm's workers connect to for the gloo or
+    nccl weight transfer. None: this machine's address on its route to the server (loopback
+    for a local server). Set it where that guess is wrong (NAT, several interfaces)."""
+    transfer_port: int = 0
+    """Port of that rendezvous (0: any free port; fix one for firewalls)."""
+    transfer_timeout_s: float = 300.0
+    """Deadline for the transfer rendezvous and each transfer's collectives: a wrong or
+    unreachable address fails after this long, naming both addresses and the port."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """How a LoRA policy reaches the server. adapter: push only the adapter (megabytes); vLLM
+    serves it on its frozen base under `adapter_name` (needs vf-vllm --enable-lora). merged:
+    stream base + adapter merged, as for full fine-tuning. auto: adapter whenever the server
+    can serve it, else merged (the log says why)."""
+    adapter_name: str = "policy"
+    """Adapter sync serves weight version v as `{adapter_name}-v{v}`; each rollout requests
+    the version its batch is tagged with. One trainer per name on a server: a trainer unloads
+    the versions under its name that it finds at start (a dead trainer's)."""
+    push_weights: bool = True
+    """Push weights after every optimizer step (the initial weights are pushed regardless).
+    Off only for debugging: rollouts then come from the initial weights."""
+    push_probe: bool = True
+    """After every push, score a fixed token sequence on the server (prompt log-probabilities
+    of the name rollouts will request) and with the trainer's just-pushed weights, and check
+    that the server's scores made the trainer's move (`push/probe_*`): it sees a server that
+    does not serve what was pushed (stale or partly updated weights), which mismatch-KL cannot
+    tell from policy lag at async_level >= 1."""
+    probe_kl_max: float | None = None
+    """A push whose `push/probe_kl` (the absolute mismatch) exceeds this raises an error, every
+    push. None: only a server's first push (a fresh run's, or a returning server's) is held to
+    an absolute limit (1e-2: a bf16 server against a float32 trainer measures ~1e-3 on
+    SmolLM2, another model more); later pushes are judged by how the server's probe
+    log-probabilities follow the trainer's (see rlvr.weight_sync.probe)."""
+    probe_noise: float | None = None
+    """The server's noise in probe log-probabilities (RMS per token) against which the probe
+    judges whether the server made the trainer's move (see rlvr.weight_sync.probe). None:
+    measured at the initial push and over the first pushes after it. Raise it for a server
+    whose kernels are nondeterministic beyond what those show."""
+
+    @property
+    def urls(self) -> list[str]:
+        """Every server of the run, in the order their metrics are numbered (`servers/<i>/*`)."""
+        return list(self.base_urls) or [self.base_url or DEFAULT_BASE_URL]
+
+    def validate(self) -> None:
+        require(
+            not (self.base_url and self.base_urls),
+            "server.base_url/base_urls",
+            (self.base_url, self.base_urls),
+            "set one of the two: base_url for one server, base_urls for several",
+        )
+        for i, url in enumerate(self.urls):
+            require(
+                url.startswith(("http://", "https://")),
+                f"server.base_urls[{i}]" if self.base_urls else "server.base_url",
+                url,
+                "must be an http(s) URL such as http://127.0.0.1:8000/v1",
+            )
+        roots = [url.rstrip("/").removesuffix("/v1") for url in self.urls]
+        require(
+            len(set(roots)) == len(roots),
+            "server.base_urls",
+            self.base_urls,
+            "lists a server twice",
+        )
+        require(self.timeout_s > 0, "server.timeout_s", self.timeout_s)
+        require(self.transfer_timeout_s > 0, "server.transfer_timeout_s", self.transfer_timeout_s)
+        require(
+            self.probe_kl_max is None or self.probe_kl_max > 0,
+            "server.probe_kl_max",
+            self.probe_kl_max,
+        )
+        noise = self.probe_noise
+        require(noise is None or 0 < noise < float("inf"), "server.probe_noise", noise)
+        require(
+            0 <= self.transfer_port < 65536,
+            "server.transfer_port",
+            self.transfer_port,
+            "must be a port number (0: any free port)",
+        )
