@@ -5,8 +5,7 @@ serve SmolLM2-135M-Instruct with vf-vllm, push weights and restore them, evaluat
 on held-out arithmetic (vf-eval), warm-start it (`rlvr-demos`, `rlvr-sft`), train GRPO through the
 same server, evaluate again (before/after with 95% CIs, training curves) and shut down. A run
 replaces the last one's outputs under --output-dir. The settings and what they measured:
-docs/benchmarks.md#make-demo-a-warm-start-then-grpo-in-5-minutes.
-"""
+docs/benchmarks.md#make-demo-a-warm-start-then-grpo-in-5-minutes."""
 
 from __future__ import annotations
 
