@@ -38,7 +38,7 @@ import vf_openspiel
 from vf_openspiel.env import RECORD_KEY, SESSION_KEY
 from vf_openspiel.scripted import random_mover
 
-from rlvr.testing import ScriptedClient
+from rlvr.scripted import ScriptedClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 from vf_openspiel import load_environment
 from vf_openspiel.corpus import EXPLOITS, false_negative_rates, honest_policies, means, play
 
-from rlvr.testing import ScriptedClient
+from rlvr.scripted import ScriptedClient
 
 RESULTS = Path(__file__).with_name("results") / "openspiel_honest_corpus.json"
 SETTINGS = {

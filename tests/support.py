@@ -1,5 +1,6 @@
-"""Helpers shared by the integration tests: served vs trainer log-probabilities, the trainer
-config every test starts from, and launching the trainer in fresh processes."""
+"""Helpers shared by the tests: served vs trainer log-probabilities, the trainer config every
+integration test starts from, launching the trainer in fresh processes, and what a sample's loss
+mask covers (`masked_runs`)."""
 
 from __future__ import annotations
 
@@ -233,3 +234,15 @@ def json_server(routes: dict[str, dict]):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
+    """The maximal stretches of consecutive loss tokens (mask 1) of a training sample, e.g. to
+    decode and check what SFT or GRPO trains on."""
+    runs: list[list[int]] = []
+    for i, (token, m) in enumerate(zip(ids, mask, strict=True)):
+        if m and i and mask[i - 1]:
+            runs[-1].append(token)
+        elif m:
+            runs.append([token])
+    return runs

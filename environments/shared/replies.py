@@ -1,12 +1,10 @@
 """Reading model replies: message fields, their text, and the answer part after the reasoning.
 
-Messages reach an environment as verifiers 0.1.14 pydantic objects during a rollout and as plain
-dicts in saved results, and their content is a string or a list of text parts; these readers take
-every form and use no private verifiers function.
-
-This file is shared by the environments under environments/ (each package holds a symlink to
-environments/shared/replies.py, which a wheel or sdist build replaces by its content), so every
-environment installs on its own and all of them read replies by the same rules.
+Messages come as verifiers 0.1.14 pydantic objects during a rollout and as dicts in saved results,
+with a string or a list of text parts as content; these readers take every form. Each environment
+package holds a symlink to this file (a wheel or sdist ships its content), so every environment
+installs on its own, without rlvr; rlvr's own reader (`rlvr.messages`) renders messages for people,
+tool calls included, while `message_text` here is only the text a rubric scores.
 """
 
 from __future__ import annotations
@@ -28,7 +26,8 @@ def get_field(obj: Any, name: str, default: Any = None) -> Any:
 
 
 def message_text(message: Any) -> str:
-    """Text content of a message: a string, or the text parts of a content list joined."""
+    """The text a rubric scores: string content, or the text parts of a content list joined
+    (tool calls are not text)."""
     content = get_field(message, "content")
     if isinstance(content, str):
         return content

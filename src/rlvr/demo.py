@@ -1,21 +1,11 @@
 """The main job on the embedded default model (`make demo`), end to end on this machine, and
 proof that it learns, in a few minutes on 2 cores:
 
-1. serve SmolLM2-135M-Instruct with vf-vllm and chat with it;
-2. push changed weights from a trainer process and show the answers change, then push the
-   original weights back and show they return;
-3. evaluate the base model with vf-eval on held-out arithmetic problems (vf-deepscaler);
-4. warm start: scripted demonstrations (`rlvr-demos`) and a light SFT (`rlvr-sft`, one step by
-   default), because a model that almost never boxes an answer gives GRPO nothing to compare;
-5. GRPO from that adapter through the same server, one line a step with the reward;
-6. evaluate the trained policy on the same held-out problems: the before/after line, with 95%
-   CIs, and a PNG of the training curves;
-7. shut everything down.
-
-Everything lands in --output-dir (default outputs/demo): data/, warm_start/ (the SFT adapter),
-train/ (the GRPO run), eval/ (the three vf-eval runs), training_curves.png; a new run replaces
-them.
-"""
+serve SmolLM2-135M-Instruct with vf-vllm, push weights and restore them, evaluate the base model
+on held-out arithmetic (vf-eval), warm-start it (`rlvr-demos`, `rlvr-sft`), train GRPO through the
+same server, evaluate again (before/after with 95% CIs, training curves) and shut down. A run
+replaces the last one's outputs under --output-dir. The settings and what they measured:
+docs/benchmarks.md#make-demo-a-warm-start-then-grpo-in-5-minutes."""
 
 from __future__ import annotations
 
@@ -47,9 +37,8 @@ EVAL_ROLLOUTS = 4
 STAGES = {"base": "base", "warm_start": "warm start", "trained": "GRPO"}  # eval dir: label
 OUTPUTS = ("data", "warm_start", "train", "eval")
 # The recipe from a warm start, at demo size: 8 problems x 8 rollouts a step; synchronous, so a
-# step's reward is the current policy's; lr 5e-4, since from a trained adapter both LoRA factors
-# move at once (at 1e-3 the reward rose to 0.36 by step 4, then fell to 0 by step 9); a line a
-# step instead of a bar; no W&B.
+# step's reward is the current policy's; lr 5e-4 (docs/benchmarks.md, `make demo`); a line a step
+# instead of a bar; no W&B.
 GRPO_OVERRIDES = [
     "batch.rollouts_per_example=8",
     "batch.async_level=0",

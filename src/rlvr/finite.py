@@ -3,13 +3,17 @@
 Rewards and metrics come from environments and saved files, where a ratio of two zero counts
 gives NaN and a missing value None; one such value in a mean, a group baseline or a loss
 poisons everything after it. The trainer, the evaluation reports and the plots all read values
-through this one rule (it sits on the ground floor so that each can import it).
+through this one rule, and average rubric metrics with `metric_means` (it sits on the ground floor
+so that each can import it).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -20,3 +24,19 @@ def finite_number(value: Any) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
+
+
+def metric_means(metric_dicts: Iterable[Any], prefix: str = "") -> dict[str, float]:
+    """Mean of every numeric rubric metric over the rollouts that report it, in the order of
+    first appearance, named `prefix/name` (just `name` without a prefix). Entries that are not
+    mappings, and values that are not finite numbers (see `finite_number`), are left out. The
+    trainer's `env/` means, its evaluations' metrics and the evaluation reports' metric columns
+    all come from here."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for metrics in metric_dicts:
+        for name, value in metrics.items() if isinstance(metrics, dict) else ():
+            if (number := finite_number(value)) is not None:
+                values[name].append(number)
+    return {
+        f"{prefix}/{name}" if prefix else name: statistics.fmean(v) for name, v in values.items()
+    }

@@ -32,7 +32,7 @@ from vf_deepscaler.forms import asks_percent, canonical, labelled
 from vf_deepscaler.parser import answer_region, follows_think_format
 from vf_deepscaler.verifier import is_equivalent
 
-from rlvr.testing import Policy, ScriptedClient
+from rlvr.scripted import Policy, ScriptedClient
 
 ROWS_PATH = SHARED_DATA / "deepscaler" / "preview_first803.jsonl"
 LIMIT_S = 1.0

@@ -1,7 +1,7 @@
 """vf-musique on real MuSiQue rows, driven through the real verifiers loop by scripted agents.
 
 A scripted agent is a policy function (prompt messages -> tool calls or text) answering through
-`rlvr.testing.ScriptedClient`; the environment, its tools and its rubric run exactly as they do
+`rlvr.scripted.ScriptedClient`; the environment, its tools and its rubric run exactly as they do
 against a model server.
 """
 
@@ -42,7 +42,7 @@ from vf_musique.rubric import combine, read_rollout, score_components
 from vf_musique.scoring import exact_match, normalize_answer, token_f1
 from vf_musique.tools import parse_submission
 
-from rlvr.testing import Policy, ScriptedClient, render
+from rlvr.scripted import Policy, ScriptedClient, render
 
 from . import musique_corpus
 from .musique_corpus import sub_questions

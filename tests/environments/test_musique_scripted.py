@@ -1,5 +1,5 @@
 """The scripted MuSiQue demonstrator (`vf_musique.scripted:hop_searcher`) played through the
-environment's own rollout loop and rubric (`env.generate` with `rlvr.testing.ScriptedClient`),
+environment's own rollout loop and rubric (`env.generate` with `rlvr.scripted.ScriptedClient`),
 and through `rlvr-demos`, on the real rows in shared/data/musique."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from vf_musique.scripted import (
 )
 
 from rlvr.data.demonstrations import main as demos
-from rlvr.testing import Policy, ScriptedClient
+from rlvr.scripted import Policy, ScriptedClient
 
 
 def run(env: Any, policy: Policy) -> list[dict[str, Any]]:

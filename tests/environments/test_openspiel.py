@@ -35,7 +35,7 @@ from vf_openspiel.parser import HEDGE, NO_ANSWER, extract_move, extract_moves, m
 from vf_openspiel.scripted import Policy, legal_from_prompt, random_mover
 from vf_openspiel.session import GameSession
 
-from rlvr.testing import ScriptedClient
+from rlvr.scripted import ScriptedClient
 
 
 def constant(reply: str) -> Policy:

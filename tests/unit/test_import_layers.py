@@ -2,8 +2,8 @@
 
 The order, lowest first (a unit may import its own layer and any layer below it):
 
-    0  ground floor   rlvr.finite, rlvr.atomic, rlvr.batch, rlvr.config, rlvr.testing,
-                      rlvr.pass_at_k
+    0  ground floor   rlvr.finite, rlvr.atomic, rlvr.batch, rlvr.config, rlvr.scripted,
+                      rlvr.messages, rlvr.pass_at_k
     1  building parts rlvr.model, rlvr.data, rlvr.reasoning_vocab
     2  step machinery rlvr.rollouts, rlvr.weight_sync, rlvr.server
     3  the loop       rlvr.trainer
@@ -13,7 +13,7 @@ A "unit" is a subpackage (`rlvr.trainer`) or a top-level module (`rlvr.finite`).
 source with `ast` and never imports it, so it sees imports inside functions too.
 
 Where the order departs from the first sketch, the import graph decided:
-- `rlvr.testing` (a scripted model client) imports nothing from `rlvr` and `rlvr.data.arithmetic`
+- `rlvr.scripted` (a scripted model client) imports only `rlvr.messages` and `rlvr.data.arithmetic`
   scripts demonstrations with it, so it sits on the ground floor rather than the top.
 - `rlvr.server` and `rlvr.weight_sync` are the two ends of one weight transfer and import each
   other (the server's CPU engine joins the rendezvous; the push registers the server's engine), so
@@ -38,7 +38,15 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rlvr.finite", "rlvr.atomic", "rlvr.batch", "rlvr.config", "rlvr.testing", "rlvr.pass_at_k"),
+    (
+        "rlvr.finite",
+        "rlvr.atomic",
+        "rlvr.batch",
+        "rlvr.config",
+        "rlvr.scripted",
+        "rlvr.messages",
+        "rlvr.pass_at_k",
+    ),
     ("rlvr.model", "rlvr.data", "rlvr.reasoning_vocab"),
     ("rlvr.rollouts", "rlvr.weight_sync", "rlvr.server"),
     ("rlvr.trainer",),

@@ -1,6 +1,6 @@
 """Scripted players for no-server rollouts: `random_mover` and `quiet_mover` play a uniformly random
 legal move read from the prompt, the way a model would see it, in any game. Tests and benchmarks
-drive real rollouts with them as the policy of a scripted client (`rlvr.testing.ScriptedClient` in
+drive real rollouts with them as the policy of a scripted client (`rlvr.scripted.ScriptedClient` in
 this repository), and `rlvr-demos --policy vf_openspiel.scripted:quiet_mover` plays demonstrations
 with them. Each is a policy factory: `factory(seed)` returns a function of the prompt messages
 to the reply text.

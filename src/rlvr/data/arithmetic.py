@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.atomic import atomic_write_text
-from rlvr.testing import Policy
+from rlvr.scripted import Policy
 
 # SmolLM2-135M-Instruct rarely boxes an answer unless the question itself asks (measured:
 # docs/benchmarks.md, "Does it learn?")

@@ -12,7 +12,7 @@ Two kinds of policy play:
 - a Python callable, `module:function`: a *policy factory* taking one int, the seed, and
   returning a policy, a function of the prompt messages (a list of chat messages, the
   conversation so far) to the reply: the assistant's text, or a list of `vf.ToolCall` for a
-  tool-calling turn. It is driven through `rlvr.testing.ScriptedClient`, no server involved.
+  tool-calling turn. It is driven through `rlvr.scripted.ScriptedClient`, no server involved.
   `vf_openspiel.scripted:random_mover` is one (`random_mover(seed)(messages) -> str`).
   `--policy-args` (a JSON object) goes to the factory as keyword arguments:
   `vf_musique.scripted:hop_searcher` takes the MuSiQue files it looks its rows up in.
@@ -41,7 +41,7 @@ from typing import Any
 from rlvr.config.cli import json_object, positive_int
 from rlvr.data.export import Requirement, export_rollouts, parse_requirement
 from rlvr.eval.predict import environment_rows, generate_saved
-from rlvr.testing import Policy
+from rlvr.scripted import Policy
 
 PolicyFactory = Callable[[int], Policy]
 SCRIPTED_MODEL = "scripted"
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> Written:
     """Play the environment's rows with the chosen policy or server and write the kept rows."""
     import verifiers as vf
 
-    from rlvr.testing import ScriptedClient
+    from rlvr.scripted import ScriptedClient
 
     policy = scripted_policy(args.policy, args.seed, args.policy_args) if args.policy else None
     env = vf.load_environment(args.env, **args.env_args)

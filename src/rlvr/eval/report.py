@@ -29,8 +29,8 @@ from rlvr.atomic import atomic_write_text
 from rlvr.data.export import export_chat_jsonl
 from rlvr.eval.stats import Estimate, clustered_mean, mean_with_ci
 from rlvr.eval.vf_eval import ResultsError, Rollout, Run, errored, load_run
+from rlvr.finite import metric_means
 from rlvr.pass_at_k import mean_pass_at_k, succeeded
-from rlvr.trainer.metrics import metric_means
 
 # ---- per-run numbers --------------------------------------------------------------------------
 

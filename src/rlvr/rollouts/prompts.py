@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlvr.rollouts.to_samples import (
-    message_field,
-)
+from rlvr.messages import message_field
 
 
 def prompt_length_filter(

@@ -1,15 +1,10 @@
 """Rollouts -> training samples: the token ids vLLM reported and the loss mask over them.
 
-Samples: per trajectory when possible, per turn where needed. A multi-turn rollout becomes one
-sample when each turn's prompt ids start with the previous turn's prompt + completion ids (the
-usual case with ChatML templates): the environment's tokens between turns (tool results, user
-or opponent messages) are then part of the sequence with loss mask 0, and one forward pass
-trains every turn with the exact context the sampler saw. Where re-rendering the conversation
-changes earlier tokens (a template that drops reasoning, a tool call re-serialised differently
-from how it was sampled, BPE merging across the turn boundary), a new sample starts at that
-turn: merging would train on a context the sampler never saw. Either way the ids are exactly
-those vLLM reported, never re-tokenized text. `rollouts.token_in` (rlvr.rollouts.client) sends
-later turns as the previous turn's ids extended, so those turns merge.
+A multi-turn rollout stays one sample while each turn's prompt ids start with the previous turn's
+prompt + completion ids (the environment's tokens between turns get loss mask 0); a turn that
+breaks that prefix starts a new sample, so no turn trains on a context the sampler never saw.
+The ids are exactly those vLLM reported, never re-tokenized text. Design:
+docs/training.md#what-a-step-does and docs/training.md#token-in-multi-turn.
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ from typing import Any
 
 from rlvr.batch import RolloutResult, Sample
 from rlvr.finite import finite_number
+from rlvr.messages import render_messages
 
 
 class MissingTokensError(RuntimeError):
@@ -28,31 +24,6 @@ class MissingTokensError(RuntimeError):
 class NonFiniteRewardError(ValueError):
     """A scored rollout's reward is NaN, infinite or not a number: an error of the
     environment, never a number to train on (the rollout counts as errored)."""
-
-
-def message_field(obj: Any, key: str, default: Any = None) -> Any:
-    """Messages are pydantic objects at run time and dicts in saved results: read both."""
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def message_text(message: Any) -> str:
-    content = message_field(message, "content")
-    if isinstance(content, list):
-        content = " ".join(str(message_field(part, "text", "")) for part in content)
-    text = content or ""
-    for call in message_field(message, "tool_calls") or []:
-        text += f"\n[tool_call {message_field(call, 'name')}({message_field(call, 'arguments')})]"
-    return text
-
-
-def render_messages(messages: Any, limit: int = 2000) -> str:
-    """Readable text for the sample table: `role: text` per message, cut to `limit` chars."""
-    if isinstance(messages, str):
-        return messages[:limit]
-    lines = [f"{message_field(m, 'role')}: {message_text(m)}" for m in messages or []]
-    return "\n".join(lines)[:limit]
 
 
 def trajectory_samples(trajectory: list[dict], max_seq_len: int) -> list[Sample]:

@@ -1,16 +1,9 @@
-"""Rollouts for training: the environment's own rollout code against vf-vllm, run ahead of the
-trainer in a background thread (`RolloutWorker`), at most `batch.async_level` steps ahead.
-
-The worker also owns the run's policy version (`VersionClock`): which weights generate which
-batch; and which prompts a batch takes: in order, past prompts too long to train on and those the
-difficulty curriculum sets aside (`rlvr.rollouts.curriculum`), with groups without signal
-replaced under dynamic sampling (`batch.dynamic_sampling`).
-
-Each group runs on one of the run's servers, chosen and retried by `rlvr.rollouts.router`. The
-client is `rlvr.rollouts.client`, each request's sampling arguments
-`rlvr.rollouts.request_args`; how a finished rollout becomes token samples with loss masks is
-`rlvr.rollouts.to_samples`. One prompt's group of rollouts is `rlvr.rollouts.groups`; which rows
-become prompts, `rlvr.rollouts.prompts`; a mixture of environments, `rlvr.rollouts.mixture`.
+"""Rollouts for training: `RolloutWorker` runs the environment's own rollout code against the
+run's vf-vllm servers in a background thread, at most `batch.async_level` steps ahead of the
+trainer. It decides which weight version generates each batch and which prompts a batch takes
+(in order, past prompts too long to train on and those the curriculum sets aside, groups without
+signal replaced under `batch.dynamic_sampling`), and runs the evaluations beside training.
+Design: docs/architecture.md; versions: docs/training.md#precision-seeds-and-policy-lag.
 """
 
 from __future__ import annotations
@@ -19,7 +12,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -27,9 +19,10 @@ from typing import Any
 
 from rlvr.batch import GroupResult, StepBatch
 from rlvr.config import Config, SamplingConfig
-from rlvr.pass_at_k import mean_pass_at_k, succeeded
 from rlvr.rollouts.curriculum import Curriculum
+from rlvr.rollouts.eval_result import EvalResult
 from rlvr.rollouts.groups import run_group
+from rlvr.rollouts.handoff import Batches, VersionClock
 from rlvr.rollouts.mixture import (
     MixtureOrder,
     Routed,
@@ -42,57 +35,9 @@ from rlvr.rollouts.mixture import (
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import build_sampling_args, request_seed
 from rlvr.rollouts.router import Attempt, Router
-from rlvr.rollouts.servers import NoServerLeftError, ServerPool
+from rlvr.rollouts.servers import ServerPool
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EvalResult:
-    """One evaluation of the served policy on the environment's eval set."""
-
-    reward: float
-    metrics: dict[str, float]
-    num_rollouts: int
-    errored: int
-    truncated: int
-    pass_at_k: dict[int, float] = field(default_factory=dict)
-    """pass@k over the examples (k = 1, 2, 4, ... up to the rollouts per example): a rollout
-    succeeds when its reward reaches `eval.pass_threshold`; an errored one fails."""
-    per_env: dict[str, EvalResult] = field(default_factory=dict)
-    """A mixture's evaluation of each environment on its own eval set (empty for one
-    environment); the fields above then cover all of them together."""
-
-    @classmethod
-    def of(cls, groups: list[GroupResult], pass_threshold: float) -> EvalResult:
-        """The evaluation that `groups` (one per eval example) make."""
-        rollouts = [r for g in groups for r in g.rollouts]
-        metrics: dict[str, float] = {}
-        for name in sorted({k for r in rollouts for k in r.metrics}):
-            values = [r.metrics[name] for r in rollouts if name in r.metrics]
-            metrics[name] = sum(values) / len(values)
-        n = len(rollouts)
-        passed = [sum(succeeded(r.reward, pass_threshold) for r in g.rollouts) for g in groups]
-        tallies = [(len(g.rollouts) + g.errored, c) for g, c in zip(groups, passed, strict=True)]
-        return cls(
-            reward=sum(r.reward for r in rollouts) / n if n else 0.0,
-            metrics=metrics,
-            num_rollouts=n,
-            errored=sum(g.errored for g in groups),
-            truncated=sum(r.truncated for r in rollouts),
-            pass_at_k=mean_pass_at_k(tallies),
-        )
-
-    def logged(self, prefix: str) -> dict[str, float]:
-        """The metrics this evaluation logs under `prefix` (`eval`, `eval/<environment>`)."""
-        return {
-            f"{prefix}/reward": self.reward,
-            **{f"{prefix}/{k}": v for k, v in self.metrics.items()},
-            f"{prefix}/rollouts": self.num_rollouts,
-            f"{prefix}/errored": self.errored,
-            f"{prefix}/truncated": self.truncated,
-            **{f"{prefix}/pass@{k}": value for k, value in self.pass_at_k.items()},
-        }
 
 
 @dataclass
@@ -123,122 +68,14 @@ def row_id(row: dict, index: int) -> int:
     return int(row.get("example_id", index))
 
 
-class _Batches:
-    """Finished step batches on their way from the worker thread to the trainer, and the steps
-    whose generation has started (a checkpoint keeps the batches in flight)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self.ready: dict[int, StepBatch] = {}
-        self.started: set[int] = set()
-        self.failure: BaseException | None = None
-
-    def start(self, step: int) -> None:
-        with self._cond:
-            self.started.add(step)
-            self._cond.notify_all()
-
-    def put(self, batch: StepBatch) -> None:
-        with self._cond:
-            self.ready[batch.step] = batch
-            self._cond.notify_all()
-
-    def fail(self, error: BaseException) -> None:
-        with self._cond:
-            self.failure = error
-            self._cond.notify_all()
-
-    def _wait(self, done: Callable[[], bool], timeout_s: float | None, what: str) -> None:
-        """Wait until `done()` (under the lock); re-raise a worker failure; time out clearly."""
-        if not self._cond.wait_for(lambda: done() or self.failure is not None, timeout_s):
-            raise TimeoutError(
-                f"no rollouts for {what} after {timeout_s:.0f}s: the server is stuck or "
-                "generation is slower than distributed.timeout_s allows (raise it, or lower "
-                "batch.batch_size / sampling.max_tokens)"
-            )
-        if isinstance(self.failure, NoServerLeftError):
-            raise self.failure  # says all there is to say: each server and its last answer
-        if self.failure is not None and not done():
-            raise RuntimeError("the rollout worker failed") from self.failure
-
-    def wait_started(self, step: int, timeout_s: float | None) -> None:
-        with self._cond:
-            self._wait(lambda: step in self.started, timeout_s, f"the start of step {step}")
-
-    def take(self, step: int, timeout_s: float | None) -> StepBatch:
-        with self._cond:
-            self._wait(lambda: step in self.ready, timeout_s, f"step {step}")
-            return self.ready.pop(step)
-
-    def in_flight(self, first: int, last: int, timeout_s: float | None) -> list[StepBatch]:
-        """The batches of steps first..last whose generation has started, once finished."""
-        with self._cond:
-            steps = sorted(s for s in self.started if first <= s <= last)
-            self._wait(lambda: all(s in self.ready for s in steps), timeout_s, f"steps {steps}")
-            return [self.ready[s] for s in steps]
-
-
-class VersionClock:
-    """The policy version of a run: the newest weight version the server holds (`current`),
-    the newest whose push may have begun (`pushing`), and the versions batches and evaluations
-    are generating with.
-
-    A version is taken (`lease`) and registered in one locked step, so once the trainer has
-    moved to a newer version, `in_use` names every older one a request can still ask for: an
-    adapter push may unload the rest."""
-
-    def __init__(self, current: int):
-        self._lock = threading.Lock()
-        self.current = current
-        self.pushing = current
-        self._leases: Counter[int] = Counter()
-
-    def advance(self, version: int) -> None:
-        with self._lock:
-            self.current = version
-
-    @contextmanager
-    def lease(self) -> Iterator[int]:
-        """The current version, kept in use until the block ends."""
-        with self._lock:
-            version = self.current
-            self._leases[version] += 1
-        try:
-            yield version
-        finally:
-            with self._lock:
-                self._leases[version] -= 1
-                if not self._leases[version]:
-                    del self._leases[version]
-
-    def in_use(self) -> set[int]:
-        """Leased versions and the current one (which the next batch takes)."""
-        with self._lock:
-            return {self.current, *self._leases}
-
-
 class RolloutWorker:
     """Generates step batches in a background thread, at most `async_level` steps ahead.
 
-    The worker owns the run's version clock (`clock`); the trainer publishes each new version
-    through it (`publishing`). Batch s starts with weight version max(0, s - async_level)
-    (version v = weights after v optimizer steps; version 0 is pushed before training starts):
-    it starts once the server holds that version, and no newer version is published before it
-    has started. With async_level 0 every batch is generated by the weights it trains. With
-    async_level >= 1, batch s+1 is generated while step s trains, and the importance ratio
-    corrects for the lag token by token (it compares with the log-probability each token was
-    sampled with). Under adapter sync every request names its version, so batch s is generated
-    by exactly version s - async_level. Merged pushes replace the weights under the one served
-    name, so the push of version s - async_level + 1, which may begin once batch s has started,
-    serves that batch's later requests (and the rest of completions in progress): the batch is
-    generated by versions s - async_level and, depending on timing, s - async_level + 1
-    (`StepBatch.max_policy_version`, logged as `rollouts/policy_lag_min`).
-
-    Batches generated before an interruption come back through `preloaded` (see
-    `in_flight`): a resumed run trains on the same batches the interrupted run would have.
-    Under adapter sync they were generated by exactly the same policies; under merged pushes
-    with async_level >= 1, which requests a push reached depends on timing, in a resumed run
-    as in an uninterrupted one.
+    Batch s starts with weight version max(0, s - async_level) (version v: the weights after v
+    optimizer steps) once the server holds it, and the trainer publishes no newer version
+    (`publishing`, through the worker's `clock`) before that batch has started. Batches in
+    flight at a checkpoint come back through `preloaded`. What merged pushes and adapter sync
+    each guarantee: docs/training.md#precision-seeds-and-policy-lag.
     """
 
     def __init__(
@@ -281,7 +118,7 @@ class RolloutWorker:
             rates = dict(curriculum_state or {})
             self.curriculum = Curriculum(config.curriculum, config.seed, rates)
         self.clock = VersionClock(version)
-        self._batches = _Batches()
+        self._batches = Batches()
         self._preloaded = {b.step: b for b in preloaded or []}
         self._loop = asyncio.new_event_loop()
         self._version_event: asyncio.Event | None = None
@@ -308,9 +145,8 @@ class RolloutWorker:
         batches may start with it, and `release` gets the versions rollouts still request.
 
         The block begins once the batch the previous version generates (step version - 1 +
-        async_level) has started, so every batch's policy version is fixed (see the class
-        docstring); steps beyond the run have nothing to wait for. A push that raises leaves
-        the clock where it was."""
+        async_level) has started, so every batch's policy version is fixed; steps beyond the
+        run have nothing to wait for. A push that raises leaves the clock where it was."""
         step = version - 1 + self.cfg.batch.async_level
         if step < self.cfg.max_steps:
             self._batches.wait_started(step, timeout_s)
@@ -333,9 +169,6 @@ class RolloutWorker:
         policy; later batches start from the saved policy either way."""
         last = first + self.cfg.batch.async_level - 1
         return self._batches.in_flight(first, last, timeout_s)
-
-    def ready_steps(self) -> list[int]:
-        return sorted(self._batches.ready)
 
     def evaluate(
         self, num_examples: int, rollouts_per_example: int, timeout_s: float | None = None

@@ -14,7 +14,6 @@ import logging
 import os
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,21 +55,6 @@ def distribution(prefix: str, values: Iterable[Any]) -> dict[str, float]:
         f"{prefix}/std": statistics.pstdev(finite),
         f"{prefix}/min": min(finite),
         f"{prefix}/max": max(finite),
-    }
-
-
-def metric_means(metric_dicts: Iterable[Any], prefix: str = "") -> dict[str, float]:
-    """Mean of every numeric rubric metric over the rollouts that report it, in the order of
-    first appearance, named `prefix/name` (just `name` without a prefix). Entries that are not
-    mappings, and values that are not finite numbers (see `finite_number`), are left out. The
-    trainer's `env/` means and the evaluation reports' metric columns both come from here."""
-    values: dict[str, list[float]] = defaultdict(list)
-    for metrics in metric_dicts:
-        for name, value in metrics.items() if isinstance(metrics, dict) else ():
-            if (number := finite_number(value)) is not None:
-                values[name].append(number)
-    return {
-        f"{prefix}/{name}" if prefix else name: statistics.fmean(v) for name, v in values.items()
     }
 
 

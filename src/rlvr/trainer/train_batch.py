@@ -7,10 +7,11 @@ from typing import Any
 
 from rlvr.batch import GroupResult, RolloutResult, Sample, StepBatch, TrainBatch
 from rlvr.config import Config
+from rlvr.finite import metric_means
 from rlvr.reasoning_vocab.hooks import PolicyHooks
 from rlvr.rollouts.curriculum import curriculum_metrics
 from rlvr.trainer.advantages import group_advantages, overlong_penalty
-from rlvr.trainer.metrics import distribution, mean, metric_means
+from rlvr.trainer.metrics import distribution, mean
 
 
 def build_train_batch(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import verifiers as vf
+from support import masked_runs
 from transformers import AutoTokenizer
 
 from rlvr.config import SFTDataConfig
@@ -28,7 +29,7 @@ from rlvr.data.demonstrations import (
 from rlvr.data.export import Requirement, parse_requirement
 from rlvr.data.sft_rows import assistant_mask, read_conversations, tokenize
 from rlvr.eval.vf_eval import ResultsError
-from rlvr.testing import ScriptedClient, masked_runs
+from rlvr.scripted import ScriptedClient
 
 TIC_TAC_TOE = {"cases": "tic_tac_toe", "num_tasks_per_case": 24}
 

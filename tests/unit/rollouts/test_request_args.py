@@ -16,7 +16,7 @@ from vf_deepscaler.sampling import fill_unset
 
 from rlvr.config import load_config
 from rlvr.rollouts.request_args import FALLBACK_MAX_TOKENS, build_sampling_args
-from rlvr.testing import ScriptedClient
+from rlvr.scripted import ScriptedClient
 
 ENV_ARGS = {
     "vf-deepscaler": lambda data: {"max_examples": 2},

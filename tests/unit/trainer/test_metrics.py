@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from rlvr.finite import finite_number
-from rlvr.trainer.metrics import distribution, metric_means, step_line
+from rlvr.finite import finite_number, metric_means
+from rlvr.trainer.metrics import distribution, step_line
 
 
 def test_a_step_line_shows_the_reward_the_environments_metrics_kl_and_time():

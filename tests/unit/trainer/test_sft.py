@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from support import masked_runs
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.config import ConfigError, SFTConfig, SFTDataConfig, load_config
@@ -30,7 +31,6 @@ from rlvr.data.sft_rows import (
     to_tools,
     tokenize,
 )
-from rlvr.testing import masked_runs
 from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.trainer.loss import normalised_loss
 from rlvr.trainer.micro_batches import collate, rank_micro_batches

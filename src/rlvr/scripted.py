@@ -1,11 +1,7 @@
-"""A scripted stand-in for a model server, for unit tests of environment logic (and
-`masked_runs`, what a loss mask covers).
-
-An environment's behaviour lives in its real loop (`env.rollout` / `env.generate`: turns, tools,
-stop conditions, the rubric), so tests and benchmarks should drive that loop rather than call its
-pieces by hand. A model server is slow to start and says random things; `ScriptedClient` is a
-verifiers `Client` whose replies come from a Python function of the prompt messages instead, so a
-test decides exactly what "the model" says and everything else runs as it does against vf-vllm.
+"""A scripted model client: `ScriptedClient` is a verifiers `Client` whose replies come from a
+Python function of the prompt messages (a `Policy`) instead of a server, so the environment's own
+loop (turns, tools, stop conditions, the rubric) runs as it does against vf-vllm. Tests and
+benchmarks drive environments with it, and `rlvr-demos` plays demonstrations with it.
 """
 
 from __future__ import annotations
@@ -16,26 +12,24 @@ from typing import Any
 import verifiers as vf
 from verifiers.clients import Client
 
+from rlvr.messages import message_field
+
 # What the scripted model says: plain assistant text, or the tool calls of its turn.
 Reply = str | list[vf.ToolCall]
 Policy = Callable[[list[vf.Message]], Reply]
 
 
-def _get(obj: Any, name: str) -> Any:
-    """Messages are pydantic objects at run time and dicts in saved results: read both."""
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-
-
 def render(message: Any) -> str:
     """A chat-template stand-in: each message rendered on its own, so a conversation renders as
     the concatenation of its messages (as with ChatML) and turns extend each other."""
-    content = _get(message, "content")
+    content = message_field(message, "content")
     if isinstance(content, list):
-        content = "".join(str(_get(part, "text") or "") for part in content)
+        content = "".join(str(message_field(part, "text") or "") for part in content)
     calls = "".join(
-        f"<call>{_get(c, 'name')}{_get(c, 'arguments')}" for c in _get(message, "tool_calls") or []
+        f"<call>{message_field(c, 'name')}{message_field(c, 'arguments')}"
+        for c in message_field(message, "tool_calls") or []
     )
-    return f"<|{_get(message, 'role')}|>{content or ''}{calls}<|end|>"
+    return f"<|{message_field(message, 'role')}|>{content or ''}{calls}<|end|>"
 
 
 def _char_ids(text: str) -> list[int]:
@@ -105,15 +99,3 @@ class ScriptedClient(Client):
 
     async def close(self) -> None:
         return None
-
-
-def masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
-    """The maximal stretches of consecutive loss tokens (mask 1) of a training sample, e.g. to
-    decode and check what SFT or GRPO trains on."""
-    runs: list[list[int]] = []
-    for i, (token, m) in enumerate(zip(ids, mask, strict=True)):
-        if m and i and mask[i - 1]:
-            runs[-1].append(token)
-        elif m:
-            runs.append([token])
-    return runs
