@@ -153,7 +153,8 @@ def test_adapter_sync_auto_falls_back_to_merged_for_an_unservable_adapter(tiny_s
     cfg = config(tiny_server, tmp_path / "run", "max_steps=1")  # lm_head is a LoRA target
     trainer = Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir)))
     history = trainer.run()
-    assert trainer.weights.pushes[0].backend == "shm" and trainer.weights.served_name(1) == tiny_server.model
+    assert trainer.weights.pushes[0].backend == "shm"
+    assert trainer.weights.served_name(1) == tiny_server.model
     assert history[0]["mismatch_kl"] < 1e-3
     explicit = config(tiny_server, tmp_path / "run2", "max_steps=1", "server.lora_sync=adapter")
     with pytest.raises(ConfigError, match="lora_sync=adapter: vLLM's LoRA layers do not cover"):
