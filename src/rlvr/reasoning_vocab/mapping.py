@@ -209,13 +209,9 @@ def decodes_reasoning(tokenizer: Any, vocab: ReasoningVocab) -> bool:
 
 
 def load_tokenizer(path: str | Path, **kwargs: Any) -> Any:
-    """The tokenizer of a model directory, as it is saved there.
-
-    A directory with a reasoning vocabulary loads its tokenizer.json through transformers'
-    generic `TokenizersBackend`: `AutoTokenizer` gives some model types their own tokenizer
-    class (Qwen2's, whatever the files say), and those rebuild the Rust tokenizer from the
-    vocabulary with their own decoder, dropping the one that folds reasoning ids. vf-vllm
-    loads it the same way (see `rlvr.reasoning_vocab.vllm`)."""
+    """The tokenizer of a model directory, as it is saved there: with a reasoning vocabulary
+    through the generic `TokenizersBackend`, since `AutoTokenizer` rebuilds some types' (Qwen2's)
+    with their own decoder, dropping the one that folds reasoning ids (vf-vllm does the same)."""
     from transformers import AutoTokenizer, TokenizersBackend
 
     if ReasoningVocab.load(path) is not None:
