@@ -198,7 +198,7 @@ def assistant_mask(
     where: str,
     tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask) of the whole conversation; see the module docstring."""
+    """(token ids, loss mask) of the whole conversation (docs/training.md#the-sft-loss-mask)."""
     if not getattr(tokenizer, "is_fast", False):
         raise DataError("SFT needs a fast tokenizer (token offsets locate assistant turns)")
     full = _render(tokenizer, messages, False, where, tools)

@@ -75,7 +75,7 @@ def load_gate(vllm_config: VllmConfig) -> ThinkGate:
 
 
 class ReasoningVocabLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
-    """Reasoning ids only inside think spans (see the module docstring for the two runners)."""
+    """Reasoning ids only inside think spans (docs/reasoning-vocabulary.md#serving-in-vllm)."""
 
     def __init__(self, vllm_config: VllmConfig, *runner_args: Any):
         if vllm_config.speculative_config is not None:
