@@ -1,11 +1,8 @@
-"""Writing files and directories so that readers never see half of one.
-
-A model conversion, checkpoint or merged adapter interrupted mid-write must not leave a
-directory that later runs would trust: everything is written beside the target under a hidden
-temporary name and renamed into place only once complete. Complete means on disk: the files
-and the directory are fsynced before the rename and the parent directory after it, because
-without that a power loss or kernel crash can keep the rename but lose the data it points to
-(an empty `trainer_state.json` under a checkpoint that looks valid).
+"""Writing files and directories so that readers never see half of one: everything is written
+beside the target under a hidden temporary name and renamed into place once complete, with the
+files and directory fsynced before the rename and the parent after it (otherwise a power loss
+can keep the rename but lose the data: an empty `trainer_state.json` in a valid-looking
+checkpoint).
 """
 
 from __future__ import annotations
@@ -48,12 +45,9 @@ def publish_directory(tmp: str | Path, target: str | Path) -> None:
 
 @contextmanager
 def atomic_directory(target: str | Path, replace: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary directory; on success it becomes `target` (durably, see
-    `publish_directory`).
-
-    With `replace`, an existing `target` is removed first; otherwise the rename fails if it
-    exists (two writers must not silently overwrite each other).
-    """
+    """Yield an empty temporary directory that becomes `target` on success (durably). With
+    `replace` an existing `target` is removed first; otherwise the rename fails if it exists
+    (two writers must not silently overwrite each other)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))

@@ -1,15 +1,10 @@
-"""The nouns of one training step, in the order its data flows.
-
+"""The nouns of one training step, in data-flow order, on the ground floor for every floor to share:
     RolloutResult   one finished, scored rollout and its token samples (rlvr.rollouts)
     GroupResult     the rollouts of one prompt, and how many errored      (rlvr.rollouts)
     StepBatch       every group of one step, as the rollout worker hands it over
     TrainBatch      the samples a step trains on, advantages set, and its rollout metrics
     Sample / Row    one token sequence exactly as vLLM saw it; samples laid end to end
     MicroBatch      rows as tensors, ready for a forward pass                (rlvr.trainer)
-
-They live on the ground floor so that rollouts, data, the reasoning vocabulary and the trainer
-all read the same types without importing each other. How samples are cut into micro-batches is
-`rlvr.trainer.micro_batches`; how a rollout becomes samples is `rlvr.rollouts.to_samples`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """What counts as a number to average or train on: a finite real, never a bool, NaN or string.
-
-Rewards and metrics come from environments and saved files, where a ratio of two zero counts
-gives NaN and a missing value None; one such value in a mean, a group baseline or a loss
-poisons everything after it. The trainer, the evaluation reports and the plots all read values
-through this one rule, and average rubric metrics with `metric_means` (it sits on the ground floor
-so that each can import it).
+One NaN or None in a mean, a group baseline or a loss poisons everything after it, so the
+trainer, the reports and the plots all read values through this one rule and average rubric
+metrics with `metric_means`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from toy_env import target_share_env
 
 from rlvr.config import ConfigError, LoraConfig
 from rlvr.trainer.grpo import Trainer
+from rlvr.weight_sync.adapter import AdapterPush
 
 integration = pytest.mark.integration
 IDS = list(range(3, 60, 3))
@@ -138,7 +139,7 @@ def test_adapter_sync_grpo_raises_reward(smollm2_server, tmp_path):
     )
     trainer = Trainer(cfg, env=target_share_env(capitalised))
     history = trainer.run()
-    assert trainer.connection.way == "adapter"
+    assert all(isinstance(push, AdapterPush) for push in trainer.weights.pushes)
     rewards = [h["reward/mean"] for h in history]
     print(f"capitalised-token share per step (adapter sync): {[round(r, 3) for r in rewards]}")
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
@@ -152,7 +153,8 @@ def test_adapter_sync_auto_falls_back_to_merged_for_an_unservable_adapter(tiny_s
     cfg = config(tiny_server, tmp_path / "run", "max_steps=1")  # lm_head is a LoRA target
     trainer = Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir)))
     history = trainer.run()
-    assert trainer.connection.way == "shm" and trainer.weights.served_name(1) == tiny_server.model
+    assert trainer.weights.pushes[0].backend == "shm"
+    assert trainer.weights.served_name(1) == tiny_server.model
     assert history[0]["mismatch_kl"] < 1e-3
     explicit = config(tiny_server, tmp_path / "run2", "max_steps=1", "server.lora_sync=adapter")
     with pytest.raises(ConfigError, match="lora_sync=adapter: vLLM's LoRA layers do not cover"):

@@ -1,14 +1,8 @@
-"""Small-number arithmetic through vf-deepscaler: the task where the embedded SmolLM2-135M scores
-low but not zero, so GRPO has a signal on a laptop CPU (`make demo`, bench/learning.py).
-
-- `arithmetic_splits`: every `a + b` and `a - b` with small operands, as vf-deepscaler rows
-  (`problem`, `answer`), split into training and held-out problems that share none.
-- `write_jsonl`: rows to a file, atomically.
-- `solver`: a scripted policy for `rlvr-demos --policy rlvr.data.arithmetic:solver`: it reads
-  the question and answers `7 + 5 = \\boxed{12}`, the demonstrations of an SFT warm start.
-
-`python -m rlvr.data.arithmetic DIR [--held-out 40]` writes DIR/train.jsonl and
-DIR/heldout.jsonl, the splits `make demo` uses.
+"""Small-number arithmetic through vf-deepscaler, where the embedded SmolLM2-135M scores low but
+not zero (`make demo`, bench/learning.py): `arithmetic_splits` (train and held-out `a + b`,
+`a - b` rows sharing no problem), `write_jsonl`, and `solver`, a scripted policy for
+`rlvr-demos` (`7 + 5 = \\boxed{12}`). `python -m rlvr.data.arithmetic DIR [--held-out 40]`
+writes DIR/train.jsonl and DIR/heldout.jsonl.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
-"""Demonstrations from any environment: play its rows with a given policy, keep the rollouts that
-pass a filter, and write them as SFT chat rows (`rlvr-demos`, scripts/demonstrations.py).
-
-A model that never produces a well-formed answer (SmolLM2-135M on a game: not one `<move>` in
-120 replies) gives GRPO nothing to learn from; the usual warm start is SFT on demonstrations,
-then GRPO. The demonstrations come from the environment's own rollout loop (`env.generate`:
-its system prompt, tools, turns, opponent moves and rubric), so they look exactly like what the
-model will later see, and they are scored by the same rubric that filters them.
-
-Two kinds of policy play:
-
-- a Python callable, `module:function`: a *policy factory* taking one int, the seed, and
-  returning a policy, a function of the prompt messages (a list of chat messages, the
-  conversation so far) to the reply: the assistant's text, or a list of `vf.ToolCall` for a
-  tool-calling turn. It is driven through `rlvr.scripted.ScriptedClient`, no server involved.
-  `vf_openspiel.scripted:random_mover` is one (`random_mover(seed)(messages) -> str`).
-  `--policy-args` (a JSON object) goes to the factory as keyword arguments:
-  `vf_musique.scripted:hop_searcher` takes the MuSiQue files it looks its rows up in.
-- any OpenAI-compatible model (`--model NAME`, at `--base-url URL`, or served here by vf-vllm).
-
-Rollouts are kept when they ran without error, reached `--min-reward` and meet every
-`--require METRIC<op>VALUE` (the rubric's metrics, e.g. `legal_rate>=1`), and are written by
-`rlvr.data.export.export_rollouts`, the same path as `eval_report.py --export-sft`. In a row the
-environment's messages (its system prompt, the user turns, tool results, an opponent's moves)
-are context; SFT puts the loss on the assistant turns only.
+"""Demonstrations from any environment (`rlvr-demos`, scripts/demonstrations.py): play its rows
+through its own rollout loop with a policy (a Python policy factory `module:function`, or an
+OpenAI-compatible model), keep the rollouts that ran without error, reached `--min-reward` and
+meet every `--require`, and write them as SFT chat rows through `rlvr.data.export`.
+Design: docs/training.md#demonstrations-for-a-warm-start.
 """
 
 from __future__ import annotations
@@ -234,13 +214,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         python scripts/demonstrations.py --env vf-deepscaler --model smollm2-135m -r 8 \\
             --base-url http://127.0.0.1:8000/v1 --require correct>=1 --out demos.parquet
 
-    --policy names a policy factory: `factory(seed)` returns a function of the prompt messages
-    (the conversation so far) to the reply text (or a list of verifiers ToolCalls), played
-    through the environment's own rollout loop without a server. --model plays a served model
-    instead. Rows keep the environment's system prompt and tools; SFT (scripts/sft.py, data.format
-    messages) puts the loss on the assistant turns only.
-
-    Installed as `rlvr-demos`; `python scripts/demonstrations.py` runs the same.
+    Installed as `rlvr-demos`; the options: docs/training.md#demonstrations-for-a-warm-start.
     """
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

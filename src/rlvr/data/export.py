@@ -1,10 +1,6 @@
-"""Rejection-sampled chat data: rollouts that reached a reward bar (and any metric conditions),
-written as chat rows that SFT (`rlvr.data.sft_rows`) reads back.
-
-Two callers share one path, `export_rollouts`: `eval_report.py --export-sft` exports the rollouts
-of saved vf-eval runs (`export_chat_jsonl`), and `rlvr-demos` (rlvr.data.demonstrations) the
-rollouts it has just played. Both hand over rollouts in vf-eval's saved form (a results.jsonl
-line), so a demonstration and an exported evaluation are the same kind of row.
+"""Rejection-sampled chat data: rollouts (in vf-eval's saved form) that reached a reward bar and
+any metric conditions, written as chat rows that SFT (`rlvr.data.sft_rows`) reads back.
+`export_rollouts` serves both `eval_report.py --export-sft` and `rlvr-demos`.
 """
 
 from __future__ import annotations
@@ -77,15 +73,9 @@ def export_rollouts(
     min_reward: float,
     require: Sequence[Requirement] = (),
 ) -> tuple[int, int]:
-    """Write every (where, saved rollout) that `keeps` as one chat example per row, atomically,
-    to `path` (.jsonl, or .parquet), and return (kept, total rollouts). `where` names the
-    rollout in error messages (e.g. `results.jsonl:12`).
-
-    A row is `{"messages": prompt + completion}` with the messages exactly as vf-eval saves them
-    (the environment's system prompt, tool calls, which it saves as JSON strings, tool and user
-    turns included), plus `"tools"`, the environment's tool definitions as saved, when the
-    rollout had tools: a chat template needs them to render tool calls.
-    """
+    """Write every (where, saved rollout) that `keeps` as one chat row (`{"messages": prompt +
+    completion}` as vf-eval saved them, plus `"tools"` when it had tools) atomically to `path`
+    (.jsonl or .parquet); return (kept, total). `where` names the rollout in errors."""
     examples = [
         chat_example(row, where)
         for where, row in rollouts

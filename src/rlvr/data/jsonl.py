@@ -17,12 +17,9 @@ from typing import Any
 def iter_jsonl(
     path: str | Path, error: type[Exception] = ValueError, *, unfinished_last_line: bool = False
 ) -> Iterator[tuple[int, Any]]:
-    """(line number, value) for every non-blank line of `path`, numbered from 1.
-
-    A line that is not valid JSON raises `error` naming the file and line, a cut-off last line
-    included, unless `unfinished_last_line`: then a last line without a newline (a file still
-    being written) is left out.
-    """
+    """(line number from 1, value) for every non-blank line of `path`; invalid JSON raises
+    `error` naming file and line, except a last line without a newline (a file still being
+    written) when `unfinished_last_line`."""
     with Path(path).open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if unfinished_last_line and not line.endswith("\n"):

@@ -1,21 +1,8 @@
 """SFT data: rows of .jsonl/.json/.parquet files -> conversations -> token samples whose loss
-mask covers exactly what the model says.
-
-Two passes, so that bad data fails before a model is loaded: `read_conversations` checks every
-row (its columns, its messages, that it has an assistant turn) and names the file and the
-1-based row of the first problem; `tokenize` then renders each conversation with the
-tokenizer's chat template and masks it.
-
-The mask. Assistant turn i of a conversation spans the text between the rendering of
-messages[:i] with the generation prompt (e.g. `...<|im_start|>assistant\\n`) and the rendering
-of messages[:i+1]. Tokens starting inside a span get loss, up to and including the span's
-last end-of-sequence token (`<|im_end|>` for ChatML): the model must learn to stop, and that
-token is what ends its turn at inference. Text the template adds after it (ChatML's newline)
-is never generated (sampling stops at EOS), so it gets none; neither does anything from
-system, user or tool messages, nor the generation prompt, which inference supplies. (With a
-template whose turns end in a token other than the tokenizer's EOS, the whole span gets loss.)
-This needs a template that renders conversations incrementally (each prefix's rendering is a
-prefix of the whole); templates that rewrite earlier turns are reported, not guessed around.
+mask covers exactly what the model says. `read_conversations` checks every row first (naming
+file and 1-based row), so bad data fails before a model loads; `tokenize` renders with the chat
+template and masks. Templates that rewrite earlier turns are reported, not guessed around.
+Design: docs/training.md#the-sft-loss-mask.
 """
 
 from __future__ import annotations
@@ -148,11 +135,9 @@ def to_messages(row: dict[str, Any], cfg: SFTDataConfig, where: str) -> list[dic
 
 
 def to_tools(value: Any, where: str) -> list[dict[str, Any]] | None:
-    """The row's tool definitions in OpenAI's `{"type": "function", "function": ...}` form,
-    which is what a chat template sees at inference. Accepts that form, verifiers' saved
-    `{name, description, parameters}` (vf-eval's `tool_defs`, kept by `eval_report.py
-    --export-sft`) and either as JSON strings. A model trained without the tool block it is
-    later prompted with learns the wrong context."""
+    """The row's tool definitions in OpenAI's `{"type": "function", ...}` form, what a chat
+    template sees at inference, from that form, verifiers' saved `{name, description,
+    parameters}` or either as JSON strings."""
     if value is None or (isinstance(value, list) and not value):
         return None
     if not isinstance(value, list):
@@ -213,7 +198,7 @@ def assistant_mask(
     where: str,
     tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask) of the whole conversation; see the module docstring."""
+    """(token ids, loss mask) of the whole conversation (docs/training.md#the-sft-loss-mask)."""
     if not getattr(tokenizer, "is_fast", False):
         raise DataError("SFT needs a fast tokenizer (token offsets locate assistant turns)")
     full = _render(tokenizer, messages, False, where, tools)

@@ -1,14 +1,7 @@
-"""Figures of training runs and evaluations, as PNG files.
-
-One module draws every figure the project makes (run curves, evaluation sweeps, model cards,
-benchmarks) so they read the same way: axes labelled with their units, a legend wherever there
-is more than one series, and 95% confidence intervals drawn as error bars wherever an estimate
-has one. Figures are built with matplotlib's object API (no pyplot), so plotting never touches a
-display or the global backend of a caller's notebook; each PNG is written atomically and its
-path returned.
-
-The functions take plain data (metric records, `rlvr.eval.stats.Estimate`s, pass@k dicts), not
-report objects, so any producer of numbers can draw with them.
+"""Figures of training runs and evaluations, as PNG files, drawn alike: axes with units, a
+legend for several series, 95% CIs as error bars. matplotlib's object API only (no pyplot: no
+display, no caller's backend touched); each PNG is written atomically and its path returned.
+The functions take plain data (metric records, `Estimate`s, pass@k dicts), not report objects.
 """
 
 from __future__ import annotations
@@ -72,11 +65,8 @@ def metric_label(key: str) -> str:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a run's `metrics.jsonl` (one JSON object per line, each with `step`).
-
-    A run that is still going may be writing its last line: a final line without a newline is
-    left out. Any other malformed line raises ValueError naming the file and line.
-    """
+    """The records of a run's `metrics.jsonl`; a last line without a newline (a run still
+    writing) is left out, any other malformed line raises ValueError naming file and line."""
     records = []
     for number, record in iter_jsonl(path, ValueError, unfinished_last_line=True):
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
@@ -156,15 +146,9 @@ def plot_run_curves(
     title: str | None = None,
     skip_all_zero: bool = True,
 ) -> Path:
-    """One panel per metric of a training run against the optimizer step.
-
-    `metrics` is a `metrics.jsonl` path or its records (`read_metrics`). Keys the run did not
-    log are skipped; with `skip_all_zero`, so are keys that are 0 at every step (the GRPO
-    trainer logs `loss/kl_ref` = 0 when it runs without a reference model). The reward panel
-    shades ±1 std across rollouts (within the logged min and max) when `reward/std` was logged
-    and marks `eval/reward`; the SFT loss panel adds `val/loss`. Positive series spanning three
-    orders of magnitude or more get a log axis. Raises ValueError when none of `keys` has data.
-    """
+    """One panel per metric of a training run (a `metrics.jsonl` path or its records) against
+    the step; keys not logged (with `skip_all_zero`, all-zero ones such as `loss/kl_ref`
+    without a reference model) are skipped. Raises ValueError when none of `keys` has data."""
     records = read_metrics(metrics) if isinstance(metrics, str | Path) else list(metrics)
     panels = [
         (key, *metric_series(records, key)) for key in run_curve_keys(records, keys, skip_all_zero)
@@ -225,14 +209,8 @@ def plot_estimate_bars(
     title: str | None = None,
     ci_label: str = f"{LEVEL:.0%} CI",
 ) -> Path:
-    """Grouped bars of means with their 95% CI as error bars: one group per entry of `groups`
-    (e.g. environment settings), one bar per series (e.g. models) within each group.
-
-    `series[name][i]` is that series' estimate for `groups[i]`; None leaves the bar out (a cell
-    that was not run). An estimate without a CI (fewer than 2 examples) gets a bar without an
-    error bar and "no CI" under its value. Each bar is labelled with its mean; `ci_label`
-    names the error bars in the legend (say how the CI was computed).
-    """
+    """Grouped bars of means with 95% CI error bars: a group per `groups[i]`, a bar per series
+    (`series[name][i]`; None: not run). `ci_label` names the error bars in the legend."""
     for name, estimates in series.items():
         if len(estimates) != len(groups):
             raise ValueError(
@@ -361,11 +339,7 @@ def main() -> None:
 
         python scripts/plot_run.py outputs/run [--keys reward/mean,mismatch_kl] [--out curves.png]
 
-    RUN is the run's output_dir (or its metrics.jsonl). Default keys: reward/mean (with ±1 std and
-    eval/reward), loss/kl_ref, mismatch_kl, time/step; metrics the run did not log are skipped.
-    The PNG goes to RUN/curves.png unless --out says otherwise.
-
-    Installed as `rlvr-plot-run`; `python scripts/plot_run.py` runs the same.
+    Installed as `rlvr-plot-run`; the PNG goes to RUN/curves.png unless --out says otherwise.
     """
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="run directory or metrics.jsonl")

@@ -1,9 +1,6 @@
-"""Predictions: a model answers rows of an environment's dataset, or a file of prompts.
-
-A quick look at what a trained model does: each row goes through the environment's own rollout
-(tools, turns and all) against vf-vllm and is scored by its rubric, so a prediction shows the
-reward the model would get in evaluation. A file of prompts has no environment to score it; its
-rows are plain single-turn chats and their lines carry no reward.
+"""Predictions: a model answers rows of an environment's dataset (through its own rollout and
+rubric, so each line carries the reward evaluation would give), or a file of prompts (plain
+single-turn chats, no reward). Design: docs/evaluation.md#predictions.
 """
 
 from __future__ import annotations
@@ -261,13 +258,7 @@ def main() -> None:
             --env-args '{"data_files": "data.jsonl"}' -n 16 --batch-size 8 --out predictions.jsonl
         python scripts/predict.py --model smollm2-135m --prompts prompts.jsonl --out answers.jsonl
 
-    The model (embedded short name, directory, hub id or adapter directory) is served by a vf-vllm
-    this script starts and stops, or by the server at --base-url. Each output line holds the
-    example id, prompt, completion (messages), `text` (the last assistant message), the error if
-    any, and for environment rows the answer, reward and rubric metrics; prompt-file lines echo
-    their input line as `input`.
-
-    Installed as `rlvr-predict`; `python scripts/predict.py` runs the same.
+    Installed as `rlvr-predict`; the output lines: docs/evaluation.md#predictions.
     """
     args = parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -1,15 +1,8 @@
-"""Evaluation reports: one honest summary of `vf-eval -s` runs, side by side.
-
-Researchers evaluate a base model and a trained checkpoint with `vf-eval ... -s -o DIR` and want to
-know whether training helped and by how much. This reads those directories and reports, per run,
-the mean reward with a confidence interval clustered by example, pass@k, every rubric metric,
-the shares of errored and truncated rollouts and completion lengths; for every run after the
-first, the paired per-example difference in mean reward against the first. It also exports the
-rollouts above a reward bar as chat JSONL (rlvr.data.export): rejection-sampled data for a
-supervised warm-up.
-
-Errored rollouts stay in every number (vf-eval scores them, usually 0): dropping them would make
-a model that crashes its tools look better than one that does not.
+"""Evaluation reports: one summary of `vf-eval -s` runs, side by side: per run the mean reward
+with a CI clustered by example, pass@k, every rubric metric, errored and truncated shares and
+lengths; for each later run the paired per-example difference against the first. Errored
+rollouts stay in every number (dropping them flatters a model that crashes its tools).
+Design: docs/evaluation.md#evaluation-reports.
 """
 
 from __future__ import annotations
@@ -37,11 +30,8 @@ from rlvr.pass_at_k import mean_pass_at_k, succeeded
 
 @dataclass(frozen=True)
 class RunSummary:
-    """Everything the report says about one run (the JSON report holds these fields).
-
-    `rollouts_per_example` is None when examples have different counts (an interrupted run);
-    `errored`, `truncated` and `completion_tokens` are None when vf-eval saved no such field.
-    """
+    """Everything the report says about one run (the JSON report's fields); None where the
+    counts differ per example (`rollouts_per_example`) or vf-eval saved no such field."""
 
     name: str
     results: str
@@ -169,13 +159,9 @@ def _mean_output_tokens(rows: list[dict[str, Any]]) -> float | None:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A run against the baseline (the first run), paired by example id.
-
-    `difference` is the mean over the `paired_examples` present in both runs of (this run's mean
-    reward on the example - the baseline's), with a 95% t CI over examples. `prompts_differ`
-    counts paired examples whose first rollouts' prompts differ: a sign that the runs did not
-    evaluate the same examples (different env args or dataset).
-    """
+    """A run against the baseline (the first run), paired by example id: `difference` is the
+    mean per-example reward difference with a 95% t CI; `prompts_differ` counts paired examples
+    whose prompts differ (the runs did not evaluate the same examples)."""
 
     name: str
     baseline: str
@@ -411,11 +397,8 @@ def main() -> None:
         python scripts/eval_report.py RUN_DIR [RUN_DIR ...] [--names base,trained] [--threshold 1.0]
             [--out report.md] [--json report.json] [--export-sft data.jsonl --min-reward 1.0]
 
-    A RUN_DIR is the directory `vf-eval ENV ... -s -o RUN_DIR` saved into. The first run is the
-    baseline that later runs are compared with, example by example. The Markdown report goes to
-    stdout (and --out); --json writes the same numbers.
-
-    Installed as `rlvr-eval-report`; `python scripts/eval_report.py` runs the same.
+    Installed as `rlvr-eval-report`; the first RUN_DIR is the baseline. Usage:
+    docs/evaluation.md#evaluation-reports.
     """
     args = parse_args()
     try:

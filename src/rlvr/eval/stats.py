@@ -1,11 +1,6 @@
 """Estimates with honest uncertainty for evaluation results: means with confidence intervals whose
-independent unit is the example (pass@k is `rlvr.pass_at_k`).
-
-An evaluation draws a few rollouts of each of a few examples. The rollouts of one example share
-its difficulty, so they are correlated: treating them as independent samples makes intervals too
-narrow (with many rollouts per example, far too narrow). Here the example is the unit of
-independence throughout, and intervals use Student's t because evaluations often have only a
-handful of examples, where the normal approximation is optimistic too. `percentile` serves the
+independent unit is the example (rollouts of one example share its difficulty), with Student's t
+(evaluations often have few examples). pass@k is `rlvr.pass_at_k`; `percentile` serves the
 benchmarks' latency summaries.
 """
 
@@ -34,15 +29,9 @@ class Estimate:
 
 
 def clustered_mean(clusters: Sequence[Sequence[float]]) -> Estimate:
-    """The mean over all values with a 95% CI clustered by example: `clusters[i]` holds the
-    values (rewards of the rollouts) of example i.
-
-    The rollouts of one example are not independent, so the standard error is the
-    cluster-robust one (CR1): the squared sums of residuals per example, scaled by G/(G-1) for G
-    examples, with t quantiles on G-1 degrees of freedom. With equally many rollouts per example
-    it equals the standard error of the per-example means; with one value per cluster, the usual
-    standard error of a mean.
-    """
+    """The mean over all values with a 95% CI clustered by example (`clusters[i]`: example
+    i's rollout rewards): the cluster-robust (CR1) standard error, t on G-1 degrees of freedom.
+    It equals the standard error of per-example means when every example has equal counts."""
     clusters = [list(c) for c in clusters if len(c)]
     if not clusters:
         raise ValueError("no values to estimate a mean from")

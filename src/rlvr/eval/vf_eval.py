@@ -1,9 +1,6 @@
-"""Run `vf-eval` on an environment and read back the rollouts it saved.
-
-Integration tests and the demo evaluate environments the way users do, with the installed
-`vf-eval` command against a served model, rather than by calling verifiers' internals; this is the
-one place that builds that command line, runs it and parses its results (which evaluation
-reports read too).
+"""Run `vf-eval` on an environment and read back the rollouts it saved: the one place that builds
+its command line, runs it and parses its results, so tests, the demo and evaluation reports
+evaluate the way users do.
 """
 
 from __future__ import annotations
@@ -39,12 +36,9 @@ def find_results(output_dir: Path) -> list[Path]:
 
 
 def iter_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, rollout) for every non-blank line of a results.jsonl.
-
-    A line that is not a JSON object raises ResultsError naming the file and line, a cut-off last
-    line included: verifiers skips that one silently, but a report over an interrupted run must
-    say so rather than quietly count fewer rollouts.
-    """
+    """(line number, rollout) for every non-blank line of a results.jsonl; a line that is not
+    a JSON object raises ResultsError, a cut-off last line included (verifiers skips it
+    silently; a report over an interrupted run must say so)."""
     for number, row in iter_jsonl(path, ResultsError):
         if not isinstance(row, dict):
             raise ResultsError(f"{path}:{number}: a rollout must be a JSON object")
@@ -76,13 +70,9 @@ def run_vf_eval(
     """Evaluate `env_id` on `model` served at `base_url`, saving results under `output_dir`
     (`-s`, plain logging with `-d`), and return the saved rollouts (one dict per row of every
     results.jsonl found there). `state_columns` are extra state fields saved with each rollout;
-    `sampling_args` go to the model as vf-eval's `-S` (e.g. a seed, or vLLM's `extra_body`).
-    `num_examples` / `rollouts_per_example` of None leave out `-n` / `-r`, so vf-eval takes the
-    environment's own defaults (its `[tool.verifiers.eval]` table).
-
-    Raises RuntimeError, with the tails of vf-eval's stdout and stderr, if vf-eval exits non-zero
-    or saves no results; ResultsError if a saved line is malformed; subprocess.TimeoutExpired
-    after `timeout` seconds (None: no limit).
+    `sampling_args` go as vf-eval's `-S`; `num_examples` / `rollouts_per_example` of None
+    take the environment's defaults. Raises RuntimeError (with vf-eval's output tails) on a
+    failed run or no results, ResultsError on a malformed line, TimeoutExpired after `timeout`.
     """
     cmd = [str(VF_EVAL), env_id, "-m", model, "-b", base_url, "-k", API_KEY_VAR]
     if num_examples is not None:
@@ -177,11 +167,8 @@ class Run:
 
 
 def load_run(run_dir: str | Path, name: str) -> Run:
-    """Read the one vf-eval run saved below `run_dir` (its `-o` directory or any folder inside).
-
-    Raises ResultsError when there is no run, more than one (which one was meant is not ours to
-    guess), a malformed line, or a rollout without a numeric reward or integer example id.
-    """
+    """Read the one vf-eval run saved below `run_dir`; ResultsError when there is none, more
+    than one, a malformed line, or a rollout without a numeric reward or integer example id."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ResultsError(f"{run_dir}: no such directory")

@@ -43,16 +43,11 @@ def expand_checkpoint(
 
 def main() -> None:
     """Write a model with a reasoning vocabulary: N extra token ids, each a copy of an ordinary
-    token (embedding and lm_head rows copied), usable only inside think spans. vf-vllm serves the
-    result with its think gate and folding tokenizer; train it with `model.name` set to it.
+    token (embedding and lm_head rows copied), usable only inside think spans.
 
         python scripts/expand_vocab.py smollm2-135m outputs/models/smollm2-135m-rv4096 --size 4096
-        python scripts/expand_vocab.py Qwen/Qwen3-1.7B outputs/models/qwen3-1.7b-rv --size -1 \
-            --dtype bfloat16
 
-    --size -1 copies every non-special token; --start/--end set the think delimiters.
-
-    Installed as `rlvr-expand-vocab`; `python scripts/expand_vocab.py` runs the same.
+    Installed as `rlvr-expand-vocab`; serving and training it: docs/reasoning-vocabulary.md.
     """
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("model", help="short name, directory or hub id")

@@ -1,27 +1,9 @@
-"""Where a reasoning vocabulary may be used: the think-span rule and the logits it shapes.
-
-One rule serves the sampler (vf-vllm's logits processor) and the trainer (the log-probabilities
-of the loss, and SFT's likelihood), so the importance ratio compares like with like:
-
-* **Inside a think span.** The next token is inside when, in the text of every token so far
-  (prompt included, reasoning ids read as their originals), the last delimiter is the start
-  delimiter (`<think>`), not the end one (`</think>`). Matching text rather than fixed id
-  sequences finds the delimiters however the model spelled them in tokens, reasoning copies
-  included, exactly as an environment's parser reads them. Each token's text is its own decoded
-  piece; that is exact for byte-level BPE tokenizers (Qwen, Llama 3, SmolLM2), whose pieces
-  concatenate to the decoded text. A prompt that leaves a span open (a template that puts
-  `<think>` in the generation prompt) lets the completion think from its first token.
-* **Outside**, reasoning ids get -inf: the model answers in its ordinary vocabulary, and the
-  end-of-turn and tool-call tokens, which have no copies, stay what they were.
-* **Inside**, a copied token and its reasoning copy each get log(1/2) added to their
-  temperature-scaled logits. The expanded model's two rows are equal before training, so the
-  pair then holds exactly the original token's probability and every uncopied token (EOS,
-  `</think>` when it is one special token) keeps its own, at any temperature: expansion alone
-  changes no distribution over text. Training moves the two logits apart from there.
-
-`fold` mode (SFT) turns the same gated logits into the distribution over *text* tokens: each
-pair's probability is summed onto the original id, so a transcript's likelihood counts both
-spellings of a thinking token (the data cannot say which one was meant).
+"""Where a reasoning vocabulary may be used: the think-span rule and the logits it shapes, one
+rule for the sampler (vf-vllm's logits processor) and the trainer, so the importance ratio
+compares like with like. Outside a think span reasoning ids get -inf; inside, a copied token and
+its copy each get log(1/2), so expansion alone changes no distribution over text. `fold` mode
+(SFT) sums each pair's probability onto the original id.
+Design: docs/reasoning-vocabulary.md#the-gate-in-sampling-and-in-the-loss-alike.
 """
 
 from __future__ import annotations

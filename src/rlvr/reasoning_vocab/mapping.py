@@ -1,28 +1,10 @@
 """A reasoning vocabulary: N extra token ids, id V + j a copy of an ordinary token, so what the
-model writes while thinking can drift away from what it writes in its answer.
-
-* **Which tokens are copied.** The first N ids (or all, with N = -1) of the tokenizer's own
-  vocabulary that are not special or added tokens, in id order: EOS, chat-turn and tool-call
-  markers (and `<think>` where it is one added token) are never copied, so a copy can never end
-  a turn or open a tool call. For byte-level BPE the low ids are the bytes and the earliest
-  merges, so "the first N" are roughly the N most frequent pieces.
-* **V** is the model's embedding size (Qwen's 151936, not its tokenizer's 151665); reasoning
-  ids start there, so no id of the original model changes meaning.
-* **Expansion happens after the pretrained weights load** (`expand_model`): the input
-  embedding and the output head (tied or not, bias included) grow by N rows copied from the
-  originals, every original row untouched.
-* **The mapping travels with the model** as `reasoning_vocab.json` beside the weights
-  (`ReasoningVocab.save/load`): full models, adapters and merged models all carry it, and
-  loading a directory that has one restores it.
-* **Text.** The expanded tokenizer decodes reasoning id V + j as token `original_ids[j]`: its
-  `tokenizer.json` holds one more vocabulary entry per copy (the original's string behind a
-  private-use marker character that no input text can produce) and a decoder step that drops
-  the marker. vLLM's detokenizer (the Rust tokenizer), its stop strings, tool-call and
-  reasoning parsers, environments, rewards and `vf-eval` therefore all see the folded text
-  with no client-side step. Needs a tokenizer with a `tokenizer.json` whose model keeps its
-  vocabulary as a mapping (BPE, WordLevel).
-
-Where reasoning ids may be used (inside think spans only) is `rlvr.reasoning_vocab.gate`'s business.
+model writes while thinking can drift away from what it writes in its answer. Copies the first
+N non-special ids; V is the embedding size; expansion (`expand_model`) grows the embedding and
+head by copied rows after the weights load, every original row untouched; the mapping travels
+as `reasoning_vocab.json`; the expanded tokenizer decodes a copy as its original.
+Where reasoning ids may be used is `rlvr.reasoning_vocab.gate`'s business.
+Design: docs/reasoning-vocabulary.md#what-is-copied.
 """
 
 from __future__ import annotations
@@ -227,13 +209,9 @@ def decodes_reasoning(tokenizer: Any, vocab: ReasoningVocab) -> bool:
 
 
 def load_tokenizer(path: str | Path, **kwargs: Any) -> Any:
-    """The tokenizer of a model directory, as it is saved there.
-
-    A directory with a reasoning vocabulary loads its tokenizer.json through transformers'
-    generic `TokenizersBackend`: `AutoTokenizer` gives some model types their own tokenizer
-    class (Qwen2's, whatever the files say), and those rebuild the Rust tokenizer from the
-    vocabulary with their own decoder, dropping the one that folds reasoning ids. vf-vllm
-    loads it the same way (see `rlvr.reasoning_vocab.vllm`)."""
+    """The tokenizer of a model directory, as it is saved there: with a reasoning vocabulary
+    through the generic `TokenizersBackend`, since `AutoTokenizer` rebuilds some types' (Qwen2's)
+    with their own decoder, dropping the one that folds reasoning ids (vf-vllm does the same)."""
     from transformers import AutoTokenizer, TokenizersBackend
 
     if ReasoningVocab.load(path) is not None:

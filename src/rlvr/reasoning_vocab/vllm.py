@@ -1,30 +1,9 @@
-"""Serving a model with a reasoning vocabulary (`rlvr.reasoning_vocab.mapping`) in vLLM 0.32.
-
-Two parts, both switched on by vf-vllm when the model directory holds `reasoning_vocab.json`:
-
-* `ReasoningVocabLogitsProcessor` (`--logits-processors
-  rlvr.reasoning_vocab.vllm:ReasoningVocabLogitsProcessor`) applies `rlvr.reasoning_vocab.gate`'s
-  rule to every request: reasoning ids only inside think spans, the copied pair's mass split
-  inside. vLLM 0.32 has two model runners with two processor interfaces, and each loader
-  rejects the other's classes: the V2 runner (CUDA with Triton) takes
-  `vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor` (`__init__(vllm_config,
-  req_states)`, `add_request`, `apply(logits, ctx)`); the V1 runner, which is what runs on the
-  CPU build (its Triton has no CPU backend, so vLLM falls back to V1), takes
-  `vllm.v1.sample.logits_processor.LogitsProcessor` (`__init__(vllm_config, device,
-  pin_memory)`, `update_state`, `apply(logits)`). The class implements both, so one flag works
-  wherever the server runs. Both runners call it before the temperature, on float32 logits,
-  so it scales the in-span split by each request's temperature (the trainer applies the same
-  rule to logits already divided by it). The V2 path
-  reads each request's new tokens to the host every step (a sync the V2 runner otherwise
-  avoids); speculative decoding is refused.
-* `ReasoningVocabTokenizer`, registered through vLLM's `TokenizerRegistry` by our plugin
-  (`rlvr.server.plugin`) as `--tokenizer-mode rlvr_reasoning_vocab`, loads the model's
-  tokenizer.json as saved. vLLM's default `hf` mode goes through `AutoTokenizer`, which for
-  some model types (Qwen2) rebuilds the tokenizer with that type's own decoder and loses the
-  step that decodes reasoning ids as their originals. With the saved decoder, vLLM's own
-  detokenizer (the Rust tokenizer, used incrementally) produces the folded text, so stop
-  strings, the tool-call and reasoning parsers, environments and rewards all read ordinary
-  text.
+"""Serving a model with a reasoning vocabulary in vLLM 0.32, switched on by vf-vllm when the
+model directory holds `reasoning_vocab.json`: `ReasoningVocabLogitsProcessor` applies
+`rlvr.reasoning_vocab.gate`'s rule to every request (one class for both of vLLM's runner
+interfaces, scaled by each request's temperature), and `ReasoningVocabTokenizer`
+(`--tokenizer-mode rlvr_reasoning_vocab`) loads tokenizer.json as saved, so vLLM's detokenizer
+returns the folded text. Design: docs/reasoning-vocabulary.md#serving-in-vllm.
 """
 
 from __future__ import annotations
@@ -96,7 +75,7 @@ def load_gate(vllm_config: VllmConfig) -> ThinkGate:
 
 
 class ReasoningVocabLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
-    """Reasoning ids only inside think spans (see the module docstring for the two runners)."""
+    """Reasoning ids only inside think spans (docs/reasoning-vocabulary.md#serving-in-vllm)."""
 
     def __init__(self, vllm_config: VllmConfig, *runner_args: Any):
         if vllm_config.speculative_config is not None:

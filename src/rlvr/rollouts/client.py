@@ -1,28 +1,8 @@
-"""The OpenAI client the trainer's rollouts use.
-
-vLLM 0.32 has no `/v1/chat/completions/tokens` route, so verifiers'
-`OpenAIChatCompletionsTokenClient` fails from the second turn on, and verifiers'
-`RendererClient` needs the `renderers` package (not installed here) and parses replies on the
-client with a renderer made for the model. We use the plain `OpenAIChatCompletionsClient`
-(messages in, so every environment works unchanged) and ask vLLM for `logprobs` and
-`return_token_ids`: it then
-returns `prompt_token_ids` and each choice's `token_ids`, which verifiers' own response parser
-stores in `trajectory[i]["tokens"]`.
-
-Verifiers sends a rollout's one `sampling_args` on every turn. `RolloutClient` adds what only
-the request itself knows: the turn's own seed (`rlvr.rollouts.request_args.turn_seed`, from the
-number of turns the rollout has taken) and, for training, a last check that nothing the trainer
-cannot reproduce (a forced tool call, a response format an environment sets per request) reaches the
-sampler.
-
-Token-in turns (`rollouts.token_in`): a later turn's prompt is the previous turn's prompt ids,
-its completion ids verbatim, then the new environment messages as the server's chat template
-renders them (`extend_prompt_ids`). The chat request still carries the messages (vLLM's tool
-and reasoning parsers read the reply as usual) and passes the ids in
-`kv_transfer_params.prompt_token_ids`, which vLLM 0.32's chat route generates from instead of
-rendering the messages (its decode-side reuse of a prompt's ids). The template's rendering of
-the new messages comes from the server's `/tokenize` route, so a `--chat-template` or a
-request's `chat_template`/`chat_template_kwargs` is honoured.
+"""The OpenAI client the trainer's rollouts use: verifiers' plain `OpenAIChatCompletionsClient`
+(messages in, every environment unchanged) asking vLLM for `logprobs` and `return_token_ids`.
+`RolloutClient` adds each turn's own seed and, for training, a last check that nothing the
+trainer cannot reproduce reaches the sampler; with `rollouts.token_in` later turns go as token
+ids (`extend_prompt_ids`). Design: docs/training.md#token-in-multi-turn.
 """
 
 from __future__ import annotations
@@ -62,21 +42,14 @@ def extend_prompt_ids(
     rendered: list[int],
     marker: list[int],
 ) -> list[int] | None:
-    """The next turn's prompt ids: `previous` (the last turn's prompt ids) + `completion` (its
-    sampled ids) verbatim + what the template puts after a reply + the new messages.
+    """The next turn's prompt ids: `previous` + `completion` verbatim + the template's closing
+    of a reply + the new messages, or None where the renderings do not extend each other.
 
-    `reference` is the template's rendering of the one-message conversation [assistant
-    `MARKER`] without a generation prompt, `rendered` that of [assistant `MARKER`, *new
-    messages] with it, `marker` the ids of `MARKER`. The ids after the marker in `reference`
-    are the template's closing of a reply (ChatML: `<|im_end|>`, `\\n`); a reply that
-    `stopped` on the first of them (its end-of-turn token) sampled that token itself, so it is
-    not repeated; any other reply (cut by max_tokens, or stopped by a stop string, even one
-    ending in a token of the closing such as a newline) gets the whole closing, which the
-    template would render for it too. A lone assistant message keeps templates that
-    treat the last assistant turn or turns before the last user message specially (Qwen3's
-    `<think>` handling) from rendering it differently in the two conversations. None where the
-    renderings do not extend each other (the template rewrites the reply when messages
-    follow) or the marker is not found: the turn is then rendered from its messages."""
+    `reference` renders [assistant `MARKER`] without a generation prompt, `rendered` [assistant
+    `MARKER`, *new messages] with it; the ids after `marker` in `reference` are the closing
+    (ChatML: `<|im_end|>`, `\\n`). A reply that `stopped` on its first id sampled it, so it is
+    not repeated. A lone assistant message keeps templates that treat the last assistant turn
+    specially (Qwen3's `<think>`) from rendering it differently in the two conversations."""
     n = len(marker)
     ends = [i for i in range(n, len(reference) + 1) if reference[i - n : i] == marker]
     if not n or not ends or rendered[: len(reference)] != reference:
@@ -96,12 +69,10 @@ def _role(message: Any) -> Any:
 
 
 class RolloutClient(OpenAIChatCompletionsClient):
-    """verifiers' chat client with per-turn seeds; with `training`, every request is checked
-    for sampling the trainer cannot reproduce (SamplingFilterError), including a temperature
-    other than `temperature` (the one the trainer divides by) however the request got it.
-    With `rollouts.token_in`, later turns are sent as token ids (see the module docstring).
-    With an `attempt` (`with_attempt`), every request and every failure of the server itself
-    is reported to it (`rlvr.rollouts.router.Attempt`)."""
+    """verifiers' chat client with per-turn seeds; with `training`, a request that samples what
+    the trainer cannot reproduce (a temperature other than `temperature` included) raises
+    SamplingFilterError. With an `attempt` (`with_attempt`), requests and server failures are
+    reported to it (`rlvr.rollouts.router.Attempt`)."""
 
     def __init__(
         self,
@@ -258,12 +229,9 @@ def make_client(
     temperature: float | None = None,
     rollouts: RolloutsConfig | None = None,
 ) -> RolloutClient:
-    """A verifiers chat client on vf-vllm (`training`, `temperature`, `rollouts`: see
-    `RolloutClient`).
-
-    Idle connections are dropped before uvicorn's 5 s keep-alive timeout (reusing one the
-    server is closing fails with a read error), and connection errors are retried; a request
-    that still fails makes an errored rollout, which is counted."""
+    """A verifiers chat client on vf-vllm (arguments: see `RolloutClient`). Idle connections
+    drop before uvicorn's 5 s keep-alive (reusing one the server closes fails with a read
+    error); connection errors are retried, and one that still fails errors the rollout."""
     import httpx
     from openai import AsyncOpenAI
 

@@ -1,16 +1,7 @@
-"""A difficulty curriculum: prompts the policy always solves or always fails come up less often.
-
-Each example's pass rate is estimated online from its last group (the share of its rollouts
-whose reward reaches `curriculum.pass_threshold`), as prime-rl's difficulty pool does. When the
-prompt order reaches an example whose last group all passed (solved) or all failed (hopeless),
-the example is used only with chance `curriculum.keep_prob`; an example not seen yet, or one
-that sometimes passes, always is. Such groups have zero advantage, so the generation they would
-cost buys no signal; keeping a chance of drawing them notices an example that becomes learnable
-(or forgotten).
-
-The draw for a position of the prompt order is seeded by (seed, position), and the estimates
-travel with each step's batch (`StepBatch.curriculum_state`) into checkpoints, so a resumed run
-makes the same draws.
+"""A difficulty curriculum: prompts the policy always solves or always fails come up less often
+(kept with chance `curriculum.keep_prob`, from each example's last group). The draw is seeded
+by (seed, position) and the estimates travel in checkpoints, so a resumed run draws alike.
+Design: docs/training.md#curriculum.
 """
 
 from __future__ import annotations

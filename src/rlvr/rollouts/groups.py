@@ -101,14 +101,9 @@ async def run_group(
     max_seq_len: int,
     mask_truncated: bool,
 ) -> GroupResult:
-    """Generate and score one group (len(sampling_args) rollouts of `row`).
-
-    Mirrors verifiers' own group runner (rollouts, then `rubric.score_group`, then cleanup)
-    through public methods, because its public `run_group` returns serialised outputs without
-    the token trajectory. A rollout that raises, ends with `state["error"]`, or whose reward is
-    not a finite number (or whose group's scoring raises) is dropped and counted; the others
-    are scored together.
-    """
+    """Generate and score one group (len(sampling_args) rollouts of `row`), as verifiers' group
+    runner does but keeping the token trajectory (its public `run_group` drops it). A rollout
+    that raises, errors or scores a non-finite reward is dropped and counted."""
     outcomes = await asyncio.gather(
         *(env.rollout(dict(row), client, model, args) for args in sampling_args),
         return_exceptions=True,

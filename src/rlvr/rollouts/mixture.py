@@ -1,25 +1,8 @@
 """Environment mixtures: several environments in one run, each step's groups drawn by weight.
-
-A mixture (`envs:`) is loaded as verifiers' own `EnvGroup` (`load_mixture`): one dataset of
-every environment's rows, each row naming its environment in `info["env_id"]`, and example ids
-unique across the mixture. A verifiers environment that is itself an `EnvGroup` trains the same
-way, its rows drawn as they come (no weights).
-
-The trainer routes each row to its environment itself (`route`) rather than through the group:
-the environment then samples with its own reply length, scores with its own rubric (so its
-metrics are its own, not padded with zeros for the others' names) and a verifiers v1
-environment keeps its own scores.
-
-Which environment a prompt comes from follows the weights exactly, not by chance
-(`MixtureOrder`): position p of the prompt order goes to the environment furthest behind its
-share, so the order so far holds each environment within about one row of its share, and
-the order depends on nothing but the position: a checkpoint's data position resumes it. A
-stretch of positions (a step's groups) holds each of two environments within one row of its
-share; with three or more no order can promise that for every stretch (a stretch's count is
-the difference of two prefixes' counts). Measured over 400 random weightings and stretches of
-4 to 32 positions: prefixes at most 1.05 rows off (eight environments), stretches up to 1.27
-rows off with three environments, 1.48 with four, 1.74 with eight
-(`test_mixture_order_bounds_what_it_documents` checks the worst weightings found).
+A mixture loads as verifiers' `EnvGroup` (`load_mixture`); the trainer routes each row to its
+own environment (`route`: its reply length, rubric and metrics); `MixtureOrder` follows the
+weights exactly and depends on the position alone, so a checkpoint resumes it.
+Design: docs/training.md#mixtures.
 """
 
 from __future__ import annotations
@@ -147,12 +130,9 @@ def rows_by_env(dataset: Any, names: Sequence[str]) -> list[list[int]]:
 
 
 class MixtureOrder:
-    """The order of a mixture's rows: position p goes to the environment whose draws lag
-    furthest behind its share (weight / total) of p + 1 positions (ties: the first listed),
-    and takes that environment's next row in its own resumable `PromptOrder`.
-
-    A drop-in for `PromptOrder` (same `rows(start, count)` over indices of the mixture's
-    dataset): a position is all a resumed run needs."""
+    """The order of a mixture's rows (a drop-in for `PromptOrder`): position p goes to the
+    environment lagging furthest behind its share of p + 1 positions (ties: the first listed)
+    and takes its next row in that environment's own `PromptOrder`."""
 
     def __init__(self, rows: Sequence[Sequence[int]], weights: Sequence[float], seed: int):
         empty = [i for i, indices in enumerate(rows) if not indices]

@@ -1,13 +1,8 @@
-"""Which server a group of rollouts runs on (`Router`): one server for the whole group, the
-least busy one, and the group run again elsewhere when that server fails under it.
-
-A group stays on one server, every rollout and every turn: its rollouts share the prompt (the
-server's prefix cache reuses it) and token-in turns extend ids that server produced. A server
-that refuses a connection, times out or answers 5xx is taken out of rotation at once, and every
-group in flight on it is cancelled and run again from the start on the others with the same
-sampling arguments (seeds included): a group is kept whole or not at all, and on exact servers
-it comes out as it would have. Ordinary request errors (a 4xx, a tool failure) are the
-rollout's own and count as errored rollouts, as with one server."""
+"""Which server a group of rollouts runs on (`Router`): one server for the whole group (the
+least busy), and the group run again from the start elsewhere, same seeds, when that server
+refuses, times out or answers 5xx; ordinary request errors stay the rollout's own.
+Design: docs/scaling.md#several-inference-servers.
+"""
 
 from __future__ import annotations
 

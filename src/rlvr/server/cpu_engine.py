@@ -1,17 +1,7 @@
-"""`cpu`: a weight-transfer backend for vLLM on machines without CUDA, with two transports.
-
-vLLM ships `nccl` and `ipc` engines, both CUDA-only. This engine moves the same
-checkpoint-format weights to a vLLM served on the CPU, over whichever transport the trainer
-picks at the handshake:
-
-- `shm` (same host): the trainer packs every parameter into one file in shared memory
-  (/dev/shm) and the worker loads straight from a mapping of it: two memory copies in all.
-- `gloo` (any host): packed chunks broadcast over a gloo group made outside torch's global
-  state; every collective has a timeout, so a trainer that dies mid-update makes the receive
-  fail instead of hanging the server.
-
-Either way the worker loads only once every byte is local (`packing.load_atomically`): a failed
-push leaves the old weights serving, and a new trainer can connect again.
+"""`cpu`: a weight-transfer backend for vLLM on machines without CUDA, over `shm` (one
+shared-memory file, same host) or `gloo` (packed chunks over a gloo group with timeouts, any
+host). The worker loads only once every byte is local, so a failed push leaves the old weights
+serving. Design: docs/weight-transfer.md#weight-transfer-engine.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
-"""No process of vf-vllm outlives its launcher, however the launcher stops.
-
-On SIGINT/SIGTERM the launcher takes vLLM's process group down itself (`launcher.stop_tree`).
-A SIGKILL (or a crash) gives it no chance, and vLLM's API server and engine core would run on
-as orphans holding the port. Two guards cover that, both from what Linux offers:
-
-- the API server gets a parent-death signal (`prctl(PR_SET_PDEATHSIG)`): SIGTERM the moment
-  the launcher dies, which vLLM answers by shutting its engine down. It does not chain: vLLM's
-  engine core is a multiprocessing child of the API server with no parent-death signal of its
-  own, so if the API server itself dies hard, the engine core would stay;
-- so a watchdog (`python -m rlvr.server.lifetime PGID`), in a session of its own so that signals
-  aimed at the launcher's group do not reach it, holds the read end of a pipe whose only write
-  end is the launcher's. The kernel closes it however the launcher ends; the watchdog then
-  SIGTERMs vLLM's whole process group (API server, engine core, workers: vLLM starts them
-  all in the group the launcher gave the API server), waits `GRACE_S` and SIGKILLs what is
-  left. After a clean stop it finds the group gone and just exits.
-
-Standard library only: the watchdog starts in milliseconds and needs nothing of vLLM.
+"""No process of vf-vllm outlives its launcher, however the launcher stops: the API server
+gets a parent-death signal, and a watchdog (`python -m rlvr.server.lifetime PGID`) takes vLLM's
+process group down when the launcher's pipe closes. Standard library only.
+Design: docs/architecture.md#vf-vllms-process-lifetime.
 """
 
 from __future__ import annotations

@@ -58,14 +58,9 @@ def register_reasoning_vocab_tokenizer() -> None:
 
 
 def cap_idle_spin(limit_s: float) -> None:
-    """Limit how long a vLLM worker busy-waits (sched_yield) for its next message.
-
-    vLLM's message-queue readers spin for a full second after every message before they
-    sleep on a socket. On a GPU host that costs one spare core; on a CPU host the spinning
-    worker takes a core from whoever shares the machine, and the trainer's weight packing
-    slows down right after each update (measured: docs/weight-transfer.md, "Weight-transfer
-    engine"). Between decode steps a few milliseconds of spinning are plenty.
-    """
+    """Limit how long a vLLM worker busy-waits (sched_yield) for its next message: vLLM spins
+    a full second, which on a CPU host takes a core from the trainer's weight packing
+    (docs/weight-transfer.md#weight-transfer-engine); a few milliseconds are plenty."""
     from vllm.distributed.device_communicators import shm_broadcast
 
     spin = getattr(shm_broadcast, "SpinCondition", None)

@@ -41,13 +41,9 @@ class PortTaken(RuntimeError):
 
 
 class VLLMServer:
-    """A vf-vllm child process. Use as a context manager or call start()/stop().
-
-    `model` is what clients send as the model name (the served name); `base_url` is the OpenAI
-    base URL (".../v1"). The server's log goes to `log_path` so failures can be shown.
-    `host` is the address it binds and is reached at; `prefix` runs the launcher under another
-    command, e.g. `["ip", "netns", "exec", "ns1"]` for a server on "another host".
-    """
+    """A vf-vllm child process (a context manager, or start()/stop()) serving `model` at
+    `base_url` (".../v1"), its log in `log_path`; `prefix` runs the launcher under another
+    command, e.g. `["ip", "netns", "exec", "ns1"]` for a server on "another host"."""
 
     def __init__(
         self,

@@ -1,13 +1,7 @@
 """Serving a model to evaluate or query it: the vf-vllm flags it needs and the name clients use.
-
-Sweeps and predictions take a model the way users name it anywhere else: the embedded short
-name, a model directory, a Hugging Face id, or a LoRA adapter directory (what training leaves in
-`output_dir/final`). An adapter is served on top of its base model with vLLM's LoRA support
-(`--enable-lora --lora-modules NAME=DIR`; it works on vLLM's CPU backend too), so nothing has to
-be merged first; requests then ask for NAME. vLLM's LoRA covers the attention and MLP
-projections only: an adapter that also trains `lm_head` or the embeddings is merged once into
-the cache (RLVR_CACHE) and that copy is served under NAME instead. A server that is already
-running is used as is.
+A model is named as anywhere else (short name, directory, Hugging Face id, LoRA adapter
+directory); an adapter is served on its base with vLLM's LoRA, or merged once into the cache
+when vLLM cannot apply it. Design: docs/weight-transfer.md#serving-a-trained-adapter.
 """
 
 from __future__ import annotations
@@ -60,11 +54,8 @@ def merged_copy(adapter: Path) -> Path:
 
 
 def served_model(model: str, name: str | None = None) -> ServedModel:
-    """What serving `model` takes. `name` is what clients call it (default: `model` as given,
-    as vf-vllm does). For an adapter directory the base model named in its adapter_config.json
-    is served and the adapter added as the LoRA module `name`, or, for an adapter vLLM cannot
-    apply (`rlvr.weight_sync.vllm_lora`), its merged copy is served as `name` (merging it here,
-    once)."""
+    """What serving `model` as `name` (default: `model`) takes: an adapter directory is served
+    as the LoRA module `name` on its base, or as its merged copy where vLLM cannot apply it."""
     name = name or model
     if not is_adapter(model):
         return ServedModel(model, name, ("--served-model-name", name))
@@ -89,12 +80,8 @@ def serve(
     server_args: Sequence[str] = (),
     log_path: str | Path | None = None,
 ) -> Iterator[Endpoint]:
-    """An endpoint serving `model` for the duration of the block.
-
-    With `base_url` the server is already running and serves the model as `name` (default:
-    `model`). Otherwise vf-vllm starts as a child process with `served_model(model, name)`'s
-    flags plus `server_args` (e.g. `--dtype float32 --enforce-eager`), and stops afterwards.
-    """
+    """An endpoint serving `model` for the block: the running server at `base_url`, or a
+    vf-vllm child with `served_model(model, name)`'s flags plus `server_args`."""
     if base_url is not None:
         yield Endpoint(base_url, name or model)
         return

@@ -1,15 +1,7 @@
 """Methods vf-vllm adds to every vLLM worker (`--worker-extension-cls`), reached through the
-dev-mode `/collective_rpc` route: questions vLLM's own routes do not answer.
-
-- Where the workers run: CUDA IPC handles open only on the GPU that made them, and NCCL
-  refuses two ranks on one GPU, so a trainer sharing the server's GPU must use `ipc` and one on
-  other GPUs `nccl`. vLLM reports its world size but not its devices.
-- Adapter files for a trainer on another host (rlvr.weight_sync.adapter): the bytes come in the
-  call and land in this host's shared memory, where vLLM's LoRA loader reads them.
-- Whether a weight update is open: a trainer that died between `start_weight_update` and
-  `update_weights` leaves one open, and vLLM refuses every later start. Asking beats provoking
-  the "without a matching start" error: with several workers, a call that fails on some of
-  them leaves the others' replies queued, and the next call reads those.
+dev-mode `/collective_rpc` route: where the workers run, storing adapter files sent by a trainer
+on another host, and whether a weight update is open.
+Design: docs/architecture.md#vf-vllms-worker-extension.
 """
 
 from __future__ import annotations

@@ -1,40 +1,9 @@
 """Adapter sync: after each step, push the trained LoRA adapter (megabytes) into vf-vllm, which
-serves it on top of its own frozen base model, instead of streaming the whole merged model.
-
-The base model's name keeps serving the frozen base, so a frozen helper (vf_planner's worker)
-can share the policy's server. Each weight version v is loaded once, under a name of its own,
-`{server.adapter_name}-v{v}`, and each rollout requests the version its batch is tagged with:
-
-- Why not one name loaded in place (`load_inplace`): vLLM 0.32 keeps the load request and
-  attaches it to every later generation request for the name, and its LRU worker manager
-  reloads an adapter whose request has `load_inplace` set from disk every time it activates it,
-  i.e. on every engine step (`lora/worker_manager.py`, `add_adapter`). That costs throughput,
-  mixes versions inside a batch that spans a push, and, once the old directory is deleted,
-  kills the engine (a failed load is fatal).
-- Loading a new name touches nothing that runs: requests of older versions go on with their
-  own adapter (vLLM's prefix cache keys include the adapter's name and path), so a push needs
-  no pause and no prefix-cache reset.
-- `release(in_use)` unloads the versions no batch or evaluation can still request (the rollout
-  worker says which) and deletes their files. vLLM's `/v1/unload_lora_adapter` only forgets
-  the name; the engine's LRU cache (`--max-cpu-loras`) drops the weights when it needs room,
-  and reloads from disk an adapter it evicted while still in use, which is why files stay
-  until their version is released.
-
-Where the files are:
-
-- same host: the directory is in shared memory (/dev/shm), so "writing" is a memory copy;
-- another host: the adapter's bytes travel in the HTTP request to vf-vllm's worker extension
-  (`rlvr_store_adapter`), which writes them to the server's own shared memory. No shared file
-  system and no transfer group are needed: an adapter is a few megabytes.
-
-A trainer that dies mid-push leaves the previous versions serving: vLLM reads a directory only
-when asked to load it, and it is only asked once the directory is complete. A trainer that
-ends unloads its versions: a name left loaded would point at deleted files.
-
-Not every adapter can be served this way (see rlvr.weight_sync.vllm_lora: vLLM's LoRA layers cover
-the linear projections only, and its engine dies on a refused load), so `adapter_sync_problem`
-says why and the trainer falls back to merged pushes (or refuses, when
-`server.lora_sync=adapter` was asked for explicitly).
+serves it on its own frozen base, instead of the whole merged model. Version v is loaded once
+as `{server.adapter_name}-v{v}` (no pause, no prefix-cache reset); `release` unloads versions
+no batch can still request. `adapter_sync_problem` says why an adapter cannot be served
+(the trainer then falls back to merged pushes).
+Design: docs/weight-transfer.md#lora-adapter-sync.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Deciding how the trainer's weights reach each vf-vllm of the run, and connecting every rank.
 
-`connect` runs once at start-up, on every rank. Rank 0 asks each server how it runs and checks
-that it can serve this policy: the same vocabulary (a reasoning vocabulary needs the expanded
-directory served, `check_served_vocabulary`) and logprobs of the sampled distribution
-(`check_served_logprobs`); with several servers, that they serve alike (`check_same_serving`,
-`check_same_push`). It then chooses the push (`choose_push`): the LoRA adapter, served by vLLM
-on its frozen base (`rlvr.weight_sync.adapter`), or the transfer of merged weights
-(`rlvr.weight_sync.merged`, streamed by `rlvr.weight_sync.merged_stream`), and tells the other
-ranks, which then connect with it (they only join the trainer-side gathers of ZeRO-3 shards).
-The trainer gets one `rlvr.weight_sync.fleet.FleetPush` over every server and never asks which.
-
-A LoRA policy on a quantized base (QLoRA) computes with the dequantized base, not the server's
-original one; under adapter sync that base is pushed once at start through the merged transfer
-(`push_trained_base`), and adapters then go onto it. Merged pushes stream it dequantized anyway.
+`connect` runs once at start-up on every rank: rank 0 checks that each server can serve this
+policy (vocabulary, logprobs, alike across servers), chooses the push (`choose_push`: adapter
+or merged) and tells the other ranks. The trainer gets one `FleetPush` and never asks which.
+Design: docs/weight-transfer.md#choosing-the-push.
 """
 
 from __future__ import annotations
@@ -38,13 +29,11 @@ if TYPE_CHECKING:  # imports vLLM: loaded when a trainer connects
 @dataclass
 class Connection:
     """What the trainer keeps of its servers: `weights` pushes every version to all of them,
-    `pool` is their state (shared with the rollout router), `way` names how weights travel
-    (`adapter`, or server 0's merged transfer: `shm`, `gloo`, `nccl`, `ipc`), `probes[i]`
-    checks server i's pushes (empty: not probed), `new_probe()` makes a fresh one."""
+    `pool` is their state (shared with the rollout router), `probes[i]` checks server i's
+    pushes (empty: not probed), `new_probe()` makes a fresh one."""
 
     weights: FleetPush
     pool: ServerPool
-    way: str
     probes: list[PushProbe]
     new_probe: Callable[[], PushProbe] | None
 
@@ -61,10 +50,8 @@ def connect(
     start_step: int,
     say: Callable[[str], None],
 ) -> Connection:
-    """Rank 0 asks every server how it runs, checks that all of them can serve this policy
-    alike and picks how weights reach each; it tells the other ranks, and all ranks then
-    connect to every server together. `model` is the (wrapped) policy, `say` prints on the
-    main process."""
+    """Rank 0 checks every server and picks how weights reach each; all ranks then connect to
+    every server together. `model` is the (wrapped) policy, `say` prints on the main process."""
     server, rank, urls = cfg.server, accelerator.process_index, cfg.server.urls
     unwrapped = accelerator.unwrap_model(model)
     agree = agreement(accelerator)
@@ -97,7 +84,7 @@ def connect(
             return PushProbe(ids, server.probe_kl_max, server.probe_noise)
 
     probes = [new_probe() for _ in urls] if new_probe else []
-    return Connection(weights, pool, way, probes, new_probe)
+    return Connection(weights, pool, probes, new_probe)
 
 
 @dataclass

@@ -1,15 +1,8 @@
-"""Every weight version to every server (`FleetPush`): one `WeightPush` per server, each its
-own transfer (a rendezvous of its own for gloo/nccl, its own adapter load), pushed one after
-the other.
-
-A push that fails on a server takes that server out of rotation and the step goes on with the
-rest. A server that is down is asked for its health at every push; once it answers, it is
-connected afresh and pushed the current version with the others, and the trainer admits it
-(`admit`) only after its probe passes, so it takes requests only with the current weights.
-
-Every trainer rank holds one and calls `push` together (ZeRO-3 gathers the shards once per
-server); rank 0 decides which servers a push goes to and `agree` hands its decision to the
-other ranks, so all iterate the weights the same number of times."""
+"""Every weight version to every server (`FleetPush`): one `WeightPush` per server, pushed one
+after the other. A server whose push fails leaves rotation; a returning one is connected afresh
+and admitted once its probe passes. Rank 0 decides the servers and `agree` shares the decision.
+Design: docs/weight-transfer.md#several-servers.
+"""
 
 from __future__ import annotations
 

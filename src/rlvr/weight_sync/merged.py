@@ -1,16 +1,7 @@
-"""Merged-weight pushes into a running vf-vllm (`MergedPush`): the trainer's full weights
-(LoRA merged in) replace the served ones, over one of these transports:
-- `nccl`: vLLM's engine, for a server on other GPUs;
-- `ipc`: vLLM's engine, for a server sharing the trainer's GPU (one-GPU users);
-- `shm` and `gloo`: our `cpu` engine (rlvr.server.cpu_engine) for a server on the CPU, through
-  shared memory on the same host or a gloo group across hosts;
-- `auto`: on a CUDA trainer `ipc` when the server runs on the same GPU, else `nccl`; on the
-  CPU `shm` for a local server, else `gloo`.
-
-`push()` pauses generation (requests in flight are kept, not aborted), streams the weights,
-resets the prefix cache (cached KV was computed with the old weights) and resumes. Every HTTP
-call has a timeout and raises with the server's own error text; resume runs even when the
-transfer fails, so a failed push never leaves the server paused.
+"""Merged-weight pushes into a running vf-vllm (`MergedPush`) over `nccl`, `ipc`, `shm` or
+`gloo` (`auto` picks). `push()` pauses generation (requests kept), streams the weights, resets
+the prefix cache and resumes; resume runs even when the transfer fails, and every HTTP call has
+a timeout. Design: docs/weight-transfer.md#routes-and-backends.
 """
 
 from __future__ import annotations
@@ -120,21 +111,9 @@ def as_weight_source(source: Any) -> WeightSource:
 
 class MergedPush(WeightPush):
     """Pushes a trainer's whole weights into one vf-vllm, which serves every version under
-    one name, `served_model`: a push replaces the weights it serves.
-
-    `source` is anything vLLM's `WeightSource` describes (`ModuleSource(model)` for a plain
-    model; the trainer passes a merged-LoRA source). It is re-iterated on every push, so the
-    server always receives the current values.
-
-    With several trainer ranks, every rank creates a MergedPush with its `rank` and calls
-    `connect`/`push` together: rank 0 talks to the server and sends; the others only iterate
-    the source, taking part in the gathers (ZeRO-3) that materialise each parameter. Rank 0
-    picks the transfer (`resolve()`) and hands it to the others (`connect(backend=...)`).
-
-    For the network transfers (gloo, nccl) rank 0 hosts the rendezvous on `transfer_host`
-    (default: its own address on the route to the server) and sizes the group from the
-    server's reported workers; see `rlvr.weight_sync.rendezvous`.
-    """
+    `served_model`. The source is re-iterated on every push. Every rank calls `connect`/`push`
+    together: rank 0 talks to the server and sends, the others only join the ZeRO-3 gathers;
+    rank 0 picks the transfer (`resolve()`) and hands it to them (`connect(backend=...)`)."""
 
     def __init__(
         self,
@@ -174,12 +153,9 @@ class MergedPush(WeightPush):
         return resolve_backend(self.requested_backend, self.base_url, gpus)
 
     def connect(self, source: Any, backend: str | None = None) -> None:
-        """Handshake with the server. A server left paused by a trainer that died is resumed.
-
-        `source`: a module (its parameters are sent), a vLLM `WeightSource`, or any object
-        with `metadata()` and iteration such as `rlvr.weight_sync.merged_stream.MergedWeightSource`.
-        `backend`: the transfer rank 0 resolved (required on the other ranks, which never talk to
-        the server)."""
+        """Handshake with the server (one left paused by a dead trainer is resumed). `source`:
+        a module, a vLLM `WeightSource` or a `MergedWeightSource`; `backend`: the transfer rank
+        0 resolved (required on the other ranks)."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from rlvr.server.plugin import register
@@ -268,13 +244,9 @@ class MergedPush(WeightPush):
 
 
 def push_merged_adapter(base_url: str, model: str, adapter: str | Path) -> float:
-    """Push `model` (a name `rlvr.model.names.resolve_model` knows) + the saved LoRA `adapter`,
-    merged, into the vf-vllm at `base_url`; returns the push's seconds.
-
-    This is what a LoRA GRPO run resuming from `adapter` sends on its first push, so a warm
-    start (an SFT adapter) is evaluated exactly as GRPO will start from it. An adapter trained
-    on a quantized base (QLoRA) goes onto that base, quantized from the dtype the run loaded
-    it in and dequantized, as it trained."""
+    """Push `model` + the saved LoRA `adapter`, merged, into the vf-vllm at `base_url` (what a
+    LoRA GRPO run resuming from `adapter` sends first; a QLoRA adapter goes onto its
+    dequantized base, as it trained); returns the push's seconds."""
     from rlvr.config import LoraConfig
     from rlvr.model.names import resolve_model
     from rlvr.model.policy import adapter_base_quantization, apply_lora, load_trained_base

@@ -1,22 +1,8 @@
-"""The weight stream the GRPO trainer pushes into vf-vllm when it pushes whole weights: full
-fine-tuning, and LoRA runs with `server.lora_sync=merged` (a server without LoRA support, or an
-adapter vLLM's LoRA layers cannot serve; `rlvr.weight_sync.adapter` pushes the adapter alone
-otherwise). The LoRA set-up and merging an adapter into a saved model are in `rlvr.model.policy`,
-which needs no vLLM.
-
-Each LoRA module goes out as W + scale * B @ A under the base model's Hugging Face name,
-computed one module at a time, so the server runs a plain model at full base-model speed and
-the trainer's base + adapter agrees with it to float rounding (the mismatch-KL metric checks
-this every step).
-
-A quantized base (QLoRA, `rlvr.model.quantization`) goes out dequantized, exactly the weights
-its layers compute with, and with the adapter merged in as above. `with_adapters=False` streams
-that base alone: under adapter sync it is pushed once at start, so that vLLM applies the adapter
-to the base the trainer computes with rather than to the unquantized original.
-
-Memory: no rank ever holds more than one module's merged weight beyond the model itself. Under
-ZeRO-3 each module's parameters are gathered (on all ranks, in lockstep, as vLLM's
-`WeightSource` contract requires), merged, sent by rank 0, and released before the next.
+"""The weight stream of merged pushes: each LoRA module goes out as W + scale * B @ A under
+the base model's Hugging Face name, one module at a time (under ZeRO-3 gathered on all ranks
+in lockstep, sent by rank 0, released before the next), so no rank holds more than one merged
+module beyond the model. A quantized base goes out dequantized; `with_adapters=False` streams
+that base alone. Design: docs/weight-transfer.md#merged-pushes.
 """
 
 from __future__ import annotations
@@ -128,15 +114,9 @@ class _Entry:
 
 
 class MergedWeightSource:
-    """The model's weights as vLLM expects them: base names, LoRA deltas merged in.
-
-    Works for plain models too (then it is `ModuleSource` with ZeRO-3 gathering), so the
-    trainer uses one source for full fine-tuning and LoRA alike. `dtype`: the dtype every
-    tensor travels in (a mixed-precision policy's compute dtype: its float32 master weights
-    reach the server in the dtype it serves); None keeps each parameter's own.
-    `with_adapters=False`: the base alone, as the trainer computes with it (see the module
-    docstring).
-    """
+    """The model's weights as vLLM expects them: base names, LoRA deltas merged in (plain
+    models too). `dtype`: what every tensor travels in (a mixed-precision policy's compute
+    dtype; None keeps each parameter's own); `with_adapters=False`: the base alone."""
 
     def __init__(
         self,

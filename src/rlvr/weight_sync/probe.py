@@ -1,69 +1,10 @@
 """Did the weights arrive? After every push, one short probe checks that the server serves
 what the trainer just pushed, on a bfloat16 server as on a float32 one.
 
-Mismatch-KL (sampler vs trainer on the sampled tokens) cannot answer this at `async_level` >= 1:
-the sampled tokens come from an older policy, so it also measures how far the policy moved
-since, and a server that kept serving stale weights looks like ordinary lag. The probe
-compares the same weights on both sides instead, whatever the lag:
-
-- a fixed token sequence (`probe_ids`: prose, numbers and code; with a reasoning vocabulary, a
-  think span of its added ids too, since those rows train as well);
-- the server scores it with prompt log-probabilities (`/v1/completions`, `prompt_logprobs`,
-  token ids in, so no tokenizer mode is involved), under the model name rollouts of the new
-  version will request: the version's adapter under adapter sync, the base name under
-  merged pushes;
-- the trainer scores it with its weights as it computes with them (a mixed-precision policy
-  under its autocast), a forward on every rank (ZeRO-3 gathers parameters in lockstep), right
-  after the push.
-
-Two sides never agree to the last bit (kernels, and dtypes: a bf16 server rounds weights and
-activations), and on a bf16 server that offset is far larger than one optimizer step's move
-of the probe, so an absolute limit cannot see a stale server there. The check therefore
-compares *changes*: between a reference push and this one, the server's change dS must be the
-trainer's change dT. The offset between the implementations cancels in the difference up to
-its variation over the move, the server's noise (`Noise`). At most the whole offset is
-redrawn (rounding boundaries crossed): sqrt(2) times the offset the initial push measures,
-where both sides hold the same weights, with the server's repeatability (it scores twice).
-What a push really redraws is usually far less -- nothing under adapter sync on a server that
-applies the adapter exactly, a few rounding steps for a small move on a bf16 server -- so the
-first pushes measure the noise of *changes*: the part of dS that is not a multiple of dT
-(`CALIBRATION_PUSHES` of them at least, over a move that resolves the server's rounding,
-`RESOLVED_TOKENS`). A stale server changes nothing and measures no noise, so it is caught as
-soon as they are measured, at any learning rate; a server that makes part of every move in
-the trainer's direction, likewise. Weights rounded to the server's dtype follow float32 master
-weights in aggregate, so sub-ulp updates count as realised once they add up.
-
-A check is decisive when rms(dT) is at least `DECISIVE_SNR` times the noise; then the server
-must have realised the move (<dS,dT>/<dT,dT> within `REALISED_TOLERANCE` of 1: ~0 for a stale
-server). Every check bounds the residual rms(dS - dT) by the noise (a partly updated server,
-or one that moved by itself), and since the initial push also by part of the move (the offset
-of a lower-precision server grows as training sharpens the logits). The reference advances
-only on decisive checks, so a move too small to measure accumulates until it is measurable; a
-second comparison against the initial push sees a partial push (a tensor never updated) drift
-further every step. On a float32 server the noise is that of float32 kernels (at least
-`PROBE_NOISE_FLOOR`), so one layer of 30 left out is caught at its first push; on a bf16
-server a part that carries less of the move than the noise, or one missing from the first
-push on (measured as noise), is seen only once its drift clears the initial offset
-(`CANNOT_SEE`). The absolute mismatch (`push/probe_kl`, mismatch-KL's estimator
-exp(d) - 1 - d averaged, d = trainer - server) is logged, and it is a fresh run's initial
-push's only check: at most `PROBE_KL_CAP` (or `server.probe_kl_max`), which a server serving
-another model fails. Later pushes, and a resumed run's first (the probe's state is in the
-checkpoint), are held to it only where `server.probe_kl_max` is set: the offset grows as
-training sharpens the logits.
-
-Any non-finite log-probability on either side, or statistic, fails: comparisons are written
-so that NaN cannot pass.
-
-vLLM 0.32 computes prompt log-probabilities from the raw logits (`gpu_model_runner.
-_get_prompt_logprobs_dict`: "prompt tokens skip sampling processors", so no temperature, no
-top-k/top-p, no logits processor such as the think gate) under both `raw_logprobs` and
-`processed_logprobs`; the trainer side is therefore a plain log-softmax at temperature 1, no
-mask. A server in a `*_logits` mode returns logits there, and the probe fails (vf-vllm never
-runs in one).
-
-Why a probe rather than mismatch-KL restricted to on-policy samples: at the default
-async_level every batch lags, so that restriction would leave nothing to check. The probe
-costs one forward of ~80 tokens and one prompt-only request per push (two at the initial one).
+Both sides score a fixed token sequence (`probe_ids`); the server's change since a reference
+push must be the trainer's change, within the server's noise (`Noise`), measured over the
+first pushes. `PushProbe.check` raises `WeightsNotServedError` otherwise; NaN never passes.
+Design and measurements: docs/weight-transfer.md#did-the-weights-arrive.
 """
 
 from __future__ import annotations
@@ -218,13 +159,9 @@ class Scores:
 
 @dataclass(frozen=True)
 class Move:
-    """How the server's probe log-probabilities followed the trainer's between two pushes.
-    dT, dS: each side's change since `since`; `moved` = rms(dT); `realised` = <dS,dT>/<dT,dT>
-    (1 when the server made the trainer's move, 0 when it stayed); `residual` = rms(dS - dT);
-    `noise`: what a complete push's residual shows over such a move; `fraction`: the share of
-    the move the residual may add (`RESIDUAL_FRACTION` since the initial push, else
-    `STEP_RESIDUAL_FRACTION`).
-    Decisive only when the move clears the noise."""
+    """How the server's probe log-probabilities (dS) followed the trainer's (dT) since `since`:
+    `moved` = rms(dT), `realised` = <dS,dT>/<dT,dT>, `residual` = rms(dS - dT), `noise` over
+    such a move, `fraction` of the move the residual may add besides the noise."""
 
     since: int
     moved: float
@@ -296,15 +233,9 @@ def non_finite(what: str, values: torch.Tensor) -> str | None:
 
 @dataclass
 class Noise:
-    """The server's noise in probe log-probabilities (RMS per token) over a move of the
-    trainer's: the noise of *changes*, measured over the first pushes after the initial one
-    (`CALIBRATION_PUSHES`, `RESOLVED_TOKENS`: the RMS of the part of the server's change that
-    is not a multiple of the trainer's, over their mean move) and grown with the move as sqrt
-    (more rounding boundaries crossed) or linearly (a smooth offset), whichever is larger;
-    never above `cap`, the whole initial offset redrawn (sqrt(2) x the offset and the
-    server's repeatability at the initial push; also the noise until the first pushes are
-    measured), nor below `low` (sqrt(2) x the repeatability, at least the floor). A server
-    that makes no change at all measures none: the noise of a stale server is `low`."""
+    """The server's noise of *changes* in probe log-probabilities (RMS per token) over a move
+    of the trainer's, measured over the first pushes and kept between `low` (its
+    repeatability) and `cap` (the whole initial offset redrawn). A stale server measures none."""
 
     cap: float
     low: float
@@ -358,12 +289,9 @@ class Noise:
 
 
 class PushProbe:
-    """The probe of one server: its token ids, its absolute limit (`kl_max`: every push;
-    default: a fresh run's initial push only, at `PROBE_KL_CAP`), the server's noise (measured
-    at the initial push and the first pushes after it, unless `noise` fixes it) and the
-    scores it compares later pushes with. Every rank holds one and checks the same
-    (broadcast) scores, so all ranks pass or raise together. `state()` / `load_state()`
-    carry it across a resume, so that a resumed run's first push is judged like any other."""
+    """The probe of one server: token ids, absolute limit (`kl_max`: every push; default: a
+    fresh run's initial push only), noise, and the scores later pushes are compared with.
+    Every rank checks the same (broadcast) scores, so all ranks pass or raise together."""
 
     def __init__(self, ids: list[int], kl_max: float | None = None, noise: float | None = None):
         self.ids = ids

@@ -1,19 +1,9 @@
 """Where the trainer and vf-vllm meet for a weight transfer, and a deadline on the meeting.
 
-The weight-transfer group is the trainer's sending rank (group rank 0) plus every vLLM worker:
-vLLM places worker `tp_rank` of data-parallel replica `dp_rank` at group rank
-`1 + dp_rank * tp_size + tp_rank`, so the group's world is 1 + the server's TP x PP x DP world,
-which the trainer asks the server for (`/get_world_size`) instead of assuming 2.
-
-The rendezvous is hosted by the trainer. Its address must be one the *server* can reach: by
-default the trainer's own address on its route to the server (127.0.0.1 for a local server,
-the trainer's interface address for a server on another host), or `server.transfer_host` when
-set (NAT, several interfaces). Gloo also needs each side's own interface address for its data
-connections: left to itself it uses whatever the host name resolves to, often 127.0.0.1,
-which a peer on another host cannot reach, so `open_gloo_group` binds it to the route address.
-
-Every step of the meeting has a deadline: a wrong or unreachable address fails with a message
-that names both addresses and the port, instead of hanging a training job.
+The group is the trainer's rank 0 plus every vLLM worker (its world asked of the server); the
+trainer hosts it at an address the server can reach (`server.transfer_host` overrides). A
+wrong or unreachable address fails naming both addresses and the port instead of hanging.
+Design: docs/weight-transfer.md#the-rendezvous.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """What vLLM 0.32's LoRA support can serve: the ranks `--max-lora-rank` accepts, and which
-adapters it can apply at all. Used when serving an adapter directory (rlvr.server.serve_model) and
-when the trainer pushes its adapter (rlvr.weight_sync.adapter). Plain data: no vLLM import.
-
-vLLM's LoRA layers cover the linear projections only. An adapter that trains `lm_head` or the
-input embedding (as targets or as fully trained `modules_to_save`) is refused with "expected
-target modules in {q_proj, ..., down_proj}", and a refused runtime load kills the engine; DoRA
-is not served either. Nor are embedding and head rows trained as PEFT's trainable tokens (a
-reasoning vocabulary's): vLLM has no LoRA form for them.
+adapters it can apply at all (linear projections only: no `lm_head`/embedding targets,
+`modules_to_save`, DoRA or trainable tokens; a refused runtime load kills the engine).
+Plain data: no vLLM import. Design: docs/weight-transfer.md#lora-adapter-sync.
 """
 
 from __future__ import annotations

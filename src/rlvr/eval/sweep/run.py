@@ -40,12 +40,9 @@ from rlvr.server.serve_model import serve
 
 
 def record_sweep(out: Path, sweep: Sweep) -> Sweep:
-    """Record the sweep in OUT/sweep.json and return everything recorded there so far.
-
-    The first run fixes the shared settings; later runs must share them, and may add models,
-    settings or seeds (the record keeps the union, so a report covers every cell run into
-    OUT). A label that comes back naming another model or other arguments is refused.
-    """
+    """Record the sweep in OUT/sweep.json and return the union recorded so far: the first run
+    fixes the shared settings, later ones may add models, settings or seeds; a label that
+    comes back naming another model or other arguments is refused."""
     path = out / SPEC_FILE
     if path.is_file():
         recorded = load_sweep(out)
@@ -117,12 +114,9 @@ def run_sweep(
     cell_timeout: float | None = None,
     progress: bool = True,
 ) -> SweepRun:
-    """Run every unfinished cell, one model (and server) at a time.
-
-    Without `base_url` each model with unfinished cells gets its own vf-vllm (started with
-    `server_args`, stopped after its cells). A failing cell is recorded and the sweep goes on;
-    so does a model whose server does not start (its cells fail).
-    """
+    """Run every unfinished cell, one model (and its own vf-vllm, unless `base_url`) at a
+    time; a failing cell, or a model whose server does not start, is recorded and the sweep
+    goes on."""
     from tqdm.auto import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -253,12 +247,7 @@ def main() -> None:
             [--env-args JSON] [--sampling-args JSON] [--server-args "--dtype float32 ..."]
         python scripts/eval_sweep.py --report-only --out sweeps/NAME [--threshold 1.0]
 
-    Each model is served by its own vf-vllm in turn (adapter directories with vLLM's LoRA
-    support), or by the server at --base-url. Cells are saved under OUT/cells/ as they finish;
-    running the same command again runs only the missing ones. The report goes to OUT/report.md
-    (one table per metric), OUT/report.json and OUT/plots/*.png.
-
-    Installed as `rlvr-eval-sweep`; `python scripts/eval_sweep.py` runs the same.
+    Installed as `rlvr-eval-sweep`; how it runs: docs/evaluation.md#evaluation-sweeps.
     """
     args = parse_args()
     try:
