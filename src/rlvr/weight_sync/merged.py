@@ -276,8 +276,9 @@ def push_merged_adapter(base_url: str, model: str, adapter: str | Path) -> float
     on a quantized base (QLoRA) goes onto that base, quantized from the dtype the run loaded
     it in and dequantized, as it trained."""
     from rlvr.config import LoraConfig
+    from rlvr.model.merge import adapter_base_quantization, load_trained_base
     from rlvr.model.names import resolve_model
-    from rlvr.model.policy import adapter_base_quantization, apply_lora, load_trained_base
+    from rlvr.model.policy import apply_lora
     from rlvr.weight_sync.merged_stream import MergedWeightSource
 
     path = resolve_model(model)

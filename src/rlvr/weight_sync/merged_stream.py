@@ -1,8 +1,8 @@
 """The weight stream the GRPO trainer pushes into vf-vllm when it pushes whole weights: full
 fine-tuning, and LoRA runs with `server.lora_sync=merged` (a server without LoRA support, or an
 adapter vLLM's LoRA layers cannot serve; `rlvr.weight_sync.adapter` pushes the adapter alone
-otherwise). The LoRA set-up and merging an adapter into a saved model are in `rlvr.model.policy`,
-which needs no vLLM.
+otherwise). The LoRA set-up and merging an adapter into a saved model are in `rlvr.model.policy`
+and `rlvr.model.merge`, which need no vLLM.
 
 Each LoRA module goes out as W + scale * B @ A under the base model's Hugging Face name,
 computed one module at a time, so the server runs a plain model at full base-model speed and
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.model.policy import zero3_gather
 from rlvr.model.quantization import dequantized_weight, is_quantized_layer
+from rlvr.model.zero3 import zero3_gather
 from rlvr.reasoning_vocab.mapping import trained_rows_params, with_trained_rows
 
 
