@@ -1,10 +1,10 @@
 """The trainable policy, for every trainer (GRPO and SFT): loading it and its final save.
 
-`load_policy` loads the model as its caller decided (gradient checkpointing is switched on by the
-caller, `enable_gradient_checkpointing`): every weight the optimizer updates is float32, a half
-dtype computes under autocast. `save_final` writes the adapter or the full model in Hugging Face
-format. Nothing here imports vLLM, so SFT runs on training-only hosts.
-Design: docs/training.md#precision-seeds-and-policy-lag.
+`load_policy` loads the tokenizer and the weights (float32 wherever the optimizer updates them,
+a half dtype computing under autocast), wraps them in LoRA and, for a sampled policy, turns
+dropout off; gradient checkpointing is the trainer's decision (`enable_gradient_checkpointing`).
+`save_final` writes the adapter or the full model in Hugging Face format. Nothing here imports
+vLLM, so SFT runs on training-only hosts. Design: docs/training.md#precision-seeds-and-policy-lag.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class Policy:
     reasoning_vocab: ReasoningVocab | None = None
     """The model's reasoning vocabulary (`tokenizer` is then the expanded one), or None."""
     compute_dtype: torch.dtype | None = None
-    """Set when float32 weights compute in a half dtype (see the module docstring): the
-    dtype pushed weights travel in."""
+    """Set when float32 weights compute in a half dtype (`master_weights_dtype`): the dtype
+    pushed weights travel in."""
     hooks: PolicyHooks = field(default_factory=PolicyHooks)
     """What the policy's extension (a reasoning vocabulary) adds to a step; no-ops without."""
 
@@ -60,7 +60,9 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 def master_weights_dtype(cfg: ModelConfig, lora: bool, deepspeed: bool) -> torch.dtype | None:
     """The half dtype a full fine-tune computes in over float32 weights (None: the weights
-    load in the configured dtype as they are). See the module docstring."""
+    load in the configured dtype as they are). Every weight the optimizer updates is float32:
+    a bfloat16 weight drops AdamW updates under half its step; LoRA's adapter (PEFT) and
+    DeepSpeed's master weights are float32 already."""
     dtype = resolve_dtype(cfg.dtype)
     if lora or deepspeed or dtype == torch.float32:
         return None
@@ -135,14 +137,9 @@ def apply_lora(
     reasoning_vocab: ReasoningVocab | None = None,
 ) -> torch.nn.Module:
     """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s.
-
-    `keep_reference` (for a KL penalty) also loads a resumed adapter a second time, frozen,
-    as the reference: the initial policy is base + that adapter, not the bare base.
-
-    With a reasoning vocabulary, its rows (and only those) of the input embedding and of an
-    untied output head train in full beside the adapter (PEFT's trainable tokens; a tied head
-    shares the embedding's rows): a low-rank update could not move N new rows independently
-    of the originals they copy."""
+    `keep_reference` (a KL penalty) also loads a resumed adapter frozen, as the reference.
+    A reasoning vocabulary's rows train in full beside the adapter (`trainable_rows`): a
+    low-rank update could not move N new rows independently of the originals they copy."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
@@ -314,15 +311,10 @@ def check_quantized_launch(quantization: str, device: torch.device, deepspeed: b
 
 
 def disable_dropout(model: torch.nn.Module, lora_dropout: float = 0.0) -> None:
-    """Turn every dropout of `model` off: its dropout modules (LoRA's included) and the
-    dropout rates its modules and config keep as numbers (attention dropout is a rate the
-    attention function reads in train mode).
-
-    Why: the policy's loss and reference forwards run in train mode (`model.eval()` would also
-    switch off Hugging Face gradient checkpointing, which checks `self.training`), and a
-    dropout there perturbs the trainer's log-probabilities: the importance ratio on identical
-    weights is no longer 1, its masking drops tokens at random and the reference pass is
-    noisy. A `lora_dropout` > 0 is said to be ignored (a warning), since it was asked for."""
+    """Turn every dropout of `model` off: its dropout modules (LoRA's included) and the rates
+    its modules and config keep as numbers; a `lora_dropout` > 0 is warned about. The loss
+    and reference forwards run in train mode (`model.eval()` would also switch off gradient
+    checkpointing), where a dropout would perturb every importance ratio."""
     if lora_dropout > 0:
         log.warning(
             "lora.dropout=%g is ignored in GRPO: the loss forward runs without dropout, since a "
