@@ -130,17 +130,8 @@ def main() -> None:
     """Merge a trained LoRA adapter into its base model and save a plain Hugging Face model;
     optionally publish it to the Hugging Face Hub with a generated model card.
 
-        python scripts/merge_adapter.py outputs/run/final merged/ [--base NAME] [--dtype bfloat16]
-            [--into trained|original]
-        python scripts/merge_adapter.py outputs/run/final merged/ --push-to-hub you/model \
-            [--private] [--eval-report report.md] [--dry-run]
-
-    The result loads anywhere a model does (`vf-vllm --model merged/`, transformers, vf-eval).
-    With --push-to-hub, merged/ also gets README.md, a model card written from the run directory
-    (config.yaml, metrics.jsonl, checkpoints: base model, environment, steps, training curves) and
-    the --eval-report, and is uploaded as one commit. The token and the network are checked before
-    merging starts. --dry-run writes everything into merged/ and lists what would be pushed.
-
+    With --push-to-hub the token and the network are checked before merging starts; --dry-run
+    writes the card and files into OUT and lists what would be pushed (docs/evaluation.md#publishing).
     Installed as `rlvr-merge-adapter`; `python scripts/merge_adapter.py` runs the same.
     """
     args = parse_args()
