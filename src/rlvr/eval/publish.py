@@ -131,7 +131,8 @@ def main() -> None:
     optionally publish it to the Hugging Face Hub with a generated model card.
 
     With --push-to-hub the token and the network are checked before merging starts; --dry-run
-    writes the card and files into OUT and lists what would be pushed (docs/evaluation.md#publishing).
+    writes the card and files into OUT and lists what would be pushed.
+    See docs/evaluation.md#publishing.
     Installed as `rlvr-merge-adapter`; `python scripts/merge_adapter.py` runs the same.
     """
     args = parse_args()
