@@ -85,7 +85,7 @@ def worker(args: argparse.Namespace) -> dict:
     from accelerate import Accelerator
 
     from rlvr.config import LoraConfig, ModelConfig, OptimConfig
-    from rlvr.model.policy import load_policy
+    from rlvr.model.policy import enable_gradient_checkpointing, load_policy
     from rlvr.trainer import memory
     from rlvr.trainer.optimizer import Optimization
 
@@ -93,8 +93,10 @@ def worker(args: argparse.Namespace) -> dict:
     runtime = resident_bytes()
     acc = Accelerator(cpu=args.device == "cpu")
     checkpointing = args.worker == "on"
-    model_cfg = ModelConfig(gradient_checkpointing=checkpointing, **base_settings(args.base))
+    model_cfg = ModelConfig(**base_settings(args.base))
     policy = load_policy(model_cfg, LoraConfig(), acc)
+    if checkpointing:
+        enable_gradient_checkpointing(policy.model)
     shape = memory.ModelShape.of(policy.model)
     opt = Optimization(acc, policy.model, OptimConfig(), total_steps=10, micro_batch_size=1)
     device = acc.device

@@ -20,8 +20,8 @@ Where the order departs from the first sketch, the import graph decided:
   they share a floor; one floor lower, the server would add four exceptions to save two.
 
 The arrows that still point up are listed in ALLOWED_UP, each with its reason: `data` keeps two
-modules that generate from or export evaluation runs, `model.publish` reads a finished run, and
-two constants/rules are read from the one place that owns them. A new upward import fails with
+modules that generate from or export evaluation runs, and two constants/rules are read from the
+one place that owns them. A new upward import fails with
 file:line and the two units, so it has to be moved down or added there with a reason.
 
 Run `python tests/unit/test_import_layers.py [SRC]` to print the upward arrows of any src dir
@@ -63,10 +63,6 @@ ALLOWED_UP: dict[tuple[str, str], str] = {
     ("rlvr/data/demonstrations.py", "rlvr.server"): "generating from a local model serves it "
     "first, imported where the demonstrations are generated",
     ("rlvr/data/export.py", "rlvr.eval"): "exports read vf-eval runs (Run, errored)",
-    ("rlvr/model/policy.py", "rlvr.trainer"): "loading a policy plans its memory with the "
-    "trainer's budget (rlvr.trainer.memory)",
-    ("rlvr/model/publish.py", "rlvr.trainer"): "publishing reads the trainer's checkpoints",
-    ("rlvr/model/publish.py", "rlvr.eval"): "the published model card plots the run's curves",
     ("rlvr/reasoning_vocab/vllm.py", "rlvr.server"): "the vLLM processor is registered under "
     "the name the server's plugin declares (REASONING_VOCAB_PROCESSOR)",
 }

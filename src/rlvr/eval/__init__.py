@@ -1,1 +1,1 @@
-"""Evaluation: vf-eval runs, reports and statistics, plots, sweeps, predictions."""
+"""Evaluation: vf-eval runs, reports and statistics, plots, sweeps, predictions, publishing."""

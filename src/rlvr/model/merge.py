@@ -1,110 +1,119 @@
-"""The `rlvr-merge-adapter` command: a LoRA adapter merged into its base model, optionally pushed.
+"""An adapter merged into its base model: one plain Hugging Face model for serving.
 
-Merging is `rlvr.model.policy.merge_adapter`; publishing with a generated model card is
-`rlvr.model.publish`."""
+`merge_adapter` rebuilds the base the adapter was trained on (quantized again for QLoRA, expanded
+by its reasoning vocabulary) and writes base + adapter atomically; `rlvr-merge-adapter`
+(`rlvr.eval.publish`) is its command. Design: docs/training.md#quantized-bases-qlora.
+"""
 
 from __future__ import annotations
 
-import argparse
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.model.policy import MERGE_INTO, merge_adapter, merge_statement
-from rlvr.model.publish import (
-    PublishError,
-    check_hub_access,
-    check_repo_id,
-    list_files,
-    push_folder,
-    read_run,
-    write_card,
-)
+import torch
 
-# ---- the command ---------------------------------------------------------------------------------
+from rlvr.atomic import atomic_directory
+from rlvr.config import ModelConfig
+from rlvr.model.policy import BASE_QUANTIZATION_FILE, load_model
+from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_model, load_tokenizer
 
 
-def parse_args() -> argparse.Namespace:
-    """Return the command line of `rlvr-merge-adapter`, hub-only flags checked."""
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("adapter", help="adapter directory (adapter_config.json inside)")
-    parser.add_argument("out", help="directory for the merged model")
-    parser.add_argument("--base", default=None, help="base model (default: the adapter's own)")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="dtype of the merged weights (auto: float32)",
-    )
-    parser.add_argument(
-        "--into",
-        default="trained",
-        choices=MERGE_INTO,
-        help="for an adapter trained on a quantized base (QLoRA): merge into that base "
-        "dequantized, the policy the run trained (trained, default), or into the unquantized "
-        "original, which differs from it by the quantization error (original)",
-    )
-    parser.add_argument("--push-to-hub", metavar="REPO", help="Hub model id, e.g. you/model")
-    parser.add_argument("--private", action="store_true", help="create the Hub repo private")
-    parser.add_argument("--eval-report", type=Path, help="Markdown report for the model card")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="write card and files into OUT, do not push"
-    )
-    args = parser.parse_args()
-    if not args.push_to_hub:
-        for flag, given in (
-            ("--private", args.private),
-            ("--eval-report", args.eval_report),
-            ("--dry-run", args.dry_run),
-        ):
-            if given:
-                parser.error(f"{flag} goes with --push-to-hub")
-    return args
+@dataclass(frozen=True)
+class BaseQuantization:
+    """How the base an adapter was trained on was stored: `quantization` (`none`, `nf4`,
+    `int8`) and the dtype its weights loaded in before they were quantized (the codes depend
+    on it: a bfloat16 run quantizes bfloat16-rounded weights)."""
+
+    quantization: str = "none"
+    dtype: torch.dtype = torch.float32
 
 
-def main() -> None:
-    """Merge a trained LoRA adapter into its base model and save a plain Hugging Face model;
-    optionally publish it to the Hugging Face Hub with a generated model card.
+def adapter_base_quantization(adapter_dir: str | Path) -> BaseQuantization:
+    """The storage of the base an adapter was trained on (`none` when not recorded; float32
+    for a file written before it recorded the dtype)."""
+    path = Path(adapter_dir) / BASE_QUANTIZATION_FILE
+    if not path.is_file():
+        return BaseQuantization()
+    recorded = json.loads(path.read_text())
+    dtype = getattr(torch, recorded.get("dtype", "float32"))
+    return BaseQuantization(recorded["quantization"], dtype)
 
-        python scripts/merge_adapter.py outputs/run/final merged/ [--base NAME] [--dtype bfloat16]
-            [--into trained|original]
-        python scripts/merge_adapter.py outputs/run/final merged/ --push-to-hub you/model \
-            [--private] [--eval-report report.md] [--dry-run]
 
-    The result loads anywhere a model does (`vf-vllm --model merged/`, transformers, vf-eval).
-    With --push-to-hub, merged/ also gets README.md, a model card written from the run directory
-    (config.yaml, metrics.jsonl, checkpoints: base model, environment, steps, training curves) and
-    the --eval-report, and is uploaded as one commit. The token and the network are checked before
-    merging starts. --dry-run writes everything into merged/ and lists what would be pushed.
+def load_trained_base(path: str, base: BaseQuantization, dtype: torch.dtype) -> torch.nn.Module:
+    """The model at `path` as a run with base storage `base` trained on it: quantized again
+    from the dtype that run loaded it in (quantizing is deterministic, so the same codes, and
+    the other weights in that dtype too), or unquantized in `dtype`."""
+    if base.quantization == "none":
+        return load_model(path, ModelConfig(name=path), dtype=dtype)
+    quantized = ModelConfig(name=path, quantization=base.quantization)
+    return load_model(path, quantized, dtype=base.dtype)
 
-    Installed as `rlvr-merge-adapter`; `python scripts/merge_adapter.py` runs the same.
+
+MERGE_INTO = ("trained", "original")
+
+
+def merge_adapter(
+    adapter_dir: str | Path,
+    out_dir: str | Path,
+    base: str | None = None,
+    dtype: str = "auto",
+    into: str = "trained",
+) -> Path:
+    """Write base model + adapter as one plain Hugging Face model (safetensors + tokenizer,
+    and the reasoning vocabulary's mapping) to `out_dir`, complete or absent. `base` defaults
+    to the adapter's recorded base; `into="trained"` merges a QLoRA adapter into its base
+    dequantized (the trained policy), `"original"` into the unquantized base (`merge_statement`).
     """
-    args = parse_args()
-    repo = args.push_to_hub
-    try:
-        if repo:  # everything that can fail without merging fails first
-            check_repo_id(repo)
-            if args.eval_report and not args.eval_report.is_file():
-                raise PublishError(f"--eval-report {args.eval_report}: no such file")
-            run = read_run(args.adapter)
-            token = None if args.dry_run else check_hub_access()
-        out = merge_adapter(
-            args.adapter, args.out, base=args.base, dtype=args.dtype, into=args.into
+    from peft import PeftModel
+
+    from rlvr.model.names import resolve_model
+    from rlvr.model.quantization import dequantize_model
+
+    if into not in MERGE_INTO:
+        raise ValueError(f"merge into {into!r}: choose one of {MERGE_INTO}")
+    adapter_dir = Path(adapter_dir)
+    config_file = adapter_dir / "adapter_config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{adapter_dir} is not a PEFT adapter (no adapter_config.json)")
+    base = base or json.loads(config_file.read_text())["base_model_name_or_path"]
+    base_path = resolve_model(base)
+    stored = adapter_base_quantization(adapter_dir) if into == "trained" else BaseQuantization()
+    torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
+    model = load_trained_base(base_path, stored, torch_dtype)
+    if stored.quantization != "none":  # the trained base dequantized, then cast
+        model = dequantize_model(model).to(torch_dtype)
+    base_vocab = ReasoningVocab.load(base_path)
+    reasoning_vocab = ReasoningVocab.load(adapter_dir) or base_vocab
+    if reasoning_vocab is not None and base_vocab is None:
+        expand_model(model, reasoning_vocab)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
+    tokenizer = load_tokenizer(adapter_dir if has_tokenizer else base_path)
+    out = Path(out_dir)
+    with atomic_directory(out, replace=True) as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if reasoning_vocab is not None:
+            reasoning_vocab.save(tmp)
+    return out
+
+
+def merge_statement(adapter_dir: str | Path, into: str) -> str:
+    """What `merge_adapter(adapter_dir, ..., into=into)` merges the adapter into, in words."""
+    stored = adapter_base_quantization(adapter_dir)
+    quantization = stored.quantization
+    if quantization == "none":
+        return "merged into the base model (the adapter was trained on it unquantized)"
+    if into == "trained":
+        source = str(stored.dtype).removeprefix("torch.")
+        return (
+            f"merged into the {quantization}-dequantized base the adapter was trained on "
+            f"(quantized from {source}, as the run loaded it): the policy the run trained and "
+            "served (--into original merges into the unquantized base instead)"
         )
-        print(f"merged model written to {out}: {merge_statement(args.adapter, args.into)}")
-        if not repo:
-            return
-        card = write_card(out, run, repo, args.eval_report)
-        print(f"model card written to {card}")
-        files = list_files(out)
-        visibility = "private" if args.private else "public"
-        if args.dry_run:
-            mib = sum(size for _, size in files) / 2**20
-            print(
-                f"dry run: would push {len(files)} files ({mib:.1f} MiB) to {repo} ({visibility}):"
-            )
-            for name, size in files:
-                print(f"  {name}  {size:,} bytes")
-            return
-        url = push_folder(out, repo, private=args.private, token=token)
-        print(f"pushed {len(files)} files to {repo} ({visibility}): {url}")
-    except (FileNotFoundError, PublishError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+    return (
+        f"merged into the ORIGINAL unquantized base, although the adapter was trained on its "
+        f"{quantization} quantization: this model differs from the trained policy by the "
+        "base's quantization error (--into trained gives the trained policy)"
+    )

@@ -1,27 +1,10 @@
-"""The trainable policy, for every trainer (GRPO and SFT): loading and the final save.
+"""The trainable policy, for every trainer (GRPO and SFT): loading it and its final save.
 
-Loading resolves the model name (embedded short name, directory or hub id), reads the tokenizer
-and its pad id, loads the weights in the configured dtype, wraps the model in a LoRA adapter
-(new, or one to continue from) and switches gradient checkpointing on where the trainer's
-largest micro-batch needs it (`rlvr.trainer.memory`). The final save writes the adapter or the full
-model in Hugging Face format, and `merge_adapter` turns a saved adapter into a plain model for
-serving.
-
-Precision: every weight the optimizer updates is float32. A bfloat16 weight of 0.02 moves
-only by steps of 1.2e-4, so AdamW updates below half of that (lr 1e-6 for thousands of steps)
-round to nothing and the run trains nothing while its loss looks fine. LoRA keeps its adapter
-in float32 (PEFT) over a frozen half-precision base, and DeepSpeed keeps float32 master
-weights itself; a full fine-tune elsewhere (one process, DDP) in a half dtype therefore loads
-float32 weights and computes in the half dtype under autocast (`mixed_precision`), whatever
-accelerate's own mixed_precision says. Pushes to vf-vllm stream the half dtype.
-
-A quantized base (`model.quantization`, QLoRA) loads through bitsandbytes and is prepared by
-`rlvr.model.quantization` so that it computes with plain dequantized weights, which the server
-is then given (see that module).
-
-Nothing here imports vLLM (the merged-weight stream for vf-vllm lives in
-`rlvr.weight_sync.merged_stream`), so SFT runs on machines that have no vLLM, such as training-only
-GPU hosts.
+`load_policy` loads the tokenizer and the weights (float32 wherever the optimizer updates them,
+a half dtype computing under autocast), wraps them in LoRA and, for a sampled policy, turns
+dropout off; gradient checkpointing is the trainer's decision (`enable_gradient_checkpointing`).
+`save_final` writes the adapter or the full model in Hugging Face format. Nothing here imports
+vLLM, so SFT runs on training-only hosts. Design: docs/training.md#precision-seeds-and-policy-lag.
 """
 
 from __future__ import annotations
@@ -43,10 +26,10 @@ from rlvr.model.quantization import (
     quantization_of,
     quantized_from,
 )
+from rlvr.model.zero3 import zero3_gather
 from rlvr.reasoning_vocab.hooks import PolicyHooks, policy_hooks
 from rlvr.reasoning_vocab.mapping import ReasoningVocab, expand_model, load_tokenizer
 from rlvr.reasoning_vocab.mapping import attach as attach_reasoning_vocab
-from rlvr.trainer.memory import Budget, plan_memory
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +46,8 @@ class Policy:
     reasoning_vocab: ReasoningVocab | None = None
     """The model's reasoning vocabulary (`tokenizer` is then the expanded one), or None."""
     compute_dtype: torch.dtype | None = None
-    """Set when float32 weights compute in a half dtype (see the module docstring): the
-    dtype pushed weights travel in."""
+    """Set when float32 weights compute in a half dtype (`master_weights_dtype`): the dtype
+    pushed weights travel in."""
     hooks: PolicyHooks = field(default_factory=PolicyHooks)
     """What the policy's extension (a reasoning vocabulary) adds to a step; no-ops without."""
 
@@ -77,7 +60,9 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 def master_weights_dtype(cfg: ModelConfig, lora: bool, deepspeed: bool) -> torch.dtype | None:
     """The half dtype a full fine-tune computes in over float32 weights (None: the weights
-    load in the configured dtype as they are). See the module docstring."""
+    load in the configured dtype as they are). Every weight the optimizer updates is float32:
+    a bfloat16 weight drops AdamW updates under half its step; LoRA's adapter (PEFT) and
+    DeepSpeed's master weights are float32 already."""
     dtype = resolve_dtype(cfg.dtype)
     if lora or deepspeed or dtype == torch.float32:
         return None
@@ -152,14 +137,9 @@ def apply_lora(
     reasoning_vocab: ReasoningVocab | None = None,
 ) -> torch.nn.Module:
     """Wrap `model` with a trainable LoRA adapter: a new one, or `cfg.resume_from`'s.
-
-    `keep_reference` (for a KL penalty) also loads a resumed adapter a second time, frozen,
-    as the reference: the initial policy is base + that adapter, not the bare base.
-
-    With a reasoning vocabulary, its rows (and only those) of the input embedding and of an
-    untied output head train in full beside the adapter (PEFT's trainable tokens; a tied head
-    shares the embedding's rows): a low-rank update could not move N new rows independently
-    of the originals they copy."""
+    `keep_reference` (a KL penalty) also loads a resumed adapter frozen, as the reference.
+    A reasoning vocabulary's rows train in full beside the adapter (`trainable_rows`): a
+    low-rank update could not move N new rows independently of the originals they copy."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
@@ -229,32 +209,16 @@ def load_policy(
     lora_cfg: LoraConfig,
     accelerator: Any,
     keep_reference: bool = False,
-    budget: Budget | None = None,
     sampled_len: int | None = None,
 ) -> Policy:
-    """Everything a trainer needs to start training the model `model_cfg.name`
-    (`keep_reference`: see `apply_lora`). With the `budget` of its largest micro-batch, the
-    step's peak memory is checked against the device's (a ConfigError when it cannot fit)
-    and gradient checkpointing, unless set, is on only when the step needs it
-    (`rlvr.trainer.memory.plan_memory`); without one, checkpointing is as set (default off).
-
-    `sampled_len` (GRPO: the longest sample, whose tokens a server sampled) makes it a policy
-    whose log-probabilities are compared with a sampler's: a rotary embedding the trainer
-    cannot reproduce is refused before the weights load (`rlvr.model.rope`), and every dropout
-    is off (`disable_dropout`)."""
-    from accelerate.utils import DistributedType
-    from transformers import AutoConfig
-
-    from rlvr.model.names import resolve_model
-    from rlvr.model.rope import check_trainer_rope
-
-    with accelerator.main_process_first():  # the embedded model is converted once, by one process
-        path = resolve_model(model_cfg.name)
-    if sampled_len is not None:
-        check_trainer_rope(AutoConfig.from_pretrained(path), model_cfg.name, sampled_len)
+    """Everything a trainer needs to start training the model `model_cfg.name`, gradient
+    checkpointing off (`keep_reference`: see `apply_lora`). `sampled_len` (GRPO: the longest
+    sample) makes it a policy compared with a sampler: a rotary embedding the trainer cannot
+    reproduce is refused before the weights load (`rlvr.model.rope`), and dropout is off."""
+    path = _resolve_path(model_cfg, accelerator, sampled_len)
     tokenizer = load_tokenizer(path)
     pad = tokenizer.pad_token_id
-    deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    deepspeed = _is_deepspeed(accelerator)
     check_quantized_launch(model_cfg.quantization, accelerator.device, deepspeed)
     compute_dtype = master_weights_dtype(model_cfg, lora_cfg.enabled, deepspeed)
     model = load_model(
@@ -266,41 +230,70 @@ def load_policy(
     tokenizer, reasoning_vocab = attach_reasoning_vocab(model, tokenizer, model_cfg, path)
     if compute_dtype is not None:  # after any resize: it replaces the head module
         mixed_precision(model, compute_dtype, accelerator.device.type)
+    model = _trainable(model, lora_cfg, keep_reference, reasoning_vocab, sampled_len)
+    pad_id = pad if pad is not None else tokenizer.eos_token_id
+    hooks = policy_hooks(reasoning_vocab, tokenizer)
+    return Policy(model, tokenizer, pad_id, path, reasoning_vocab, compute_dtype, hooks)
+
+
+def _resolve_path(model_cfg: ModelConfig, accelerator: Any, sampled_len: int | None) -> str:
+    """The model's weights directory or hub id, its rotary embedding checked for `sampled_len`."""
+    from transformers import AutoConfig
+
+    from rlvr.model.names import resolve_model
+    from rlvr.model.rope import check_trainer_rope
+
+    with accelerator.main_process_first():  # the embedded model is converted once, by one process
+        path = resolve_model(model_cfg.name)
+    if sampled_len is not None:
+        check_trainer_rope(AutoConfig.from_pretrained(path), model_cfg.name, sampled_len)
+    return path
+
+
+def _is_deepspeed(accelerator: Any) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+
+def _trainable(
+    model: torch.nn.Module,
+    lora_cfg: LoraConfig,
+    keep_reference: bool,
+    reasoning_vocab: ReasoningVocab | None,
+    sampled_len: int | None,
+) -> torch.nn.Module:
+    """`model` ready to train: no KV cache, LoRA when enabled, dropout off for a sampled policy."""
     model.config.use_cache = False
     if lora_cfg.enabled:
         model = apply_lora(model, lora_cfg, keep_reference, reasoning_vocab)
     if sampled_len is not None:
         disable_dropout(model, lora_cfg.dropout if lora_cfg.enabled else 0.0)
-    plan = None
-    if budget is not None:  # refuse a step that cannot fit; choose checkpointing for it
-        reference_copy = keep_reference and not lora_cfg.enabled
-        plan = plan_memory(
-            model,
-            model_cfg.gradient_checkpointing,
-            budget,
-            accelerator,
-            reference_copy=reference_copy,
-        )
-    checkpointing = plan.checkpointing if plan else bool(model_cfg.gradient_checkpointing)
-    if checkpointing:
-        model.gradient_checkpointing_enable({"use_reentrant": False})
-    if accelerator.is_main_process:
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        kind = "LoRA" if lora_cfg.enabled else "full"
-        if model_cfg.quantization != "none":
-            kind += f" on a {model_cfg.quantization} base"
-        print(
-            f"model {path}: {num_parameters(model) / 1e6:.1f}M parameters, "
-            f"{trainable / 1e6:.2f}M trainable ({kind}), dtype {model.dtype}"
-            + (f" computing in {compute_dtype}" if compute_dtype else "")
-            + f", gradient checkpointing {checkpointing}"
-            + (f", reasoning vocabulary {reasoning_vocab.size}" if reasoning_vocab else "")
-        )
-        if plan is not None:
-            print(plan.describe())
-    pad_id = pad if pad is not None else tokenizer.eos_token_id
-    hooks = policy_hooks(reasoning_vocab, tokenizer)
-    return Policy(model, tokenizer, pad_id, path, reasoning_vocab, compute_dtype, hooks)
+    return model
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in backward instead of keeping them."""
+    model.gradient_checkpointing_enable({"use_reentrant": False})
+
+
+def describe_policy(
+    policy: Policy, model_cfg: ModelConfig, lora_cfg: LoraConfig, checkpointing: bool
+) -> str:
+    """The start-up line that names the loaded policy: its size, what trains and how."""
+    model = policy.model
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    kind = "LoRA" if lora_cfg.enabled else "full"
+    if model_cfg.quantization != "none":
+        kind += f" on a {model_cfg.quantization} base"
+    compute, vocab = policy.compute_dtype, policy.reasoning_vocab
+    return (
+        f"model {policy.path}: {num_parameters(model) / 1e6:.1f}M parameters, "
+        f"{trainable / 1e6:.2f}M trainable ({kind}), dtype {model.dtype}"
+        + (f" computing in {compute}" if compute else "")
+        + f", gradient checkpointing {checkpointing}"
+        + (f", reasoning vocabulary {vocab.size}" if vocab else "")
+    )
 
 
 def check_quantized_launch(quantization: str, device: torch.device, deepspeed: bool) -> None:
@@ -318,15 +311,10 @@ def check_quantized_launch(quantization: str, device: torch.device, deepspeed: b
 
 
 def disable_dropout(model: torch.nn.Module, lora_dropout: float = 0.0) -> None:
-    """Turn every dropout of `model` off: its dropout modules (LoRA's included) and the
-    dropout rates its modules and config keep as numbers (attention dropout is a rate the
-    attention function reads in train mode).
-
-    Why: the policy's loss and reference forwards run in train mode (`model.eval()` would also
-    switch off Hugging Face gradient checkpointing, which checks `self.training`), and a
-    dropout there perturbs the trainer's log-probabilities: the importance ratio on identical
-    weights is no longer 1, its masking drops tokens at random and the reference pass is
-    noisy. A `lora_dropout` > 0 is said to be ignored (a warning), since it was asked for."""
+    """Turn every dropout of `model` off: its dropout modules (LoRA's included) and the rates
+    its modules and config keep as numbers; a `lora_dropout` > 0 is warned about. The loss
+    and reference forwards run in train mode (`model.eval()` would also switch off gradient
+    checkpointing), where a dropout would perturb every importance ratio."""
     if lora_dropout > 0:
         log.warning(
             "lora.dropout=%g is ignored in GRPO: the loss forward runs without dropout, since a "
@@ -351,15 +339,6 @@ def _is_dropout_rate(name: str, value: Any) -> bool:
     `resid_pdrop`, ...), not a flag."""
     named = "dropout" in name or name.endswith("_pdrop")
     return named and isinstance(value, float) and value > 0
-
-
-def zero3_gather(params: list[torch.nn.Parameter]):
-    """Gather ZeRO-3 partitioned parameters for reading (a no-op for ordinary tensors)."""
-    if any(hasattr(p, "ds_id") for p in params):
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-    return contextlib.nullcontext()
 
 
 def save_final(
@@ -420,110 +399,3 @@ BASE_QUANTIZATION_FILE = "base_quantization.json"
 """Beside an adapter trained on a quantized base: which quantization, and the dtype the base's
 weights were quantized from (`rlvr-merge-adapter` and `push_merged_adapter` read it to rebuild
 the base the adapter was trained on)."""
-
-
-@dataclass(frozen=True)
-class BaseQuantization:
-    """How the base an adapter was trained on was stored: `quantization` (`none`, `nf4`,
-    `int8`) and the dtype its weights loaded in before they were quantized (the codes depend
-    on it: a bfloat16 run quantizes bfloat16-rounded weights)."""
-
-    quantization: str = "none"
-    dtype: torch.dtype = torch.float32
-
-
-def adapter_base_quantization(adapter_dir: str | Path) -> BaseQuantization:
-    """The storage of the base an adapter was trained on (`none` when not recorded; float32
-    for a file written before it recorded the dtype)."""
-    path = Path(adapter_dir) / BASE_QUANTIZATION_FILE
-    if not path.is_file():
-        return BaseQuantization()
-    recorded = json.loads(path.read_text())
-    dtype = getattr(torch, recorded.get("dtype", "float32"))
-    return BaseQuantization(recorded["quantization"], dtype)
-
-
-def load_trained_base(path: str, base: BaseQuantization, dtype: torch.dtype) -> torch.nn.Module:
-    """The model at `path` as a run with base storage `base` trained on it: quantized again
-    from the dtype that run loaded it in (quantizing is deterministic, so the same codes, and
-    the other weights in that dtype too), or unquantized in `dtype`."""
-    if base.quantization == "none":
-        return load_model(path, ModelConfig(name=path), dtype=dtype)
-    quantized = ModelConfig(name=path, quantization=base.quantization)
-    return load_model(path, quantized, dtype=base.dtype)
-
-
-MERGE_INTO = ("trained", "original")
-
-
-def merge_adapter(
-    adapter_dir: str | Path,
-    out_dir: str | Path,
-    base: str | None = None,
-    dtype: str = "auto",
-    into: str = "trained",
-) -> Path:
-    """Write base model + adapter as one plain Hugging Face model (safetensors + tokenizer).
-
-    `base` defaults to the adapter's recorded base model (short names, local directories and
-    hub ids all resolve). An adapter trained with a reasoning vocabulary expands a base that
-    lacks one first, and the merged model carries the mapping. Written to a temporary
-    directory and renamed, so `out_dir` is either complete or absent.
-
-    An adapter trained on a quantized base (QLoRA) merges, with `into="trained"`, into that
-    base dequantized: the policy the run trained and served. `into="original"` merges it into
-    the unquantized base instead, a model nobody trained: it differs from the trained policy
-    by the base's quantization error (see `merge_statement`).
-    """
-    from peft import PeftModel
-
-    from rlvr.model.names import resolve_model
-    from rlvr.model.quantization import dequantize_model
-
-    if into not in MERGE_INTO:
-        raise ValueError(f"merge into {into!r}: choose one of {MERGE_INTO}")
-    adapter_dir = Path(adapter_dir)
-    config_file = adapter_dir / "adapter_config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{adapter_dir} is not a PEFT adapter (no adapter_config.json)")
-    base = base or json.loads(config_file.read_text())["base_model_name_or_path"]
-    base_path = resolve_model(base)
-    stored = adapter_base_quantization(adapter_dir) if into == "trained" else BaseQuantization()
-    torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
-    model = load_trained_base(base_path, stored, torch_dtype)
-    if stored.quantization != "none":  # the trained base dequantized, then cast
-        model = dequantize_model(model).to(torch_dtype)
-    base_vocab = ReasoningVocab.load(base_path)
-    reasoning_vocab = ReasoningVocab.load(adapter_dir) or base_vocab
-    if reasoning_vocab is not None and base_vocab is None:
-        expand_model(model, reasoning_vocab)
-    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
-    has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
-    tokenizer = load_tokenizer(adapter_dir if has_tokenizer else base_path)
-    out = Path(out_dir)
-    with atomic_directory(out, replace=True) as tmp:
-        merged.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if reasoning_vocab is not None:
-            reasoning_vocab.save(tmp)
-    return out
-
-
-def merge_statement(adapter_dir: str | Path, into: str) -> str:
-    """What `merge_adapter(adapter_dir, ..., into=into)` merges the adapter into, in words."""
-    stored = adapter_base_quantization(adapter_dir)
-    quantization = stored.quantization
-    if quantization == "none":
-        return "merged into the base model (the adapter was trained on it unquantized)"
-    if into == "trained":
-        source = str(stored.dtype).removeprefix("torch.")
-        return (
-            f"merged into the {quantization}-dequantized base the adapter was trained on "
-            f"(quantized from {source}, as the run loaded it): the policy the run trained and "
-            "served (--into original merges into the unquantized base instead)"
-        )
-    return (
-        f"merged into the ORIGINAL unquantized base, although the adapter was trained on its "
-        f"{quantization} quantization: this model differs from the trained policy by the "
-        "base's quantization error (--into trained gives the trained policy)"
-    )

@@ -1,28 +1,10 @@
-"""Quantized bases (QLoRA): the frozen base stored in 4 or 8 bits, LoRA trained on top.
+"""Quantized bases (QLoRA): the frozen base stored in 4 or 8 bits (`nf4`, `int8`), LoRA on top.
 
-`model.quantization` picks the storage of every linear layer but the output head (the embeddings
-and norms are not linear layers and stay in the model's dtype):
-
-- `nf4`: bitsandbytes' 4-bit NormalFloat, blocks of 64 weights sharing one float32 absmax;
-- `int8`: bitsandbytes' int8 storage, one absmax per output row.
-
-The promise this module keeps: **the trainer's effective base is a plain weight matrix the
-server can hold.** Each quantized layer computes `x @ dequantized_weight(layer).T + b`, exactly
-(no activation quantization), so pushing `dequantized_weight` of every layer into vf-vllm makes
-the sampler compute what the trainer computes (`rlvr.weight_sync.connect` does it once at
-start under adapter sync; `rlvr.weight_sync.merged_stream` merges the adapter into it under
-merged pushes). Two bitsandbytes behaviours would break that and are switched off by
-`prepare_quantized`:
-
-- its int8 matmul (`MatMul8bitLt`) quantizes the *activations* to int8 as well (LLM.int8) on CUDA,
-  and on the CPU outside train mode; only its CPU training path is weight-only. Every `int8`
-  layer here computes through `WeightOnlyInt8` instead, on any device and in any mode;
-- a 4-bit layer on a CPU with AVX512-BF16, run in eval mode without gradients, repacks its
-  weights for a bfloat16 kernel (absmax rounded to bfloat16) for good: later forwards, training
-  ones included, would compute with other weights. `support_avx512bf16_for_cpu` is cleared.
-
-Quantizing is deterministic (the same base gives the same bytes), so a checkpoint stores only the
-adapter and a resumed run rebuilds the identical base from the original weights.
+Promise: the trainer's effective base is a plain weight matrix the server can hold. Each
+quantized layer computes `x @ dequantized_weight(layer).T + b` exactly (no activation
+quantization; `prepare_quantized` switches off the bitsandbytes behaviours that would not), and
+quantizing is deterministic, so a checkpoint stores only the adapter.
+Design and measurements: docs/training.md#quantized-bases-qlora.
 """
 
 from __future__ import annotations
@@ -102,8 +84,10 @@ def quantized_from(model: torch.nn.Module) -> torch.dtype:
 
 def prepare_quantized(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Make every quantized layer of `model` compute `x @ dequantized_weight(layer).T + b` in
-    every mode and on every device (see the module docstring), in `dtype` (the model's); run
-    it right after loading."""
+    every mode and on every device, in `dtype` (the model's); run it right after loading.
+    Otherwise bitsandbytes' int8 matmul quantizes the activations too (LLM.int8: on CUDA, and
+    on the CPU outside train mode), and a 4-bit layer run in eval mode without gradients on an
+    AVX512-BF16 CPU repacks its weights for a bfloat16 kernel for good."""
     for module in model.modules():
         if is_4bit(module):
             module.support_avx512bf16_for_cpu = False

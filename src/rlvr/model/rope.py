@@ -1,25 +1,10 @@
 """Rotary embeddings whose frequencies depend on the sequence length: which the GRPO trainer
 can reproduce, and the refusal of the others.
 
-The importance ratio divides the trainer's probability of each sampled token by the server's,
-so both must rotate queries and keys with the same frequencies. Two RoPE variants choose their
-frequencies from a length, and transformers and vLLM choose from different lengths:
-
-- LongRoPE (`longrope`: Phi-3.5-mini, Phi-4-mini, ...). transformers uses the short factors
-  while the longest position of a forward is within `original_max_position_embeddings`, the
-  long ones beyond it: a micro-batch's factors depend on its longest sample. vLLM uses the long
-  factors for every token of every request once its `max_model_len` exceeds the original
-  context, else the short ones. Both use the short factors for every token when
-  `batch.max_seq_len` and the server's `max_model_len` are both within the original context,
-  which is exact (same factors, same attention scaling), so that run is allowed: the trainer
-  checks its side at load (`check_trainer_rope`) and the server's once connected
-  (`check_served_rope`). Anything else is refused.
-- Dynamic NTK (`dynamic`, and every rope type transformers treats as dynamic). transformers
-  stretches the RoPE base in each forward whose longest position passes
-  `max_position_embeddings`; vLLM computes one base at start-up for every token. Refused.
-
-Configs spell the parameters `rope_parameters` (transformers 5) or `rope_scaling` (older
-checkpoints, remote code), the type `rope_type` or `type`, and may nest them by layer type.
+LongRoPE runs only where trainer and server both use the short factors for every token
+(`batch.max_seq_len` and the server's `max_model_len` within the original context: checked at
+load, `check_trainer_rope`, and once connected, `check_served_rope`); dynamic NTK is refused.
+Why: docs/troubleshooting.md#models-and-sampling-settings-the-trainer-refuses-or-adapts-to.
 """
 
 from __future__ import annotations
@@ -45,7 +30,8 @@ class LengthDependentRope:
 
 
 def _parameter_sets(config: Any) -> Iterator[dict[str, Any]]:
-    """Each set of RoPE parameters of `config`: one, or one per layer type when nested."""
+    """Each set of RoPE parameters of `config`: one, or one per layer type when nested
+    (`rope_parameters` in transformers 5, `rope_scaling` in older or remote-code configs)."""
     for name in ("rope_parameters", "rope_scaling"):
         params = getattr(config, name, None)
         if not isinstance(params, dict) or not params:
@@ -56,7 +42,7 @@ def _parameter_sets(config: Any) -> Iterator[dict[str, Any]]:
 
 def length_dependent_rope(config: Any) -> LengthDependentRope | None:
     """The model's LongRoPE or dynamic-NTK rotary embedding, or None when its frequencies do
-    not depend on the sequence length (see the module docstring)."""
+    not depend on the sequence length."""
     for params in _parameter_sets(config):
         rope_type = str(params.get("rope_type") or params.get("type") or "default")
         rope_type = LONGROPE if rope_type in LONGROPE_ALIASES else rope_type

@@ -21,6 +21,7 @@ import torch
 
 from rlvr.atomic import atomic_write_text
 from rlvr.config import ConfigError, ModelConfig, delimiters_ok
+from rlvr.model.zero3 import zero3_gather
 
 MAPPING_FILE = "reasoning_vocab.json"
 MARKER = "\ue000"
@@ -317,8 +318,6 @@ def row_cosines(model: torch.nn.Module, vocab: ReasoningVocab) -> dict[str, floa
     """Mean cosine similarity between each reasoning row and its original row, in the input
     embedding and (when untied) the output head: 1 right after expansion, falling as training
     moves them apart. Under ZeRO-3 every rank must call this (the rows are gathered)."""
-    from rlvr.model.policy import zero3_gather
-
     source = torch.tensor(vocab.original_ids, dtype=torch.long)
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     modules = {"embedding": embedding}

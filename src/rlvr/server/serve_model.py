@@ -41,8 +41,8 @@ def is_adapter(model: str | Path) -> bool:
 
 def merged_copy(adapter: Path) -> Path:
     """The adapter merged into its base, made once per adapter version under RLVR_CACHE."""
+    from rlvr.model.merge import merge_adapter
     from rlvr.model.names import cache_root
-    from rlvr.model.policy import merge_adapter
 
     weights = sorted(adapter.glob("adapter_model.*"))
     stamp = "".join(f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights)

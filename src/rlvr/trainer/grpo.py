@@ -55,7 +55,7 @@ from rlvr.trainer.loss import (
     step_normaliser,
     summarise,
 )
-from rlvr.trainer.memory import GIB, Budget, peak_bytes, reset_peak, split_cost
+from rlvr.trainer.memory import GIB, Budget, fit_policy, peak_bytes, reset_peak, split_cost
 from rlvr.trainer.metrics import Laps, RunLogger, step_line
 from rlvr.trainer.micro_batches import largest_micro_batch
 from rlvr.trainer.optimizer import Optimization, make_accelerator
@@ -234,14 +234,16 @@ class Trainer:
 
     def _load_policy(self) -> None:
         cfg, acc = self.cfg, self.accelerator
+        keep_reference = cfg.loss.beta > 0
+        budget = self._budget()
         self.policy = policy = load_policy(
             cfg.model,
             cfg.lora,
             acc,
-            keep_reference=cfg.loss.beta > 0,
-            budget=self._budget(),
+            keep_reference=keep_reference,
             sampled_len=cfg.batch.max_seq_len,
         )
+        fit_policy(policy, cfg.model, cfg.lora, budget, acc, keep_reference=keep_reference)
         self.model, self.tokenizer, self.pad_id = policy.model, policy.tokenizer, policy.pad_id
         self.hooks = policy.hooks
         self.split_cost = split_cost(self.model)  # what a folded micro-batch's plan charges

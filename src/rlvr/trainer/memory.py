@@ -1,45 +1,10 @@
-"""How much memory a training step needs, checked against the machine before the first step,
-and the peak each step actually reached.
+"""How much memory a training step needs, checked before the first step, and each step's peak.
 
-A run whose micro-batch does not fit would die in the kernel's OOM killer with nothing but
-`Killed`. `plan_memory` estimates the peak of a step for the loaded
-model, the largest micro-batch the batch settings allow (in token slots, see
-`rlvr.trainer.micro_batches`) and the dtype, compares it with what the device has free, switches
-gradient checkpointing on when the step only fits with it (unless the user chose), and refuses
-settings that fit neither way with a ConfigError that names the knobs to turn.
-
-What the estimate counts, per rank (`MemoryEstimate`):
-
-- weights: every parameter in its dtype (divided over the ranks under ZeRO-3), plus a frozen
-  reference copy for full fine-tuning with a KL penalty; a quantized base (QLoRA) counts its
-  stored bytes (packed codes and their scales, `rlvr.model.quantization.parameter_bytes`) and
-  the one layer's weight it dequantizes at a time, twice (forward and backward's copies);
-- optimizer: gradients and AdamW states of the trainable parameters only (LoRA: the adapter),
-  in float32 (and a float32 master copy when the parameters are in a lower precision, as bf16
-  full fine-tuning needs to keep small updates), divided under ZeRO-3;
-- activations: what autograd saves for backward, per token and per decoder layer of a
-  Llama-style block: the two RMSNorms' float32 inputs and outputs, attention's q, k, v and
-  output, and the MLP's gate, up, activation and product (SmolLM2 + LoRA: 10.1k float32 values,
-  40 KB, per token per layer, as saved-tensor hooks count them; tests/unit/trainer/test_memory.py
-  checks the formula against them). With gradient checkpointing each layer keeps only its input, and
-  backward recomputes one layer at a time beside its gradients. A padding slot costs what a
-  token costs, so the count is in slots (rows x widest row, see `rlvr.trainer.micro_batches`). Plus
-  the output head's share in `rlvr.trainer.logprobs`, every slot taken as a loss token (the worst
-  case): the float32 softmax kept for backward (up to `MAX_SAVED_ELEMENTS`) and one chunk's logits,
-  log-softmax and softmax while it is computed;
-- allocator (CPU only): freed activation memory glibc's heap keeps (`HEAP_RETENTION`);
-- runtime (CPU only): the interpreter and libraries (`CPU_RUNTIME_BYTES`).
-
-A folded prefix-tree micro-batch (`rlvr.trainer.prefix_tree`) is planned to keep no more than
-the budget's slots would unshared, its node split's extra copies charged (`split_cost`), so
-the one estimate covers both layouts.
-
-Activations are scaled by `ACTIVATION_MARGIN` (backward's transient gradients and the small
-tensors the formula leaves out). The constants are fitted to `bench/train_memory.py` so that the
-estimate stays above the measured peak (docs/training.md#memory has the numbers). The check
-compares what the step adds to what the process already holds with what is free now: on the CPU
-the loaded weights are resident already, on a GPU they are not there yet. Ranks sharing a CPU
-share its free memory.
+`fit_policy` estimates the peak of a step for the loaded policy and the largest micro-batch the
+settings allow, switches gradient checkpointing on when the step only fits with it (unless the
+user chose), and refuses settings that fit neither way with a ConfigError naming the knobs to
+turn. The estimate stays above the peaks `bench/train_memory.py` measures.
+Design and measurements: docs/training.md#what-the-memory-estimate-counts.
 """
 
 from __future__ import annotations
@@ -53,7 +18,8 @@ from typing import Any
 
 import torch
 
-from rlvr.config import ConfigError
+from rlvr.config import ConfigError, LoraConfig, ModelConfig
+from rlvr.model.policy import Policy, describe_policy, enable_gradient_checkpointing
 from rlvr.model.quantization import largest_dequantized_bytes, parameter_bytes
 from rlvr.trainer.logprobs import MAX_CHUNK_ELEMENTS, MAX_SAVED_ELEMENTS
 from rlvr.trainer.prefix_tree import SplitCost
@@ -64,30 +30,21 @@ ACTIVATION_MARGIN = 1.1
 """Measured peak activations over the formula's (see `bench/train_memory.py`)."""
 
 HEAP_RETENTION = {False: 0.8, True: 0.5}
-"""On the CPU, resident memory that glibc's allocator keeps after autograd frees it, as a share
-of the activations of every layer (whether checkpointing recomputes them or not), without and
-with checkpointing. glibc serves tensors below its mmap threshold from its heap and raises that
-threshold (up to 32 MiB) each time it frees a larger mapped block, so after the first step a
-micro-batch's per-layer tensors come from a heap that fragments and seldom shrinks. Fixing the
-threshold (MALLOC_MMAP_THRESHOLD_) would return the memory but slows every step, so the
-estimate counts it instead (fitted with `bench/train_memory.py`)."""
+"""On the CPU, resident memory glibc's heap keeps after autograd frees it, as a share of every
+layer's activations, without and with checkpointing (fitted with `bench/train_memory.py`)."""
 
 CPU_RUNTIME_BYTES = int(0.75 * GIB)
 """Resident memory of a trainer process before it loads a model (python, torch,
 transformers, accelerate, peft), measured on the CPU."""
 
 CHECKPOINT_OFF_FRACTION = 0.8
-"""Gradient checkpointing stays off only when the step fits in this share of free memory:
-recomputation costs about a third more compute, running out of memory costs the run."""
+"""Gradient checkpointing stays off only when the step fits in this share of free memory."""
 
 SPLIT_COPIES = 1.5
-"""The node split's copies of a layer's queries, keys and values, in units of their widths:
-the pieces it cuts and the padded stacks of shared calls (fitted: 1.1x on a tiny Llama, 1.35x
-on SmolLM2's shape)."""
+"""The node split's copies of a layer's queries, keys and values, in units of their widths."""
 
 SPLIT_MARGIN = 1.2
-"""`split_cost` over what its terms count: log-sum-exps, the padding of unequal nodes in one
-call, and the fit's spread (0.93-1.06 of it)."""
+"""`split_cost` over what its terms count (what they leave out, and the fit's spread)."""
 
 OPTIMIZER_BYTES = 16
 """Per trainable parameter: a float32 gradient, AdamW's two float32 moments and its
@@ -143,10 +100,8 @@ class ModelShape:
         )
 
     def layer_activation_bytes(self) -> int:
-        """What one decoder layer saves for backward per token: two RMSNorms (float32 input,
-        the projections' input and, when the norm's weight trains, the normalised value it
-        multiplies), q, k, v and attention's output, the MLP's gate, up, activation and
-        product (see the module docstring)."""
+        """What one decoder layer saves for backward per token: two RMSNorms, q, k, v and
+        attention's output, the MLP's gate, up, activation and product."""
         b = self.dtype_bytes
         trained_norms = self.trainable == self.params
         norms = 2 * self.hidden * (4 + b + (b if trained_norms else 0))
@@ -203,9 +158,7 @@ def estimate(
 ) -> MemoryEstimate:
     """The peak of one training step for a micro-batch of `tokens` slots; `shards`: ranks
     ZeRO-3 divides parameters and optimizer states over; `reference_copy`: a frozen copy of
-    the weights for a full fine-tune's KL penalty. A folded prefix-tree micro-batch costs no
-    more than `tokens` unshared slots (`rlvr.trainer.prefix_tree` plans it so, charging
-    `split_cost`), so one estimate covers both layouts."""
+    the weights for a full fine-tune's KL penalty."""
     b = shape.dtype_bytes
     weights = (shape.weight_bytes or shape.params * b) // shards
     master = 4 if b < 4 else 0
@@ -238,20 +191,9 @@ def slot_bytes(shape: ModelShape, checkpointing: bool) -> int:
 
 
 def split_cost(model: torch.nn.Module) -> SplitCost:
-    """What the sdpa node split keeps for backward beyond the unshared layout, in its slots.
-
-    `rlvr.trainer.tree_sdpa` cuts every layer's queries, keys and values into the nodes'
-    pieces (copies), attends each node's queries to its ancestors' keys and values concatenated
-    with its own (per gathered token, key/value width x 2; the CPU kernel takes grouped heads
-    without repeating them) under a mask SDPA may widen to float32, per query-key pair. Each is
-    kept in every layer that keeps activations (all of them, or with checkpointing the
-    recomputed one and its backward). The head reads one hidden state per sample token, not
-    per folded token, so a gathered token also pays the head's share of a slot. Fitted with
-    saved-tensor hooks on SmolLM2's shape and a tiny Llama (`SPLIT_COPIES`; the gathered tokens
-    came to the key/value width x 2 exactly); `SPLIT_MARGIN` covers the rest
-    (tests/unit/trainer/test_memory.py checks budgets). The planner charges this
-    (`rlvr.trainer.prefix_tree`), so a folded micro-batch keeps no more than the budget's slots
-    would unshared. Zero when the model's shape is unknown (nothing was sized)."""
+    """What the sdpa node split keeps for backward beyond the unshared layout, in its slots
+    (zero when the model's shape is unknown); the prefix-tree planner charges it.
+    How it was fitted: docs/training.md#what-the-memory-estimate-counts."""
     shape = ModelShape.of(model)
     if shape is None:
         return SplitCost()
@@ -267,9 +209,8 @@ def split_cost(model: torch.nn.Module) -> SplitCost:
 
 
 def _head_bytes(tokens: int, vocab: int) -> int:
-    """rlvr.trainer.logprobs' output head at its peak, every slot taken as a loss token: the float32
-    softmax of earlier chunks kept for backward, and the chunk in hand's logits, log-softmax
-    and softmax (three [n, V] float32 buffers; recomputed chunks keep nothing)."""
+    """rlvr.trainer.logprobs' output head at its peak, every slot a loss token: the float32
+    softmax of earlier chunks kept for backward, and the chunk in hand's three [n, V] buffers."""
     elements = tokens * vocab
     chunk = min(elements, MAX_CHUNK_ELEMENTS)
     if elements > MAX_SAVED_ELEMENTS:
@@ -306,6 +247,32 @@ class MemoryPlan:
             f"{self.estimate.step_needs / GIB:.2f} of {self.available / GIB:.2f} GiB free "
             f"on {self.device}"
         )
+
+
+def fit_policy(
+    policy: Policy,
+    model_cfg: ModelConfig,
+    lora_cfg: LoraConfig,
+    budget: Budget,
+    accelerator: Any,
+    *,
+    keep_reference: bool = False,
+) -> MemoryPlan:
+    """Refuse a step of `budget` that cannot fit, switch gradient checkpointing on where the
+    plan needs it, and log the policy and the plan (`keep_reference`: see `load_policy`)."""
+    plan = plan_memory(
+        policy.model,
+        model_cfg.gradient_checkpointing,
+        budget,
+        accelerator,
+        reference_copy=keep_reference and not lora_cfg.enabled,
+    )
+    if plan.checkpointing:
+        enable_gradient_checkpointing(policy.model)
+    if accelerator.is_main_process:
+        print(describe_policy(policy, model_cfg, lora_cfg, plan.checkpointing))
+        print(plan.describe())
+    return plan
 
 
 def plan_memory(

@@ -40,7 +40,7 @@ from rlvr.trainer.cadence import Cadence, run_steps
 from rlvr.trainer.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlvr.trainer.logprobs import sequence_scores
 from rlvr.trainer.loss import normalised_loss
-from rlvr.trainer.memory import Budget
+from rlvr.trainer.memory import Budget, fit_policy
 from rlvr.trainer.metrics import RunLogger
 from rlvr.trainer.micro_batches import collate, rank_micro_batches
 from rlvr.trainer.optimizer import Optimization, make_accelerator
@@ -110,7 +110,8 @@ class SFTTrainer:
         tokens = cfg.train.micro_batch_size * cfg.data.max_seq_len
         knob = "train.micro_batch_size x data.max_seq_len"
         budget = Budget(tokens, knob, cfg.data.max_seq_len, "data.max_seq_len")
-        policy = load_policy(cfg.model, cfg.lora, acc, budget=budget)
+        policy = load_policy(cfg.model, cfg.lora, acc)
+        fit_policy(policy, cfg.model, cfg.lora, budget, acc)
         self.tokenizer, self.pad_id = policy.tokenizer, policy.pad_id
         self.reasoning_vocab, self.hooks = policy.reasoning_vocab, policy.hooks
         stats = self._tokenize(train, validation)

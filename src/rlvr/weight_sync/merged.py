@@ -248,8 +248,9 @@ def push_merged_adapter(base_url: str, model: str, adapter: str | Path) -> float
     LoRA GRPO run resuming from `adapter` sends first; a QLoRA adapter goes onto its
     dequantized base, as it trained); returns the push's seconds."""
     from rlvr.config import LoraConfig
+    from rlvr.model.merge import adapter_base_quantization, load_trained_base
     from rlvr.model.names import resolve_model
-    from rlvr.model.policy import adapter_base_quantization, apply_lora, load_trained_base
+    from rlvr.model.policy import apply_lora
     from rlvr.weight_sync.merged_stream import MergedWeightSource
 
     path = resolve_model(model)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.model.policy import zero3_gather
 from rlvr.model.quantization import dequantized_weight, is_quantized_layer
+from rlvr.model.zero3 import zero3_gather
 from rlvr.reasoning_vocab.mapping import trained_rows_params, with_trained_rows
 
 

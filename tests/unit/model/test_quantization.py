@@ -9,14 +9,8 @@ from accelerate import Accelerator
 from safetensors.torch import load_file
 
 from rlvr.config import ConfigError, SFTConfig, load_config
-from rlvr.model.policy import (
-    load_model,
-    load_policy,
-    merge_adapter,
-    merge_statement,
-    save_adapter,
-    trainable_state,
-)
+from rlvr.model.merge import merge_adapter, merge_statement
+from rlvr.model.policy import load_model, load_policy, save_adapter, trainable_state
 from rlvr.model.quantization import (
     dequantize_model,
     dequantized_weight,

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from rlvr.batch import Sample
 from rlvr.config import ConfigError, LoraConfig, ModelConfig, load_config
-from rlvr.model.policy import load_policy, merge_adapter, save_final
+from rlvr.model.merge import merge_adapter
+from rlvr.model.policy import load_policy, save_final
 from rlvr.reasoning_vocab.expand import expand_checkpoint
 from rlvr.reasoning_vocab.gate import ThinkGate, ThinkTracker
 from rlvr.reasoning_vocab.mapping import (

@@ -14,9 +14,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlvr.batch import Sample
-from rlvr.config import ConfigError, load_config
+from rlvr.config import ConfigError, LoraConfig, ModelConfig, load_config
+from rlvr.model.policy import Policy
 from rlvr.trainer import memory
-from rlvr.trainer.memory import GIB, Budget, ModelShape, estimate, plan_memory
+from rlvr.trainer.memory import GIB, Budget, ModelShape, estimate, fit_policy, plan_memory
 from rlvr.trainer.prefix_tree import (
     SplitCost,
     collate_folded,
@@ -174,6 +175,23 @@ def test_checkpointing_is_chosen_by_what_the_budget_needs(monkeypatch):
     with_free_memory(monkeypatch, 1.01 * off)  # fits, but too tightly for the trainer's choice
     assert plan_memory(model, None, BUDGET, fake_accelerator()).checkpointing is True
     assert plan_memory(model, False, BUDGET, fake_accelerator()).checkpointing is False
+
+
+def test_the_trainer_switches_checkpointing_on_and_logs_the_policy(monkeypatch, capsys):
+    """`fit_policy`: the loaded policy gets gradient checkpointing where the plan needs it (the
+    model floor only loads), and the start-up lines name the policy and the plan."""
+    model = llama(layers=8)
+    shape = ModelShape.of(model)
+    off, on = (estimate(shape, BUDGET.tokens, c).step_needs for c in (False, True))
+    with_free_memory(monkeypatch, (on + off) / 2)
+    policy = Policy(model, tokenizer=None, pad_id=0, path="tiny-llama")
+    accelerator = SimpleNamespace(**vars(fake_accelerator()), is_main_process=True)
+    plan = fit_policy(policy, ModelConfig(), LoraConfig(enabled=False), BUDGET, accelerator)
+    assert plan.checkpointing and model.is_gradient_checkpointing
+    model_line, plan_line = capsys.readouterr().out.splitlines()
+    assert model_line.startswith("model tiny-llama: ")
+    assert "trainable (full), dtype torch.float32, gradient checkpointing True" in model_line
+    assert plan_line == plan.describe()
 
 
 def test_settings_that_cannot_fit_name_the_knobs_and_what_would_fit(monkeypatch):

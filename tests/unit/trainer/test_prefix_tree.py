@@ -13,7 +13,7 @@ from accelerate import Accelerator
 
 from rlvr.batch import Sample
 from rlvr.config import load_config
-from rlvr.model.policy import load_policy, reference_mode
+from rlvr.model.policy import enable_gradient_checkpointing, load_policy, reference_mode
 from rlvr.reasoning_vocab.gate import ThinkGate
 from rlvr.trainer.grpo import micro_batch_loss
 from rlvr.trainer.logprobs import sequence_scores
@@ -118,6 +118,8 @@ def policy(
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=device == "cpu")
     loaded = load_policy(cfg.model, cfg.lora, accelerator, keep_reference=True)
+    if checkpointing:
+        enable_gradient_checkpointing(loaded.model)
     model = loaded.model.to(device)
     frozen = None
     if not lora:

@@ -306,7 +306,7 @@ def test_sft_learns_gsm8k_and_leaves_a_complete_run(tiny_model_dir, shared_data,
     assert saved.data.max_examples == 48 and saved.lora.enabled
     assert [p.name for p in list_checkpoints(out)] == ["step_000016", "step_000020"]
     assert list((out / "wandb").glob("offline-run-*")), "W&B runs offline without a key"
-    from rlvr.model.policy import merge_adapter
+    from rlvr.model.merge import merge_adapter
 
     merged = merge_adapter(out / "final", tmp_path / "merged")
     assert AutoModelForCausalLM.from_pretrained(merged).config.model_type == "qwen2"

@@ -143,7 +143,7 @@ def test_merge_adapter_script(tmp_path):
 def test_policy_and_merging_need_no_vllm():
     """SFT and adapter merging run on hosts without vLLM (training-only GPU boxes)."""
     code = (
-        "import sys, rlvr.model.policy, rlvr.trainer.sft\n"
+        "import sys, rlvr.model.merge, rlvr.model.policy, rlvr.trainer.sft\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'vllm')\n"
         "assert not loaded, loaded\n"
     )

@@ -1,11 +1,8 @@
-"""Publishing a trained model: a model card written from what its run directory records, and
-the push of the merged model to the Hugging Face Hub.
+"""The model card of a published model, written from what its run directory records.
 
-A card people can trust says what the model was trained from, on what, for how long and how it
-scored; all of that is already on disk beside the adapter (`config.yaml`, `metrics.jsonl`,
-`checkpoints/`), so the card is generated from those files rather than typed by hand. A push
-needs the network and a token: both are checked before any merging starts, so a machine
-without them fails in a second with the reason instead of after minutes of work.
+What the model was trained from, on what, for how long and how it scored is on disk beside the
+adapter (`config.yaml`, `metrics.jsonl`, `checkpoints/`), so the card is generated from those
+files rather than typed by hand. Design: docs/evaluation.md#publishing.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from rlvr.atomic import atomic_write_text
 from rlvr.model.names import is_embedded
 from rlvr.trainer.checkpoint import STATE_FILE, list_checkpoints
 
-HUB_PROBE_TIMEOUT_S = 5.0
 CURVES_FILE = "training_curves.png"
 # The embedded default model: what it is, for the card and the Hub's `base_model` field.
 EMBEDDED_ORIGIN = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -35,10 +31,6 @@ EMBEDDED_NOTE = (
 # How many steps at each end of training the card's before/after numbers average over (at most
 # half the run each).
 WINDOW = 10
-
-
-class PublishError(RuntimeError):
-    """Publishing cannot go ahead; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -292,67 +284,3 @@ def write_card(
     card = out_dir / "README.md"
     atomic_write_text(card, model_card(run, repo, eval_report=report, curves=curves))
     return card
-
-
-# ---- the Hub --------------------------------------------------------------------------------
-
-
-def check_repo_id(repo: str) -> None:
-    """PublishError unless `repo` is a valid Hub model id (`name` or `owner/name`)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(repo)
-    except HFValidationError as e:
-        raise PublishError(f"--push-to-hub {repo!r}: {e}") from None
-
-
-def check_hub_access(timeout: float = HUB_PROBE_TIMEOUT_S) -> str:
-    """Make sure a push can work before any work is done: a token is configured and the Hub
-    (HF_ENDPOINT, default huggingface.co) answers within `timeout` seconds. Returns the token;
-    raises PublishError saying what is missing."""
-    import httpx
-    from huggingface_hub import constants, get_token
-
-    token = get_token()
-    if token is None:
-        raise PublishError(
-            "no Hugging Face token: run `hf auth login` or set HF_TOKEN "
-            "(or use --dry-run to write the files without pushing)"
-        )
-    endpoint = constants.ENDPOINT
-    try:
-        httpx.head(endpoint, timeout=timeout)
-    except httpx.HTTPError as e:
-        raise PublishError(
-            f"cannot reach the Hugging Face Hub at {endpoint} ({type(e).__name__}: {e}); "
-            "pushing needs network access (use --dry-run to write the files without pushing)"
-        ) from None
-    return token
-
-
-def push_folder(folder: str | Path, repo: str, *, private: bool, token: str) -> str:
-    """Create the model repo if needed (private or public) and upload `folder` as one commit;
-    returns the commit's URL."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
-
-    api = HfApi(token=token)
-    try:
-        api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
-        commit = api.upload_folder(
-            repo_id=repo, folder_path=str(folder), commit_message="Upload model trained with rlvr"
-        )
-    except HfHubHTTPError as e:
-        raise PublishError(f"pushing to {repo} failed: {e}") from None
-    return commit.commit_url
-
-
-def list_files(folder: str | Path) -> list[tuple[str, int]]:
-    """(relative path, size in bytes) of every file below `folder`, sorted."""
-    folder = Path(folder)
-    return sorted(
-        (str(path.relative_to(folder)), path.stat().st_size)
-        for path in folder.rglob("*")
-        if path.is_file()
-    )

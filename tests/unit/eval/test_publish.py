@@ -1,4 +1,4 @@
-"""Publishing (rlvr.model.publish, scripts/merge_adapter.py --push-to-hub).
+"""Publishing (rlvr.eval.publish, rlvr.eval.model_card, scripts/merge_adapter.py --push-to-hub).
 
 No machine here reaches the Hub, so the push itself is not exercised; what is: the card and
 files a push would upload (--dry-run writes them), and that without a token or network the
@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from rlvr.config import load_config, save_config
+from rlvr.eval.model_card import RunRecord, demote_headings, hub_id, model_card, read_run
 from rlvr.eval.plots import plot_estimate_bars
 from rlvr.eval.stats import Estimate
-from rlvr.model.publish import RunRecord, demote_headings, hub_id, model_card, read_run
 from rlvr.model.tiny_model import build_tiny_adapter
 
 ROOT = Path(__file__).resolve().parents[3]
