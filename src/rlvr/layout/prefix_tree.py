@@ -1,98 +1,25 @@
-"""Shared-prefix training: every common token prefix of a step's samples is forwarded once.
+"""Folding a step's samples into prefix trees: rows, their layout and their cost.
 
-In GRPO every rollout of a group starts from the same prompt, and a multi-turn rollout split
-into several samples repeats its earlier turns in each; forwarding each sample on its own runs
-those tokens through the model once per sample. Here the samples of a row fold into a prefix
-tree (Liu et al., "Prefix Grouper", 2025, generalised from one shared prompt to a tree): the
-tokens several samples share are placed once, each sample's remaining tokens after them, and
-attention lets every token see exactly the tokens of its own sample before it. Each token's
-hidden state is then the one the sample's own forward computes (same tokens, same positions,
-same attended set), so log-probabilities, loss, gradients, the reference pass and the entropy
-are those of the unshared layout: training-equivalent, not an approximation.
-
-Layout. A row's samples are sorted lexicographically by token ids. In that order the tokens a
-sample shares with all earlier ones are exactly its common prefix with its predecessor
-(`lcp`), so the row is sample 0's tokens, then sample 1's tokens after lcp(0, 1), and so on:
-the depth-first layout of the row's token trie, at any depth (a prompt shared by a group, and
-deeper the earlier turns shared by one rollout's samples). Position ids are the tokens'
-positions in their samples, so they continue from the end of the shared part.
-
-Attention. A token at row index k is read by the samples from the one that placed it up to
-the last sample that still shares it; they occupy the contiguous indices up to `scope_end[k]`.
-So query q sees key k iff `k <= q < scope_end[k]`: one integer per token defines the whole
-mask, at any depth. With sdpa (the CPU path) no mask is built: `rlvr.trainer.tree_sdpa` cuts
-each row into the tree's nodes and attends each node's queries to its ancestors' keys and its
-own, so a token's attention costs what it sees, never the square of the whole row; the plan
-is made once per micro-batch (`collate_folded`) and the model's forward hands it to every
-layer. With `attn_implementation=flex_attention` (GPUs) the same rule is a flex-attention
-`mask_mod` whose block mask skips the blocks no query reads, and no W x W mask exists.
-Everything else is shared by the two paths.
-
-Predictions. Column t of a sample's next-token grid (predicting token t+1) reads the hidden
-state of its token t wherever the tree placed it. The last shared token therefore feeds one
-prediction per continuation: its hidden state is computed once and gathered once per sample
-(`FoldedMicroBatch.hidden_index`), and autograd sums the continuations' gradients into it,
-which is what the unshared layout's separate copies sum to. This is the paper's approach
-(prefix outputs expanded back to every sample) rather than repeating the last prefix token
-at the start of each continuation, which would add a token per sample and shift positions.
-The loss, its masks, the sampler's log-probabilities, the advantages and the reasoning gate's
-per-position rule all stay on the unshared [samples, longest - 1] grid of
-`rlvr.trainer.micro_batches`: only the forward's input changes.
-
-When it pays. Under the node split a folded step scores the query-key pairs the unshared
-layout scores, less the shared tokens' repeats, and runs the shared tokens' projections and
-MLPs once; what it adds is gathering each node's queries, keys and values and one SDPA call
-per bucket of nodes. So a fold is faster wherever it saves tokens at all, and the thresholds
-only keep out folds too small to repay that bookkeeping: a sample joins a row when it shares
-at least `MIN_SHARED_FRACTION` of its tokens with it, and a step whose fold saves less than
-`MIN_SAVED_FRACTION` of its tokens keeps the unshared layout (bench/train_step.py --parts
-prefix measures both sides; docs/training.md has the numbers).
-
-Micro-batches. A folded micro-batch costs no more activation memory than the unshared layout's
-largest (`batch.micro_batch_tokens` slots, or `micro_batch_size` x the step's longest sample if
-that binds first), which is what the memory check sized. Under the node split its cost in
-slots of that layout is more than its folded slots: the split also keeps, in every layer, the
-queries, keys and values cut into nodes, each node's ancestors' keys and values beside its own,
-and each masked call's mask (`SplitCost`, derived from the model's shape by
-`rlvr.trainer.memory.split_cost`: for SmolLM2 with LoRA, 0.17 of a slot more per folded slot
-and 0.05 per gathered token). Rows are cut and micro-batches grouped by that cost. Rows, not
-samples, are distributed over ranks (a group is never cut in two by sharding), balanced by
-folded tokens.
+A row's samples, in lexicographic order of their ids, lay out as the depth-first walk of their
+token trie: each sample's tokens after its common prefix with the one before. `row_tree` gives
+the row's tokens, positions and each token's `scope_end` (query q sees key k iff
+k <= q < scope_end[k]); `fold_rows` and `rank_folded_micro_batches` cut rows and micro-batches
+by their memory cost (`SplitCost`). Training-equivalent to the unshared layout, not an
+approximation: docs/training.md#how-the-micro-batch-layouts-work.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
-import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import torch
-
-from rlvr.batch import MicroBatch, Row, Sample
-from rlvr.config import BatchConfig
-from rlvr.trainer.micro_batches import collate, largest_micro_batch, padding_micro_batch, slot_count
-from rlvr.trainer.micro_batches import rank_micro_batches as unshared_micro_batches
-from rlvr.trainer.tree_sdpa import NodePlan, node_plan
-from rlvr.trainer.tree_sdpa import register as register_tree_sdpa
-
-log = logging.getLogger(__name__)
+from rlvr.batch import Row, Sample
+from rlvr.layout.micro_batches import padding_micro_batch
 
 MIN_SHARED_FRACTION = 0.15
 """A sample joins a folded row only when at least this share of its tokens is already there:
 below it the saved tokens no longer clearly repay the node split's bookkeeping (the least
 sharing measured faster folded: 60-token prompts before 256-token replies, 19%)."""
-
-MIN_SAVED_FRACTION = 0.1
-"""Below this share of a step's tokens saved by folding, the step keeps the unshared layout.
-A fold is faster wherever measured (down to 14% saved, docs/training.md#shared-prefix-training
-has the numbers); below this the gain would be within the bookkeeping's cost and the noise."""
-
-TREE_ATTENTION = ("sdpa", "flex_attention")
-"""Attention implementations that take the tree's mask: a dense boolean mask (sdpa) or a block
-mask (flex attention). Others (flash_attention_2, eager's additive mask) train unshared."""
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -106,7 +33,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 @dataclass(frozen=True)
 class SplitCost:
-    """What the sdpa node split (`rlvr.trainer.tree_sdpa`) keeps for backward beyond the
+    """What the sdpa node split (`rlvr.layout.tree_sdpa`) keeps for backward beyond the
     unshared layout, in slots of that layout; `rlvr.trainer.memory.split_cost` derives it from
     the model's shape. All zero: no split to pay for (flex attention, or an unknown shape)."""
 
@@ -245,120 +172,10 @@ def row_tree(row: Row) -> RowTree:
     return RowTree(ids, positions, scope_end, locations)
 
 
-def visibility(scope_end: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """The tree's attention rule as a flex-attention `mask_mod(b, h, q, k)`: query q of row b
-    sees key k iff k <= q < scope_end[b, k]. Broadcasts over tensors of indices, so the dense
-    mask is the same function evaluated on a grid."""
-
-    def visible(b: torch.Tensor, _h: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        return (k <= q) & (q < scope_end[b, k])
-
-    return visible
-
-
-@functools.cache
-def compiled_block_mask() -> Callable[..., Any]:
-    """flex attention's `create_block_mask`, compiled once per process for any rows and width.
-
-    Why compiled: run eagerly it evaluates the mask_mod on the whole dense [R, 1, W, W] grid
-    before reducing it to blocks; compiled, the evaluation is fused into the block reduction
-    and no W x W tensor exists (docs/troubleshooting.md has the time and memory of both). The
-    price is one compilation at the first folded micro-batch."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    return torch.compile(create_block_mask, dynamic=True)
-
-
-def flex_block_mask(scope_end: torch.Tensor) -> Any:
-    """flex attention's block mask of folded rows with `scope_end` [R, W] (see `visibility`):
-    fully masked blocks skipped, built without a W x W tensor (`compiled_block_mask`)."""
-    rows, width = scope_end.shape
-    build = compiled_block_mask()
-    return build(visibility(scope_end), rows, None, width, width, device=scope_end.device)
-
-
-@dataclass
-class FoldedMicroBatch(MicroBatch):
-    """A micro-batch whose forward runs on folded rows. The inherited fields are the unshared
-    layout of its samples (one sample per row, see `rlvr.trainer.micro_batches.collate`): the loss,
-    the targets and the reasoning gate read them unchanged; only the forward and the gathering of
-    its hidden states differ."""
-
-    tree_ids: torch.Tensor | None = None
-    """[R, W] the folded rows' tokens (padding after each row's end)."""
-    tree_positions: torch.Tensor | None = None
-    """[R, W] each token's position in its samples."""
-    scope_end: torch.Tensor | None = None
-    """[R, W] one past the last row index that may attend to each token."""
-    hidden_index: torch.Tensor | None = None
-    """[S, L-1] for each prediction of the unshared grid, the flat index (row * W + column)
-    of the folded hidden state it is made from."""
-    attention: str = "sdpa"
-    """How the forward attends: the node split of `tree_plan` (sdpa) or a block mask built
-    from `scope_end` (flex attention)."""
-    tree_plan: NodePlan | None = None
-    """sdpa: the nodes of the folded rows and how each attends (`rlvr.trainer.tree_sdpa`)."""
-
-    def model_inputs(self) -> dict[str, Any]:
-        inputs = {"input_ids": self.tree_ids, "position_ids": self.tree_positions}
-        if self.attention == "flex_attention":
-            return {**inputs, "attention_mask": flex_block_mask(self.scope_end)}
-        # a 4-D mask stops transformers from building one (it would read the folded positions
-        # as packed samples); `tree_sdpa` reads the plan instead. It hides every key, so a
-        # model that does not hand `tree_plan` to its attention fails the start-up layout check
-        rows, width = self.tree_ids.shape
-        hidden = torch.zeros((), dtype=torch.bool, device=self.tree_ids.device)
-        return {
-            **inputs,
-            "attention_mask": hidden.expand(rows, 1, width, width),
-            "tree_plan": self.tree_plan,
-        }
-
-    def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
-        return hidden.flatten(0, 1)[self.hidden_index[select]]
-
-    def to(self, device: torch.device | str) -> FoldedMicroBatch:
-        moved = super().to(device)
-        if self.tree_plan is not None:
-            moved.tree_plan = self.tree_plan.to(device)
-        return moved
-
-
-def collate_folded(rows: list[Row], pad_id: int, attention: str) -> FoldedMicroBatch:
-    """Tensors for a micro-batch of folded rows: the folded forward's inputs and the map from
-    the unshared prediction grid to its hidden states."""
-    samples = [s for row in rows for s in row]
-    trees = [row_tree(row) for row in rows]
-    width = max(len(t.ids) for t in trees)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    positions = torch.zeros((len(rows), width), dtype=torch.long)
-    scope_end = torch.arange(1, width + 1).repeat(len(rows), 1)  # padding sees only itself
-    longest = max(len(s) for s in samples)
-    hidden_index = torch.zeros((len(samples), longest - 1), dtype=torch.long)
-    s = 0
-    for r, tree in enumerate(trees):
-        n = len(tree.ids)
-        ids[r, :n] = torch.tensor(tree.ids)
-        positions[r, :n] = torch.tensor(tree.positions)
-        scope_end[r, :n] = torch.tensor(tree.scope_end)
-        for placed in tree.locations:
-            hidden_index[s, : len(placed) - 1] = r * width + torch.tensor(placed[:-1])
-            s += 1
-    flat = collate([[sample] for sample in samples], pad_id)
-    tree = {"tree_ids": ids, "tree_positions": positions, "scope_end": scope_end}
-    plan = None
-    if attention == "sdpa":
-        register_tree_sdpa()
-        plan = node_plan(scope_end, [len(t.ids) for t in trees])
-    return FoldedMicroBatch(
-        **vars(flat), **tree, hidden_index=hidden_index, attention=attention, tree_plan=plan
-    )
-
-
 def saved_fraction(samples: list[Sample], rows: list[Row]) -> float:
     """Share of the samples' tokens the folded rows do not forward."""
     total = sum(len(s) for s in samples)
-    return 1 - _folded_tokens(rows) / max(total, 1)
+    return 1 - folded_tokens(rows) / max(total, 1)
 
 
 def rank_folded_micro_batches(
@@ -373,7 +190,7 @@ def rank_folded_micro_batches(
     rank with the fewest folded tokens so far; each rank groups its rows (widest first) into
     micro-batches that cost at most `max_slots` slots (`SplitCost.micro_batch`); every rank gets the
     busiest rank's count, topped up with padding micro-batches (see
-    `rlvr.trainer.micro_batches.padding_micro_batch`)."""
+    `rlvr.layout.micro_batches.padding_micro_batch`)."""
     shares: list[list[Row]] = [[] for _ in range(world_size)]
     load = [0] * world_size
     for row in sorted(rows, key=folded_width, reverse=True):
@@ -400,95 +217,6 @@ def _group(rows: list[Row], max_slots: int, cost: SplitCost) -> list[list[Row]]:
     return batches
 
 
-@dataclass
-class Plan:
-    """A rank's micro-batches for one step and how to turn each into tensors."""
-
-    micro_batches: list[list[Row]]
-    collate: Callable[[list[Row]], MicroBatch]
-    slots: Callable[[list[Row]], int]
-    forwarded: Callable[[list[Row]], int]
-    """Tokens of a micro-batch the forward runs on, padding aside."""
-
-
-def plan_micro_batches(
-    samples: list[Sample],
-    rank: int,
-    world_size: int,
-    cfg: BatchConfig,
-    pad_id: int,
-    attention: str | None,
-    cost: SplitCost = SplitCost(),
-) -> Plan:
-    """Folded micro-batches when `attention` (see `tree_attention`) can take the tree's mask
-    and the fold saves at least `MIN_SAVED_FRACTION` of the step's tokens; otherwise the
-    unshared layout of `rlvr.trainer.micro_batches`. Decided from the whole step, so every rank
-    decides alike. `cost`: what the sdpa node split keeps beyond the unshared layout (see the
-    module docstring; flex attention keeps nothing beyond it)."""
-    longest = max((len(s) for s in samples), default=0)
-    max_slots = largest_micro_batch(cfg.micro_batch_size, cfg.micro_batch_tokens, longest)
-    if attention is not None:
-        split = cost if attention == "sdpa" else SplitCost()
-        rows = fold_rows(samples, max_slots, split)
-        saved = saved_fraction(samples, rows)
-        if saved >= MIN_SAVED_FRACTION:
-            mine = rank_folded_micro_batches(rows, rank, world_size, max_slots, pad_id, split)
-            fold = functools.partial(collate_folded, pad_id=pad_id, attention=attention)
-            return Plan(mine, fold, folded_slot_count, _folded_tokens)
-    mine = unshared_micro_batches(
-        samples, rank, world_size, cfg.micro_batch_size, pad_id, cfg.packing, cfg.micro_batch_tokens
-    )
-    return Plan(mine, functools.partial(collate, pad_id=pad_id), slot_count, _sample_tokens)
-
-
-def _folded_tokens(rows: list[Row]) -> int:
+def folded_tokens(rows: list[Row]) -> int:
+    """Tokens the forward runs on for folded rows, padding aside."""
     return sum(map(folded_width, rows))
-
-
-def _sample_tokens(rows: list[Row]) -> int:
-    return sum(len(s) for row in rows for s in row)
-
-
-def tree_attention(model: torch.nn.Module, max_seq_len: int | None = None) -> str | None:
-    """The model's attention implementation when it can take a prefix tree's mask, else None
-    (with a warning, once: the run trains unshared).
-
-    The tree's mask replaces the model's own, and SDPA and flex attention apply a sliding
-    window only through that mask: a model whose window can bind (shorter than
-    `max_seq_len`, or any window when that is unknown) would silently attend past it, so it
-    trains unshared."""
-    from accelerate.utils import extract_model_from_parallel
-
-    config = extract_model_from_parallel(model).config
-    window = sliding_window(config)
-    if window is not None and (max_seq_len is None or window < max_seq_len):
-        _warn_unshared(f"sliding window of {window} tokens")
-        return None
-    name = config._attn_implementation
-    if name in TREE_ATTENTION:
-        return name
-    _warn_unshared(f"attention {name!r}")
-    return None
-
-
-def sliding_window(config: Any) -> int | None:
-    """The sliding window some layer of the model attends within, or None when every layer
-    attends to the whole sequence (`layer_types` where the config lists them; else a set
-    `sliding_window`, as Mistral and Phi-3 configs have, unless `use_sliding_window` is off)."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return window if any("sliding" in str(t) for t in layer_types) else None
-    if getattr(config, "use_sliding_window", True) is False:
-        return None
-    return window if isinstance(window, int) and window > 0 else None
-
-
-@functools.cache
-def _warn_unshared(reason: str) -> None:
-    log.warning(
-        "batch.prefix_sharing: the model's %s cannot take a prefix tree's mask, so every "
-        "sample is forwarded on its own (prefix sharing needs attn_implementation=sdpa or "
-        "flex_attention and no sliding window shorter than batch.max_seq_len)",
-        reason,
-    )

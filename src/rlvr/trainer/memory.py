@@ -54,9 +54,9 @@ from typing import Any
 import torch
 
 from rlvr.config import ConfigError
+from rlvr.layout.prefix_tree import SplitCost
 from rlvr.model.quantization import largest_dequantized_bytes, parameter_bytes
 from rlvr.trainer.logprobs import MAX_CHUNK_ELEMENTS, MAX_SAVED_ELEMENTS
-from rlvr.trainer.prefix_tree import SplitCost
 
 GIB = 2**30
 

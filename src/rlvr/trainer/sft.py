@@ -34,6 +34,7 @@ from rlvr.data.sft_rows import (
     read_conversations,
     tokenize,
 )
+from rlvr.layout.micro_batches import collate, rank_micro_batches
 from rlvr.model.policy import load_policy, save_final
 from rlvr.reasoning_vocab.hooks import PolicyHooks
 from rlvr.trainer.cadence import Cadence, run_steps
@@ -42,7 +43,6 @@ from rlvr.trainer.logprobs import sequence_scores
 from rlvr.trainer.loss import normalised_loss
 from rlvr.trainer.memory import Budget
 from rlvr.trainer.metrics import RunLogger
-from rlvr.trainer.micro_batches import collate, rank_micro_batches
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 
 

@@ -15,14 +15,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlvr.batch import Sample
 from rlvr.config import ConfigError, load_config
+from rlvr.layout.folded import collate_folded
+from rlvr.layout.prefix_tree import SplitCost, fold_rows, rank_folded_micro_batches
 from rlvr.trainer import memory
 from rlvr.trainer.memory import GIB, Budget, ModelShape, estimate, plan_memory
-from rlvr.trainer.prefix_tree import (
-    SplitCost,
-    collate_folded,
-    fold_rows,
-    rank_folded_micro_batches,
-)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
