@@ -20,7 +20,7 @@ from rlvr.layout.micro_batches import (
 from rlvr.trainer.logprobs import sequence_scores
 from rlvr.trainer.step import micro_batch_loss
 
-from .tiny_models import VOCAB, tiny_qwen2
+from ..trainer.tiny_models import VOCAB, tiny_qwen2
 
 
 def tiny_policy() -> torch.nn.Module:
