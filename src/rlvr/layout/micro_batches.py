@@ -4,8 +4,7 @@ A micro-batch is a list of rows, a row a list of samples laid end to end; `colla
 into a `rlvr.batch.MicroBatch`. Padded (one sample per row, the default) or packed
 (`packing=True`: first-fit-decreasing, position ids restarting per sample). Micro-batches hold
 at most `batch.micro_batch_size` rows and `batch.micro_batch_tokens` slots; every rank runs the
-same count. The loss is normalised by the step's token count, so the layout cannot change it.
-SFT uses the same layout. Design: docs/training.md#how-the-micro-batch-layouts-work.
+same count. SFT uses the same layout. Design: docs/training.md#how-the-micro-batch-layouts-work.
 """
 
 from __future__ import annotations

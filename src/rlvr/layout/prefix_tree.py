@@ -1,11 +1,10 @@
 """Folding a step's samples into prefix trees: rows, their layout and their cost.
 
 A row's samples, in lexicographic order of their ids, lay out as the depth-first walk of their
-token trie: each sample's tokens after its common prefix with the one before. `row_tree` gives
-the row's tokens, positions and each token's `scope_end` (query q sees key k iff
+token trie (`row_tree`: tokens, positions, and each token's `scope_end`: query q sees key k iff
 k <= q < scope_end[k]); `fold_rows` and `rank_folded_micro_batches` cut rows and micro-batches
-by their memory cost (`SplitCost`). Training-equivalent to the unshared layout, not an
-approximation: docs/training.md#how-the-micro-batch-layouts-work.
+by their memory cost (`SplitCost`). Training-equivalent to the unshared layout:
+docs/training.md#how-the-micro-batch-layouts-work.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from rlvr.layout.micro_batches import padding_micro_batch
 
 MIN_SHARED_FRACTION = 0.15
 """A sample joins a folded row only when at least this share of its tokens is already there:
-below it the saved tokens no longer clearly repay the node split's bookkeeping (the least
-sharing measured faster folded: 60-token prompts before 256-token replies, 19%)."""
+below it the saved tokens no longer clearly repay the node split's bookkeeping
+(docs/training.md#shared-prefix-training has the measurements)."""
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

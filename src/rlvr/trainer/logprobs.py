@@ -6,6 +6,7 @@ hidden states and runs the output head on the loss positions alone, in chunks of
 full-vocabulary float32 copy of a micro-batch exists. `mask_logits` (`MaskLogits`) forbids tokens
 per position. Design and profile: docs/training.md#memory-and-speed-of-the-log-probabilities.
 """
+
 from __future__ import annotations
 
 import contextlib
