@@ -9,7 +9,7 @@
 
 They live on the ground floor so that rollouts, data, the reasoning vocabulary and the trainer
 all read the same types without importing each other. How samples are cut into micro-batches is
-`rlvr.trainer.micro_batches`; how a rollout becomes samples is `rlvr.rollouts.to_samples`.
+`rlvr.layout.micro_batches`; how a rollout becomes samples is `rlvr.rollouts.to_samples`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class MicroBatch:
 
     `loss_mask`, `sampler_logprobs` and `advantages` are aligned with next-token predictions:
     column i describes token i+1 of `input_ids` (the first token of each sample is never
-    predicted). Built by `rlvr.trainer.micro_batches.collate`."""
+    predicted). Built by `rlvr.layout.micro_batches.collate`."""
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
@@ -116,7 +116,7 @@ class MicroBatch:
     def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
         """The final hidden states [n, H] that make the predictions `select` [B, T-1] picks,
         from the forward's `hidden` [B, T, H] (a folded micro-batch gathers them instead:
-        `rlvr.trainer.prefix_tree`)."""
+        `rlvr.layout.prefix_tree`)."""
         return hidden[:, :-1][select]
 
     def to(self, device: torch.device | str) -> MicroBatch:

@@ -187,7 +187,7 @@ class Optimization:
 
     def step(self, has_gradient: bool) -> float:
         """One clipped optimizer step; returns the gradient norm before clipping. Skipped when
-        the step's loss has no gradient (`rlvr.trainer.grpo.has_gradient`: Adam would still
+        the step's loss has no gradient (`rlvr.trainer.step.has_gradient`: Adam would still
         move the weights on momentum alone); the LR schedule advances either way. A gradient
         norm that is not finite raises `NonFiniteStepError` before the weights move (see
         `_clipped_norm`, `_deepspeed_step`)."""
