@@ -89,7 +89,7 @@ def make_batch(args: argparse.Namespace, rows: int, seq_len: int):
     import torch
 
     from rlvr.batch import Sample
-    from rlvr.trainer.micro_batches import collate
+    from rlvr.layout.micro_batches import collate
 
     half = seq_len // 2
     samples = [

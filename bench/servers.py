@@ -53,7 +53,8 @@ from rlvr.model.names import resolve_model  # noqa: E402
 from rlvr.model.tiny_model import build_tiny_model  # noqa: E402
 from rlvr.server.launcher import cpu_thread_binding  # noqa: E402
 from rlvr.server.process import EXACT_FLAGS, VLLMServer  # noqa: E402
-from rlvr.trainer.grpo import Pushed, Trainer  # noqa: E402
+from rlvr.trainer.grpo import Trainer  # noqa: E402
+from rlvr.trainer.push_probes import Pushed  # noqa: E402
 
 ROLLOUTS_PER_EXAMPLE = 8
 KILL_STEP = 2

@@ -1,6 +1,6 @@
 """The shared layouts' start-up self-check and flex attention's tree block mask, in one run.
 
-1. Self-check margins (`--parts check`). rlvr.trainer.layout_check's `layout_errors` on the
+1. Self-check margins (`--parts check`). rlvr.layout.layout_check's `layout_errors` on the
    tiny Qwen2 model and SmolLM2-135M, in float32 and bfloat16 with sdpa: the honest model
    class, one that drops the attention mask it is given (a folded row's tokens then read
    their siblings), one that builds a plain causal mask whatever the position ids say (a
@@ -9,7 +9,7 @@
    sample of a row (`control`, rounding alone), and whether the check passes it.
 2. Flex block mask (`--parts flex`). Building the block mask of folded rows (a quarter of each
    row a prompt every token reads) with flex attention's eager `create_block_mask` and with
-   rlvr.trainer.prefix_tree's compiled one, each in a fresh process: seconds per call (the
+   rlvr.layout.folded's compiled one, each in a fresh process: seconds per call (the
    compiled one's first call includes compilation), the rise of the process's peak resident
    memory over its level before the call (the eager 16k case needs about 10 GiB free), and
    up to 4k tokens whether the compiled mask equals the eager one.
@@ -68,9 +68,10 @@ def check_margins() -> list[dict]:
     import torch
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
+    from rlvr.layout.layout_check import layout_errors, tolerance
     from rlvr.model.names import ensure_embedded_model
     from rlvr.model.tiny_model import build_tiny_model
-    from rlvr.trainer.layout_check import layout_errors, tolerance
+    from rlvr.trainer.logprobs import token_logprobs
 
     tiny = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
     models = [
@@ -82,7 +83,9 @@ def check_margins() -> list[dict]:
         for dtype in (torch.float32, torch.bfloat16):
             for variant, cls in model_variants(base).items():
                 model = cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").train()
-                errors = layout_errors(model, 0, torch.device("cpu"), "sdpa", packing=True)
+                errors = layout_errors(
+                    token_logprobs, model, 0, torch.device("cpu"), "sdpa", packing=True
+                )
                 for layout, error in errors.items():
                     row = {
                         "model": name,
@@ -104,7 +107,7 @@ def build_masks(mode: str) -> None:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from rlvr.trainer.prefix_tree import compiled_block_mask, visibility
+    from rlvr.layout.folded import compiled_block_mask, visibility
 
     build = compiled_block_mask() if mode == "compiled" else create_block_mask
     for rows, width in SHAPES:

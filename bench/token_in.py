@@ -11,7 +11,7 @@ token_in off and once on. For each it prints
     token_in_samples_per_rollout=   training samples per rollout (rlvr.rollouts.to_samples)
     token_in_tokens_per_step=       tokens the trainer forwards for the step unshared (the sum
                                     of the samples' lengths)
-    token_in_tree_tokens_per_step=  the same with prefix sharing (rlvr.trainer.prefix_tree's
+    token_in_tree_tokens_per_step=  the same with prefix sharing (rlvr.layout.prefix_tree's
                                     folded rows: each shared prefix once)
 
 Run:  .venv/bin/python bench/token_in.py [--prompts 2] [--group 8] [--turns 4] [--max-tokens 32]
@@ -33,11 +33,11 @@ from toy_env import think_stripping_template, tool_answers_env  # noqa: E402
 
 from rlvr.batch import Sample  # noqa: E402
 from rlvr.config import RolloutsConfig  # noqa: E402
+from rlvr.layout.prefix_tree import fold_rows, folded_width  # noqa: E402
 from rlvr.model.tiny_model import build_tiny_model  # noqa: E402
 from rlvr.rollouts.client import make_client  # noqa: E402
 from rlvr.rollouts.groups import run_group  # noqa: E402
 from rlvr.server.process import EXACT_FLAGS, VLLMServer  # noqa: E402
-from rlvr.trainer.prefix_tree import fold_rows, folded_width  # noqa: E402
 
 MAX_SEQ_LEN = 4096
 

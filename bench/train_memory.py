@@ -3,7 +3,7 @@ checkpointing, beside rlvr.trainer.memory's estimate of it.
 
 SmolLM2-135M-Instruct (the embedded model) with the default LoRA adapter, in its default dtype,
 loaded and stepped by the trainer's own code (rlvr.model.policy.load_policy, rlvr.trainer.optimizer,
-rlvr.trainer.grpo.micro_batch_loss). Rows shaped like issue 22's tool environment: `--row-len`
+rlvr.trainer.step.micro_batch_loss). Rows shaped like issue 22's tool environment: `--row-len`
 tokens (570) of which the last `--loss-tokens` (96) are the completion. Each measurement runs in
 a fresh process, so its peak is its own: a warm-up step first (AdamW's states and lazy
 initialisation then exist, as from the second step of a run), then one step on a micro-batch of
@@ -52,7 +52,7 @@ def micro_batch(rows: int, row_len: int, loss_tokens: int, vocab: int):
     import torch
 
     from rlvr.batch import Sample
-    from rlvr.trainer.micro_batches import collate
+    from rlvr.layout.micro_batches import collate
 
     loss = loss_tokens or row_len
     g = torch.Generator().manual_seed(0)
@@ -71,7 +71,7 @@ def micro_batch(rows: int, row_len: int, loss_tokens: int, vocab: int):
 def train_step(model, opt, mb, device) -> None:
     """One micro-batch's forward and backward and the optimizer step, as the trainer runs them."""
     from rlvr.config import Config
-    from rlvr.trainer.grpo import micro_batch_loss
+    from rlvr.trainer.step import micro_batch_loss
 
     mb = mb.to(device)
     loss, _ = micro_batch_loss(model, mb, Config(), float(mb.num_loss_tokens), 1)

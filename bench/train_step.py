@@ -27,7 +27,7 @@ SmolLM2-135M (LoRA) on vf-deepscaler, trainer and vf-vllm on the same CPU.
    generation tokens/s, so a LoRA serving cost that eats the push gain shows in the step time.
 4. Prefix sharing (no server). The trainer's forward_backward (SmolLM2-135M, LoRA) on the
    same synthetic groups in three layouts, rotating which goes first: unshared, folded into
-   prefix trees with the node split of `rlvr.trainer.tree_sdpa` (the trainer's layout), and
+   prefix trees with the node split of `rlvr.layout.tree_sdpa` (the trainer's layout), and
    the same trees through one SDPA call per row with the dense W x W mask the trainer used
    before (the baseline: every query scored against every key of its row, then masked). The
    issue's shapes (prompt tokens, group size, completion tokens): (a) 1,000 / 8 / 128,
@@ -125,9 +125,10 @@ LAYOUTS = (
 def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
     """Every layout's forward/backward on the same samples, every step (see the docstring)."""
     import rlvr.trainer.grpo
-    from rlvr.trainer.micro_batches import rank_micro_batches, slot_count
+    import rlvr.trainer.step
+    from rlvr.layout.micro_batches import rank_micro_batches, slot_count
 
-    chunked = rlvr.trainer.grpo.sequence_scores
+    chunked = rlvr.trainer.step.sequence_scores
     timings: list[dict] = []
 
     class TimedLayouts(rlvr.trainer.grpo.Trainer):
@@ -137,7 +138,7 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
             turn = len(timings) % len(LAYOUTS)  # rotate which layout goes first
             for name, packing, scorer in LAYOUTS[turn:] + LAYOUTS[:turn]:
                 self.cfg.batch.packing = packing
-                rlvr.trainer.grpo.sequence_scores = scorer or chunked
+                rlvr.trainer.step.sequence_scores = scorer or chunked
                 plan = rank_micro_batches(
                     samples, 0, 1, self.cfg.batch.micro_batch_size, 0, packing
                 )
@@ -146,7 +147,7 @@ def compare_layouts(base_url: str, args: argparse.Namespace, out: Path) -> dict:
                 try:
                     trained = super().forward_backward(batch)
                 finally:
-                    rlvr.trainer.grpo.sequence_scores = chunked
+                    rlvr.trainer.step.sequence_scores = chunked
                 seconds = time.perf_counter() - began
                 row[name] = {
                     "seconds": seconds,
@@ -378,12 +379,12 @@ def prefix_group(prompt_len: int, completion_len: int, group: int, g) -> list:
 
 
 def dense_mask_collate(collate):
-    """The folded collate of `rlvr.trainer.prefix_tree` with the baseline's attention: no node
+    """The folded collate of `rlvr.layout.folded` with the baseline's attention: no node
     plan, and the dense [R, 1, W, W] mask of the tree's rule, which transformers hands to
     SDPA as it is."""
     import torch
 
-    from rlvr.trainer.prefix_tree import FoldedMicroBatch, visibility
+    from rlvr.layout.folded import FoldedMicroBatch, visibility
 
     class DenseMask(FoldedMicroBatch):
         def model_inputs(self) -> dict:
@@ -406,31 +407,24 @@ def dense_mask_collate(collate):
 def timed_pass(trainer, samples: list, layout: str) -> dict:
     """One forward_backward of `samples` in `layout` (see PREFIX_LAYOUTS), every sample that
     shares a prefix folded (both thresholds off) unless unshared."""
-    import rlvr.trainer.prefix_tree as prefix_tree
+    import rlvr.layout.plan as plan
+    import rlvr.layout.prefix_tree as prefix_tree
     from rlvr.batch import TrainBatch
 
     trainer.cfg.batch.prefix_sharing = layout != "unshared"
     trainer.model.zero_grad()
     batch = TrainBatch(samples, metrics={}, table=[], data_position=0)
-    saved = (
-        prefix_tree.MIN_SHARED_FRACTION,
-        prefix_tree.MIN_SAVED_FRACTION,
-        prefix_tree.collate_folded,
-    )
-    prefix_tree.MIN_SHARED_FRACTION = prefix_tree.MIN_SAVED_FRACTION = 0.0
+    saved = (prefix_tree.MIN_SHARED_FRACTION, plan.MIN_SAVED_FRACTION, plan.collate_folded)
+    prefix_tree.MIN_SHARED_FRACTION = plan.MIN_SAVED_FRACTION = 0.0
     if layout == "dense":
-        prefix_tree.collate_folded = dense_mask_collate(saved[2])
+        plan.collate_folded = dense_mask_collate(saved[2])
     try:
         with PeakRSS() as memory:
             began = time.perf_counter()
             trained = trainer.forward_backward(batch)
             seconds = time.perf_counter() - began
     finally:
-        (
-            prefix_tree.MIN_SHARED_FRACTION,
-            prefix_tree.MIN_SAVED_FRACTION,
-            prefix_tree.collate_folded,
-        ) = saved
+        prefix_tree.MIN_SHARED_FRACTION, plan.MIN_SAVED_FRACTION, plan.collate_folded = saved
     return {
         "seconds": seconds,
         "peak_gib": memory.gib,

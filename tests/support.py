@@ -91,7 +91,7 @@ from rlvr.trainer.grpo import Trainer
 
 trainer = Trainer(load_config({config!r}), env=target_share_env({target}))
 history = trainer.run(stop_after={stop_after!r})
-info = {{"rank": trainer.rank, "world": trainer.world, "pushes": trainer.pushes,
+info = {{"rank": trainer.rank, "world": trainer.world,
          "type": str(trainer.accelerator.distributed_type), "history": history}}
 with open(f"{{sys.argv[1]}}.{{trainer.rank}}.json", "w") as f:
     json.dump(info, f)
@@ -119,7 +119,7 @@ def launch(
     server, workdir: Path, command: list[str], extra: list[str], env=None, stop_after=None
 ) -> list[dict]:
     """Run the trainer (output in `workdir/run`) in fresh processes (`command` + a script);
-    return each rank's report: rank, world, weight pushes it took part in, history."""
+    return each rank's report: rank, world, distributed type, history."""
     workdir.mkdir(parents=True, exist_ok=True)
     run_config = workdir / "run.yaml"
     save_config(config(server, workdir / "run", *extra), run_config)

@@ -1,10 +1,10 @@
 """The nouns of one training step, in data-flow order, on the ground floor for every floor to share:
-    RolloutResult   one finished, scored rollout and its token samples (rlvr.rollouts)
-    GroupResult     the rollouts of one prompt, and how many errored      (rlvr.rollouts)
-    StepBatch       every group of one step, as the rollout worker hands it over
-    TrainBatch      the samples a step trains on, advantages set, and its rollout metrics
-    Sample / Row    one token sequence exactly as vLLM saw it; samples laid end to end
-    MicroBatch      rows as tensors, ready for a forward pass                (rlvr.trainer)
+RolloutResult   one finished, scored rollout and its token samples (rlvr.rollouts)
+GroupResult     the rollouts of one prompt, and how many errored      (rlvr.rollouts)
+StepBatch       every group of one step, as the rollout worker hands it over
+TrainBatch      the samples a step trains on, advantages set, and its rollout metrics
+Sample / Row    one token sequence exactly as vLLM saw it; samples laid end to end
+MicroBatch      rows as tensors, ready for a forward pass                (rlvr.layout)
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class MicroBatch:
 
     `loss_mask`, `sampler_logprobs` and `advantages` are aligned with next-token predictions:
     column i describes token i+1 of `input_ids` (the first token of each sample is never
-    predicted). Built by `rlvr.trainer.micro_batches.collate`."""
+    predicted). Built by `rlvr.layout.micro_batches.collate`."""
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
@@ -111,7 +111,7 @@ class MicroBatch:
     def prediction_states(self, hidden: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
         """The final hidden states [n, H] that make the predictions `select` [B, T-1] picks,
         from the forward's `hidden` [B, T, H] (a folded micro-batch gathers them instead:
-        `rlvr.trainer.prefix_tree`)."""
+        `rlvr.layout.prefix_tree`)."""
         return hidden[:, :-1][select]
 
     def to(self, device: torch.device | str) -> MicroBatch:

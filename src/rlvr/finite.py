@@ -1,4 +1,5 @@
 """What counts as a number to average or train on: a finite real, never a bool, NaN or string.
+
 One NaN or None in a mean, a group baseline or a loss poisons everything after it, so the
 trainer, the reports and the plots all read values through this one rule and average rubric
 metrics with `metric_means`.

@@ -173,10 +173,10 @@ def test_adapter_sync_async_level_2_keeps_serving(tiny_server, tmp_path, monkeyp
     batch two versions behind start only once the next version is pushed (the others are in
     flight)."""
     restore_base_weights(tiny_server)  # the adapters' base (the push probe checks it too)
+    from rlvr.layout.micro_batches import collate
     from rlvr.model.policy import trainable_state
     from rlvr.rollouts.worker import RolloutWorker
     from rlvr.trainer.logprobs import sequence_scores
-    from rlvr.trainer.micro_batches import collate
     from rlvr.weight_sync.control import ServerControl
 
     cfg = config(

@@ -80,7 +80,7 @@ def test_two_hosts_gloo_training_pushes_arrive(remote_tp_server, tmp_path):
     (push,) = trainer.weights.pushes  # the one server's merged push
     assert push.meeting.master_address == ns.host_address
     assert push.meeting.world_size == 3  # the trainer + 2 tensor-parallel workers
-    assert len(history) == 2 and trainer.pushes == 3  # the initial push and one per step
+    assert len(history) == 2 and trainer.worker.clock.current == 2  # each step published
     kls = measured(history, "mismatch_kl")
     assert max(kls) < 1e-3, kls
     assert all(h["time/weight_push"] > 0 for h in history)
@@ -180,12 +180,13 @@ def test_zero3_two_ranks_train_push_checkpoint_and_resume(tiny_server, tmp_path)
     first = launch(tiny_server, tmp_path, accelerate, extra, env, stop_after=2)
     assert [r["world"] for r in first] == [2, 2]
     assert {r["type"] for r in first} == {"DistributedType.DEEPSPEED"}
-    assert [r["pushes"] for r in first] == [3, 3]  # initial + 2 steps, on both ranks
+    assert [len(r["history"]) for r in first] == [2, 2]
+    assert all(h["time/weight_push"] > 0 for r in first for h in r["history"])  # both ranks push
     assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step_000002"]
 
     resumed = launch(tiny_server, tmp_path, accelerate, [*extra, "checkpoint.resume=auto"], env)
     assert [len(r["history"]) for r in resumed] == [1, 1]  # step 3 only
-    assert [r["pushes"] for r in resumed] == [2, 2]
+    assert all(h["time/weight_push"] > 0 for r in resumed for h in r["history"])
     histories = [h for r in first + resumed for h in r["history"]]
     assert max(measured(histories, "mismatch_kl")) < 1e-3
     assert first[0]["history"][0]["grad_norm"] > 0

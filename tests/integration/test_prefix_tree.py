@@ -1,4 +1,4 @@
-"""Shared-prefix training (rlvr.trainer.prefix_tree): folding a step's samples into prefix trees
+"""Shared-prefix training (rlvr.layout): folding a step's samples into prefix trees
 changes no log-probability, loss term or gradient, keeps every continuation blind to the others, and
 keeps groups whole across ranks."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from unit.trainer.test_prefix_tree import ATOL, policy, step_samples
+from unit.layout.test_prefix_tree import ATOL, policy, step_samples
 
 
 @pytest.mark.slow
@@ -15,10 +15,12 @@ def test_prefix_tree_flex_attention_forward_matches_unshared_on_cpu(tiny_model_d
     backward: `test_prefix_tree_flex_attention_matches_unshared_on_gpu`): the tree's block
     mask gives every sample's log-probabilities as its own forward does. Slow: compiling flex
     attention and the block mask takes minutes on two cores."""
+    from rlvr.layout.attention import tree_attention
+    from rlvr.layout.folded import collate_folded
+    from rlvr.layout.micro_batches import collate
+    from rlvr.layout.prefix_tree import fold_rows
     from rlvr.reasoning_vocab.mapping import load_tokenizer
     from rlvr.trainer.logprobs import sequence_scores
-    from rlvr.trainer.micro_batches import collate
-    from rlvr.trainer.prefix_tree import collate_folded, fold_rows, tree_attention
 
     tokenizer = load_tokenizer(tiny_model_dir)
     samples = step_samples(lambda t: tokenizer.encode(t, add_special_tokens=False))

@@ -12,7 +12,7 @@ import torch
 from support import config, restore_base_weights
 from toy_env import target_share_env
 
-import rlvr.trainer.grpo as grpo
+import rlvr.trainer.push_probes as push_probes
 from rlvr.server.process import EXACT_FLAGS
 from rlvr.trainer.grpo import Trainer
 from rlvr.weight_sync.merged import MergedPush
@@ -47,7 +47,7 @@ def skip_push(monkeypatch, skipped: Container[int]) -> None:
 def round_to_bf16(monkeypatch) -> None:
     """Make a float32 server behave like a bfloat16 one as far as the probe sees: pushed
     weights and returned probe log-probabilities rounded to bfloat16."""
-    stream, served = MergedWeightSource.__iter__, grpo.served_logprobs
+    stream, served = MergedWeightSource.__iter__, push_probes.served_logprobs
 
     def rounded_stream(self):
         for name, tensor in stream(self):
@@ -57,7 +57,7 @@ def round_to_bf16(monkeypatch) -> None:
         return served(*args).to(torch.bfloat16).float()
 
     monkeypatch.setattr(MergedWeightSource, "__iter__", rounded_stream)
-    monkeypatch.setattr(grpo, "served_logprobs", rounded_logprobs)
+    monkeypatch.setattr(push_probes, "served_logprobs", rounded_logprobs)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,8 @@ def test_push_probe_catches_weights_that_did_not_arrive(tiny_server, tmp_path, m
     partial = Trainer(config(tiny_server, tmp_path / "partial", *extra), env=env)
     with pytest.raises(WeightsNotServedError, match="version 1") as caught:
         partial.run()
-    assert partial.pushes == 2 and partial.history == []  # failed at step 1, before logging
+    clock = partial.worker.clock  # version 1 was pushed and failed its probe: never published
+    assert (clock.pushing, clock.current) == (1, 0) and partial.history == []
     print(caught.value)
 
 
@@ -148,7 +149,7 @@ def test_probe_catches_stale_weights_on_bf16_server(bf16_server, tmp_path, async
                 trainer.run()
             print(f"{what}: {caught.value}")
             if what == "skipped":  # the push of version 2 did not arrive: caught there
-                assert "version 2" in str(caught.value) and trainer.pushes == 3
+                assert "version 2" in str(caught.value) and trainer.worker.clock.pushing == 2
     if async_level != 1:
         return
     with pytest.MonkeyPatch.context() as mp:
@@ -206,4 +207,4 @@ def test_probe_sees_a_stale_bf16_server_at_lr_1e_5(bf16_server, tmp_path):
         with pytest.raises(WeightsNotServedError, match="realised 0") as caught:
             trainer.run()
     print(f"stale: {caught.value}")
-    assert trainer.pushes <= 6
+    assert trainer.worker.clock.pushing <= 5  # caught by the push of version 5

@@ -90,7 +90,7 @@ def test_token_in_multi_turn_is_one_sample(tiny_server):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_token_in_trains_the_ids_the_server_saw(tiny_server, tmp_path):
-    """`rollouts.token_in=true` through the trainer (its `_start_worker` makes the client):
+    """`rollouts.token_in=true` through the trainer (`start_worker` makes the client):
     one sample per multi-turn rollout, and the trainer's log-probabilities of its sampled
     tokens match the server's (mismatch-KL near 0: it trains the context the sampler saw)."""
     from support import config

@@ -4,7 +4,7 @@ The order, lowest first (a unit may import its own layer and any layer below it)
 
     0  ground floor   rlvr.finite, rlvr.atomic, rlvr.batch, rlvr.config, rlvr.scripted,
                       rlvr.messages, rlvr.pass_at_k
-    1  building parts rlvr.model, rlvr.data, rlvr.reasoning_vocab
+    1  building parts rlvr.model, rlvr.data, rlvr.reasoning_vocab, rlvr.layout
     2  step machinery rlvr.rollouts, rlvr.weight_sync, rlvr.server
     3  the loop       rlvr.trainer
     4  top            rlvr.eval, rlvr.demo, rlvr (the package's own __init__)
@@ -15,14 +15,16 @@ source with `ast` and never imports it, so it sees imports inside functions too.
 Where the order departs from the first sketch, the import graph decided:
 - `rlvr.scripted` (a scripted model client) imports only `rlvr.messages` and `rlvr.data.arithmetic`
   scripts demonstrations with it, so it sits on the ground floor rather than the top.
+- `rlvr.layout` (the micro-batch layouts) imports only the ground floor: the trainer hands it
+  the model and the scorer its self-check needs, so it sits with the building parts.
 - `rlvr.server` and `rlvr.weight_sync` are the two ends of one weight transfer and import each
   other (the server's CPU engine joins the rendezvous; the push registers the server's engine), so
   they share a floor; one floor lower, the server would add four exceptions to save two.
 
 The arrows that still point up are listed in ALLOWED_UP, each with its reason: `data` keeps two
-modules that generate from or export evaluation runs, and two constants/rules are read from the
-one place that owns them. A new upward import fails with
-file:line and the two units, so it has to be moved down or added there with a reason.
+modules that generate from or export evaluation runs, and the vLLM processor reads its name from
+the server plugin that owns it. A new upward import fails with file:line and the two units, so it
+has to be moved down or added there with a reason.
 
 Run `python tests/unit/test_import_layers.py [SRC]` to print the upward arrows of any src dir
 (the default is this checkout's `src`).
@@ -47,7 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "rlvr.messages",
         "rlvr.pass_at_k",
     ),
-    ("rlvr.model", "rlvr.data", "rlvr.reasoning_vocab"),
+    ("rlvr.model", "rlvr.data", "rlvr.reasoning_vocab", "rlvr.layout"),
     ("rlvr.rollouts", "rlvr.weight_sync", "rlvr.server"),
     ("rlvr.trainer",),
     ("rlvr.eval", "rlvr.demo", "rlvr"),

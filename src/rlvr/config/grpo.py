@@ -87,13 +87,13 @@ class BatchConfig:
     """Pack short samples together into rows as wide as the step's longest sample (attention
     stays within each sample), instead of padding every sample to that width. Same loss,
     less padding; pays with attn_implementation=flash_attention_2, slower with sdpa on a CPU
-    (see `rlvr.trainer.micro_batches`)."""
+    (see `rlvr.layout.micro_batches`)."""
     prefix_sharing: bool = True
     """Forward each token prefix that several samples share (a group's prompt, a rollout's
     earlier turns) once, in a prefix tree whose attention keeps samples apart: the same
     log-probabilities and gradients for fewer tokens. Applies with attn_implementation sdpa
     (the default; a dense mask) or flex_attention (GPUs, no dense mask), on steps where it
-    saves enough tokens to pay (see `rlvr.trainer.prefix_tree`); false: every sample on its own."""
+    saves enough tokens to pay (see `rlvr.layout.plan`); false: every sample on its own."""
     max_seq_len: int = 2048
     """Longest training sequence (prompt + completion tokens); longer turns are truncated."""
     max_prompt_len: int = 1024

@@ -87,7 +87,7 @@ class SFTTrainConfig:
     packing: bool = False
     """Pack short sequences together into rows as wide as the step's longest (attention stays
     within each sequence) instead of padding each one; for flash_attention_2, see
-    `rlvr.trainer.micro_batches`."""
+    `rlvr.layout.micro_batches`."""
     eval_every: int = 0
     """val/loss every N steps (0: only before the first and after the last step)."""
 

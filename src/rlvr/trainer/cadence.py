@@ -1,10 +1,9 @@
 """The run loop of the GRPO and SFT trainers (`run_steps`), and when it evaluates and
 checkpoints (`Cadence`).
 
-Both trainers run the same loop, so they agree on the details that matter for resuming: a stop
-after k steps (as an interrupted run) always leaves a checkpoint at k; the last step always has
-one, written once even when it falls on the cadence; an evaluation due on the last step runs
-once, after it.
+Both trainers run the same loop, so they agree on what resuming needs: a stop after k steps
+(as an interrupted run) always leaves a checkpoint at k; the last step always has one, written
+once even when it falls on the cadence; an evaluation due on the last step runs once, after it.
 """
 
 from __future__ import annotations

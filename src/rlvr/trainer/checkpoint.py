@@ -1,14 +1,10 @@
 """Checkpoints that resume a run exactly, written atomically, the last K kept.
 
-A checkpoint directory `checkpoints/step_000012` (12 steps done) holds accelerate's state
-(model or adapter weights, optimizer, LR scheduler, every process's RNG states; for DeepSpeed
-its own partitioned files), `trainer_state.json` (step, data position, weight version, W&B
-run id, the push probe's calibration and reference scores) and, for asynchronous runs, the
-rollout batches that were already being generated (`in_flight_batches.pkl`: a resumed run
-trains on them instead of regenerating them with the newer policy). Everything is first
-written to a hidden temporary directory, fsynced, and renamed into place when complete
-(`rlvr.atomic.publish_directory`), and `trainer_state.json` is written last, so a crash or
-power loss mid-save leaves the previous checkpoint as the latest valid one.
+`checkpoints/step_000012` (12 steps done) holds accelerate's state (weights, optimizer, LR
+scheduler, every process's RNG), `trainer_state.json` (step, data position, weight version, W&B
+run id, the push probes) and, for asynchronous runs, the batches in flight. It is published
+whole (`rlvr.atomic.publish_directory`, `trainer_state.json` last), so a crash mid-save leaves
+the previous checkpoint the latest valid one. See docs/training.md#resuming-asynchronous-runs.
 """
 
 from __future__ import annotations

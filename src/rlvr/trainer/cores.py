@@ -1,13 +1,9 @@
 """Keeping the trainer off the cores vf-vllm generates on, when both share one CPU.
 
-vLLM's CPU worker binds its threads to fixed cores (`VLLM_CPU_OMP_THREADS_BIND`; by default
-every core but the last, which it leaves to its front end). A trainer whose torch threads
-spread over all cores then shares one with the busy worker whenever generation runs ahead
-(`batch.async_level` >= 1), and every parallel region waits for its slowest thread. Pinned
-to the other cores (`batch.trainer_cores`), the trainer computes with fewer threads but at full
-speed on each, while generation proceeds beside it. Which wins depends on the machine:
-bench/train_step.py measures the three ways (no overlap, shared cores, disjoint cores) in one
-run, and docs/benchmarks.md has what it measured.
+`pin_to_cores` binds the trainer's torch threads to `batch.trainer_cores`, so generation
+running ahead (`batch.async_level` >= 1) does not share a core with the busy vLLM CPU worker.
+Whether that pays depends on the machine: bench/train_step.py measures it, docs/benchmarks.md
+has the numbers.
 """
 
 from __future__ import annotations

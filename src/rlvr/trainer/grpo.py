@@ -1,21 +1,10 @@
-"""The GRPO training loop: accelerate (single process, DDP or DeepSpeed ZeRO-3), rollouts from
-vf-vllm, a weight push after every optimizer step, checkpoints, evaluation and logging.
+"""The GRPO training loop: set-up, then per step batch -> forward/backward -> optimizer -> push.
 
-One step (`Trainer.train_step`):
-  1. take the step's `TrainBatch` (`rlvr.batch`): the rollout worker generated it ahead by at
-     most async_level steps; the main process scores the samples with group advantages
-     (`rlvr.trainer.train_batch`) and broadcasts them;
-  2. each rank trains on its shard in micro-batches; the loss is normalised by the step's
-     global loss-token count, and every rank runs the same number of micro-batches;
-  3. one optimizer step (clipped), one scheduler step;
-  4. publish the new weights as version step+1: push them into every vf-vllm
-     (`rlvr.weight_sync.fleet.FleetPush`), probe that each serves them
-     (`rlvr.weight_sync.probe`; a server that does not is taken out of rotation), and move
-     the rollout worker's version clock;
-  5. log; the run loop (`rlvr.trainer.cadence.run_steps`) evaluates and checkpoints.
-
-The module is the loop a reader follows top to bottom, set-up to close; the parts it is built
-from live beside it in rlvr.trainer and rlvr.weight_sync.
+`Trainer.train_step` takes the step's `TrainBatch` from the rollout worker, accumulates this
+rank's micro-batches (laid out by `rlvr.layout`), takes one optimizer step, pushes and probes
+the new weights as version step+1 and logs; `rlvr.trainer.cadence.run_steps` evaluates and
+checkpoints. The module reads top to bottom, set-up to close; the design of a step is in
+docs/architecture.md#data-flow-of-a-training-step.
 """
 
 from __future__ import annotations
@@ -24,136 +13,43 @@ import contextlib
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.batch import MicroBatch, TrainBatch
+from rlvr.batch import MicroBatch, StepBatch, TrainBatch
 from rlvr.config import Config, ConfigError, save_config, to_yaml
-from rlvr.config.sampling import SamplingFilterError
+from rlvr.layout.layout_check import check_shared_layouts
+from rlvr.layout.micro_batches import largest_micro_batch
+from rlvr.layout.plan import plan_step
+from rlvr.layout.prefix_tree import SplitCost
 from rlvr.model.policy import load_model, load_policy, reference_mode, resolve_dtype, save_final
 from rlvr.model.rope import check_served_rope
-from rlvr.rollouts.client import make_client
-from rlvr.rollouts.groups import UnsupportedEnvironmentError, check_rollout_stage_only
-from rlvr.rollouts.mixture import leaves, load_mixture, routed_filter
-from rlvr.rollouts.prompts import prompt_length_filter
-from rlvr.rollouts.request_args import build_sampling_args
+from rlvr.reasoning_vocab.hooks import MaskLogits, PolicyHooks
 from rlvr.rollouts.worker import RolloutWorker
 from rlvr.trainer.cadence import Cadence, run_steps
 from rlvr.trainer.checkpoint import load_checkpoint, load_in_flight, resolve_resume, save_checkpoint
 from rlvr.trainer.cores import pin_to_cores
-from rlvr.trainer.layout_check import check_shared_layouts
-from rlvr.trainer.logprobs import MaskLogits, sequence_scores
-from rlvr.trainer.loss import (
-    LossTerms,
-    StepStats,
-    merge_ranks,
-    normalised_loss,
-    policy_loss,
-    step_normaliser,
-    summarise,
-)
+from rlvr.trainer.logprobs import sequence_scores, token_logprobs
+from rlvr.trainer.loss import StepStats, merge_ranks, step_normaliser, summarise
 from rlvr.trainer.memory import GIB, Budget, fit_policy, peak_bytes, reset_peak, split_cost
 from rlvr.trainer.metrics import Laps, RunLogger, step_line
-from rlvr.trainer.micro_batches import largest_micro_batch
 from rlvr.trainer.optimizer import Optimization, make_accelerator
-from rlvr.trainer.prefix_tree import plan_micro_batches, tree_attention
+from rlvr.trainer.push_probes import Pushed, PushProbes
+from rlvr.trainer.rollout_setup import load_env, start_worker
+from rlvr.trainer.step import Trained, has_gradient, micro_batch_loss
 from rlvr.trainer.train_batch import build_train_batch
-from rlvr.weight_sync.connect import connect
-from rlvr.weight_sync.control import ServerError
-from rlvr.weight_sync.probe import WeightsNotServedError, served_logprobs, trainer_logprobs
+from rlvr.weight_sync.connect import Connection, connect
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from rlvr.model.policy import Policy
+    from rlvr.rollouts.servers import ServerPool
+    from rlvr.weight_sync.fleet import FleetPush
 
 log = logging.getLogger(__name__)
-
-
-def micro_batch_loss(
-    model: torch.nn.Module,
-    mb: MicroBatch,
-    cfg: Config,
-    normaliser: float,
-    world_size: int,
-    reference: Any = None,
-    mask_logits: MaskLogits | None = None,
-) -> tuple[torch.Tensor, LossTerms]:
-    """Forward one micro-batch; return its normalised loss (ready for backward) and its terms,
-    with every statistic of `rlvr.trainer.loss.STATS`.
-
-    `normaliser` is the step's `rlvr.trainer.loss.step_normaliser`; `reference(mb)` returns the
-    reference model's token log-probabilities (needed when loss.beta > 0); `mask_logits`
-    forbids tokens per position (see `rlvr.trainer.logprobs`)."""
-    scores = sequence_scores(
-        model, mb, cfg.sampling.temperature, with_entropy=True, mask_logits=mask_logits
-    )
-    ref = reference(mb) if cfg.loss.beta > 0 else None
-    terms = policy_loss(
-        scores.logprobs,
-        mb.sampler_logprobs,
-        mb.advantages,
-        mb.loss_mask,
-        cfg.loss,
-        ref,
-        mb.sequence_ids,
-        mb.rollout_tokens,
-    )
-    terms.stats["entropy"] = scores.entropy_sum
-    return normalised_loss(terms.loss_sum, normaliser, world_size), terms
-
-
-def has_gradient(batch: TrainBatch, beta: float) -> bool:
-    """Whether a step's loss can move the weights: some loss token with a non-zero advantage,
-    or the KL penalty (`beta` > 0), which pulls toward the reference whatever the advantages.
-
-    A step without either (every group dropped, or every group's rewards equal) skips forward,
-    backward and the optimizer: AdamW would otherwise move the weights on its momentum alone,
-    repeating the last step that had signal at two thirds or more of its size."""
-    return batch.loss_tokens > 0 and (batch.has_signal or beta > 0)
-
-
-@dataclass
-class Trained:
-    """What one step's forward/backward measured, over all ranks."""
-
-    stats: dict[str, float]
-    """The statistics of `rlvr.trainer.loss.STATS` the step measured, by their logged names
-    (see `rlvr.trainer.loss.summarise`)."""
-    forwarded: float
-    """Token positions the forward passes computed (a shared prefix counts once)."""
-    slots: float
-    """Token positions the micro-batches' tensors held, padding included."""
-
-    def throughput(self, batch: TrainBatch, forward_backward_s: float) -> dict[str, float]:
-        """Training speed, and the shares of the work padding cost and prefix sharing saved."""
-        return {
-            "throughput/train_tokens_per_s": batch.tokens / max(forward_backward_s, 1e-9),
-            "throughput/padded_frac": 1 - self.forwarded / max(self.slots, 1),
-            "throughput/prefix_saved_frac": 1 - self.forwarded / max(batch.tokens, 1),
-        }
-
-
-@dataclass
-class Pushed:
-    """A step's weight push: the seconds it took and what it measured per server
-    (`push/<i>/seconds`, `push/<i>/probe_*`; `push/probe_*` is the server with the largest
-    probe_kl); empty when the step did not push or nothing was probed."""
-
-    seconds: float = 0.0
-    probe: dict[str, float] = field(default_factory=dict)
-
-
-def probe_metrics(checked: dict[int, dict[str, float]]) -> dict[str, float]:
-    """Each server's probe metrics under `push/<i>/`, and those of the server with the
-    largest `push/probe_kl` unprefixed (the worst, for one curve whatever the count)."""
-    out = {
-        key.replace("push/", f"push/{i}/", 1): value
-        for i, metrics in checked.items()
-        for key, value in metrics.items()
-    }
-    if checked:
-        worst = max(checked.values(), key=lambda m: m.get("push/probe_kl", 0.0))
-        out.update(worst)
-    return out
 
 
 class Trainer:
@@ -166,14 +62,29 @@ class Trainer:
         self.cfg = config
         self.env = env
         self.history: list[dict[str, float]] = []
-        self.worker: RolloutWorker | None = None
-        self.weights = None
-        """How weights reach the server (`rlvr.weight_sync.base.WeightPush`), once connected."""
-        self.pushes = 0
-        """Weight pushes this rank took part in (every rank joins every push)."""
+        # built by setup(), in this order
+        self.accelerator: Accelerator | None = None
+        self.ds = False  # DeepSpeed (ZeRO-3) wraps the model
+        self.rank, self.world = 0, 1
+        self.out = Path(config.output_dir)
+        self.policy: Policy | None = None
+        self.model: torch.nn.Module | None = None  # wrapped (DDP, DeepSpeed) once `opt` is made
+        self.tokenizer: Any = None
+        self.pad_id = 0
+        self.hooks = PolicyHooks()
+        self.split_cost = SplitCost()  # what a folded micro-batch's plan charges
+        self.ref_model: torch.nn.Module | None = None  # full fine-tuning's frozen reference
+        self.opt: Optimization | None = None
+        self.in_flight: list[StepBatch] = []  # batches a resumed checkpoint had generating
+        self.start_step = self.data_position = 0
+        self.curriculum_state: dict[int, Any] | None = None  # after the last batch trained
         self.logger: RunLogger | None = None
-        self._warned_split = False
-        """Whether a step's split sequence-level ratio (`ratio/split_rollout_frac`) was told."""
+        self.connection: Connection | None = None
+        self.weights: FleetPush | None = None  # how weights reach the servers, once connected
+        self.pool: ServerPool | None = None
+        self.probes: PushProbes | None = None
+        self.worker: RolloutWorker | None = None  # rank 0
+        self._warned_split = False  # a step's split sequence-level ratio was told
 
     # ---- set-up ---------------------------------------------------------------------
 
@@ -187,13 +98,12 @@ class Trainer:
         self.ds = acc.distributed_type == DistributedType.DEEPSPEED
         self.rank, self.world = acc.process_index, acc.num_processes
         set_seed(cfg.seed)
-        self.out = Path(cfg.output_dir)
         if acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
             print(f"# rlvr GRPO config (saved to {self.out / 'config.yaml'})\n{to_yaml(cfg)}")
         if acc.is_main_process:  # a bad environment or sampling setting fails before loading
-            self._load_env()
+            self.env = load_env(cfg, self.env)
         self._load_policy()
         self.opt = Optimization(
             acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size or 1
@@ -201,7 +111,7 @@ class Trainer:
         self.model = self.opt.model
         compute_dtype = self.policy.compute_dtype or resolve_dtype(cfg.model.dtype)
         cfg.batch = check_shared_layouts(
-            self.model, cfg.batch, self.pad_id, acc.device, compute_dtype
+            token_logprobs, self.model, cfg.batch, self.pad_id, acc.device, compute_dtype
         )
         resume = resolve_resume(cfg.checkpoint.resume, cfg.output_dir)
         state = load_checkpoint(acc, resume, self.model, self.ds) if resume else {}
@@ -213,7 +123,6 @@ class Trainer:
         self.data_position = int(state.get("data_position", 0))
         saved = state.get("curriculum")
         self.curriculum_state = None if saved is None else {int(k): v for k, v in saved.items()}
-        """The curriculum's estimates after the last batch trained (None: no curriculum)."""
         self.logger = RunLogger(
             cfg,
             acc.is_main_process,
@@ -224,13 +133,23 @@ class Trainer:
         if resume:
             self.logger.print(f"resumed from {resume} at step {self.start_step}")
         self._connect_servers()
-        self._restore_probes(state.get("push_probes") or {})
+        self.probes.restore(state.get("push_probes") or {})
         unwrapped = acc.unwrap_model(self.model)
         for push, url in zip(self.weights.pushes, cfg.server.urls, strict=True):
             check_served_rope(unwrapped.config, cfg.model.name, push.control, url)
         self.push_weights(self.start_step, initial=True)  # the server may hold other weights
         if acc.is_main_process:
-            self._start_worker()
+            self.worker = start_worker(
+                cfg,
+                self.env,
+                self.tokenizer,
+                start_step=self.start_step,
+                data_position=self.data_position,
+                in_flight=self.in_flight,
+                curriculum_state=self.curriculum_state,
+                served_name=self.weights.served_name,
+                pool=self.pool,
+            )
 
     def _load_policy(self) -> None:
         cfg, acc = self.cfg, self.accelerator
@@ -278,67 +197,7 @@ class Trainer:
             say=self.logger.print,
         )
         self.weights, self.pool = self.connection.weights, self.connection.pool
-        self.probes = self.connection.probes
-
-    def _restore_probes(self, saved: dict[str, dict]) -> None:
-        """Each server's probe as the checkpoint left it (by URL), so that a resume's first
-        push is judged like any later one; a server the checkpoint does not know calibrates
-        afresh."""
-        for url, probe in zip(self.cfg.server.urls, self.probes, strict=False):
-            if url in saved:
-                probe.load_state(saved[url])
-
-    def _load_env(self) -> None:
-        """The environment (rank 0 only), with its sampling defaults checked against what the
-        trainer can reproduce."""
-        import verifiers as vf
-
-        cfg = self.cfg
-        if self.env is None and cfg.envs:
-            self.env = load_mixture(cfg.envs)
-        elif self.env is None:
-            self.env = vf.load_environment(cfg.env.id, **cfg.env.args)
-        for name, env in leaves(self.env).items():
-            try:
-                build_sampling_args(cfg.sampling, env.sampling_args)
-                check_rollout_stage_only(env)
-            except (SamplingFilterError, UnsupportedEnvironmentError) as e:
-                raise ConfigError(f"environment {name or cfg.env_label}: {e}") from None
-
-    def _start_worker(self) -> None:
-        cfg = self.cfg
-        self.env.set_max_seq_len(cfg.batch.max_seq_len)
-        fits = routed_filter(
-            self.env,
-            lambda env: prompt_length_filter(
-                self.tokenizer, cfg.batch.max_prompt_len, getattr(env, "tool_defs", None)
-            ),
-        )
-
-        def client(url: str) -> Any:
-            return make_client(
-                url,
-                cfg.server.api_key,
-                cfg.server.timeout_s,
-                max_connections=max(cfg.batch.batch_size * 2, 64),
-                temperature=cfg.sampling.temperature,
-                rollouts=cfg.rollouts,
-            )
-
-        self.worker = RolloutWorker(
-            self.env,
-            self.env.get_dataset(),
-            cfg,
-            client_factory=client,
-            start_step=self.start_step,
-            version=self.start_step,
-            data_position=self.data_position,
-            prompt_fits=fits,
-            preloaded=self.in_flight,
-            curriculum_state=self.curriculum_state,
-            served_name=self.weights.served_name,
-            pool=self.pool,
-        ).start()
+        self.probes = PushProbes(self.connection, self.cfg.server.urls)
 
     # ---- the loop -------------------------------------------------------------------
 
@@ -435,17 +294,20 @@ class Trainer:
         # nothing to train (alike on every rank: the batch is the whole step's)
         if not has_gradient(batch, cfg.loss.beta):
             return Trained(summarise({}), forwarded=batch.tokens, slots=batch.tokens)
-        attention = None
-        if cfg.batch.prefix_sharing:
-            attention = tree_attention(self.model, cfg.batch.max_seq_len)
-        plan = plan_micro_batches(
-            batch.samples, self.rank, self.world, cfg.batch, self.pad_id, attention, self.split_cost
+        plan = plan_step(
+            batch.samples,
+            self.model,
+            cfg.batch,
+            self.rank,
+            self.world,
+            self.pad_id,
+            self.split_cost,
         )
-        mine = plan.micro_batches
+        mine, layout = plan.micro_batches, plan.layout
         self.model.train()
         for i, chunk in enumerate(mine):
             last = i == len(mine) - 1
-            mb = plan.collate(chunk).to(self.accelerator.device)
+            mb = layout.collate(chunk).to(self.accelerator.device)
             mask = self.hooks.logit_mask(mb)
             reference = functools.partial(self._reference_logprobs, mask_logits=mask)
             with self.opt.accumulating(last):
@@ -454,8 +316,8 @@ class Trainer:
                 )
                 self.opt.backward(loss, last)
             stats.add(terms)
-            stats.count("slots", plan.slots(chunk))
-            stats.count("forwarded", plan.forwarded(chunk))
+            stats.count("slots", layout.slots(chunk))
+            stats.count("forwarded", layout.forwarded(chunk))
         raw = stats.read()
         if self.world > 1:
             from accelerate.utils import gather_object
@@ -486,8 +348,7 @@ class Trainer:
         with self._publishing(version):
             if initial or self.cfg.server.push_weights:
                 seconds = self.weights.push(version)
-                self.pushes += 1
-                pushed = Pushed(seconds, self._probe_push(version))
+                pushed = Pushed(seconds, self.probes.check(self.model, self.accelerator, version))
         return pushed
 
     def _publishing(self, version: int) -> contextlib.AbstractContextManager:
@@ -496,51 +357,6 @@ class Trainer:
         if self.worker is None:
             return contextlib.nullcontext()
         return self.worker.publishing(version, self.weights.release, self._rank0_deadline_s)
-
-    def _probe_push(self, version: int) -> dict[str, float]:
-        """The probe of the push of `version` on every server that took it (see
-        rlvr.weight_sync.probe): every rank runs the forward, the main process asks each
-        server (twice at a server's first push, for its noise), and every rank checks the
-        main process's scores, so all ranks agree. A server that fails is taken out of
-        rotation (with one server, its error stops the run); a returning server that passes
-        is admitted."""
-        if not self.probes:
-            return {}
-        for i in self.weights.returned:  # connected afresh: calibrated afresh
-            self.probes[i] = self.connection.new_probe()
-        ids = self.probes[0].ids
-        mine = trainer_logprobs(self.model, ids, self.accelerator.device)
-        scores = None
-        if self.accelerator.is_main_process:
-            scores = mine, {i: self._served_scores(i, version) for i in self.weights.pushed}
-        trainer, served = self.weights.agree(scores)
-        checked: dict[int, dict[str, float]] = {}
-        for i, answer in served.items():
-            try:
-                if isinstance(answer, str):
-                    raise WeightsNotServedError(answer)
-                scored, name, again = answer
-                checked[i] = self.probes[i].check(trainer, scored, version, name, repeat=again)
-            except WeightsNotServedError as e:
-                if len(self.pool) == 1:
-                    raise
-                self.weights.take_out(i, f"failed the probe of weight version {version}: {e}")
-            else:
-                if i in self.weights.returned:
-                    self.weights.admit(i, version)
-        return probe_metrics(checked)
-
-    def _served_scores(self, index: int, version: int) -> tuple | str:
-        """Server `index`'s probe scores of `version` (a second scoring at its first push) and
-        the name it served them under; or why it could not say."""
-        push, probe = self.weights.pushes[index], self.probes[index]
-        name = push.served_name(version)
-        try:
-            served = served_logprobs(push.control, name, probe.ids)
-            again = None if probe.calibrated else served_logprobs(push.control, name, probe.ids)
-        except ServerError as e:
-            return f"could not score the probe: {e}"
-        return served, name, again
 
     def _report(self, step: int, metrics: dict[str, float], table: list[dict[str, Any]]) -> None:
         logger = self.logger
@@ -605,8 +421,7 @@ class Trainer:
         }
         if curriculum is not None:
             state["curriculum"] = {str(k): v for k, v in curriculum.items()}
-        urls = self.cfg.server.urls
-        state["push_probes"] = {url: p.state() for url, p in zip(urls, self.probes, strict=False)}
+        state["push_probes"] = self.probes.state()
         path = save_checkpoint(
             self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last, in_flight
         )

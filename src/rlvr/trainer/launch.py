@@ -1,11 +1,8 @@
-"""The `rlvr-train` and `rlvr-sft` commands (also `scripts/train.py`, `scripts/sft.py`): parse the
-command line into a validated config first, so a bad option fails before anything heavy loads
-(torch, the model, the environment), then run the trainer.
+"""The `rlvr-train` and `rlvr-sft` commands (also `scripts/train.py`, `scripts/sft.py`).
 
-    accelerate launch --config-file configs/zero3.yaml scripts/train.py \
-        --config configs/examples/deepscaler_zero3.yaml optim.lr=2e-5
-    accelerate launch --config-file configs/single.yaml scripts/sft.py \
-        --config configs/examples/sft_smollm2_cpu.yaml train.max_steps=20 optim.lr=2e-4
+Each parses the command line into a validated config first, so a bad option fails before
+anything heavy loads (torch, the model, the environment), then runs the trainer. Usage:
+docs/training.md#commands and docs/training.md#sft.
 """
 
 from __future__ import annotations

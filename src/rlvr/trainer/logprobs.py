@@ -1,57 +1,23 @@
-"""Per-token log-probabilities and entropy of the trainer's policy, computed only where the loss
-reads them, with bounded memory.
+"""Per-token log-probabilities and entropy of the policy, only where the loss reads them.
 
-A causal LM's output head turns every position's hidden state into a row of vocabulary logits.
-The loss only reads the positions that predict a sampled (loss-mask) token, so the head runs on
-those alone: prompts, tool outputs and padding never reach it (on SmolLM2-135M the head is
-about a fifth of the forward pass). The selected hidden states go through the head in chunks of
-at most `MAX_CHUNK_ELEMENTS` logits, each widened to float32 only for its own log-softmax, so
-no full-vocabulary float32 copy of a micro-batch ever exists (4 x 8k tokens x 152k vocabulary
-would be tens of GB). Backward needs each chunk's softmax; while all of a micro-batch's fit in
-`MAX_SAVED_ELEMENTS` they are kept, and beyond that each chunk is checkpointed: backward
-recomputes its logits, at the price of one more head pass over the loss tokens.
-
-Per chunk, one fused autograd function (`_TokenLogprobs`) takes the logits to the sampled
-tokens' log-probabilities, the entropy and, in backward, the logits' gradient
-`g * (onehot - softmax) / T`, written into the saved softmax itself. Autograd's own chain
-(divide, log-softmax, gather, entropy) passes over the [n, V] logits about twice as often and
-allocates the gradient afresh. On a CPU, where these passes are memory-bound, they and the
-recomputation that `MAX_SAVED_ELEMENTS` now spares typical micro-batches took about a fifth of
-a SmolLM2 micro-batch's forward/backward (4 rows of up to 729 tokens, profiled).
-
-The model still runs through its own top-level forward (the DDP or DeepSpeed wrapper when
-there is one), which keeps DDP's gradient hooks and ZeRO-3's parameter gathering in place: a
-forward pre-hook on the output embeddings takes the final hidden states and hands the head an
-empty slice, and the head module is then called on the selected chunks (PEFT's LoRA on
-`lm_head`, tied embeddings and ZeRO-3's per-module gathering all follow the module call).
-Models that transform the head's logits inside their forward (Gemma-2's soft-capping, Cohere's
-and Granite's logit scales) are refused, since the chunks would miss the transform.
-
-Masking logits per position (`mask_logits`): some policies forbid tokens at some positions
-(for example a reasoning vocabulary that may only be used inside a think span). Pass
-`mask_logits(logits, positions) -> logits`, called on every chunk before the log-softmax with
-`logits` [n, V] in float32, already divided by the temperature, and `positions` [n], the flat
-index `row * (T - 1) + column` of each logits row in the micro-batch's [B, T - 1] grid of
-next-token predictions (the layout of `MicroBatch.loss_mask`; column c predicts token c + 1 of
-the row). Set forbidden entries to -inf (e.g. `logits.masked_fill(forbid[positions][:, None] &
-in_range, -inf)`); both the log-probabilities and the entropy then follow the masked
-distribution, as the sampler's processed logprobs do. In packed micro-batches (see
-`rlvr.trainer.micro_batches`) a row holds several samples; `MicroBatch.position_ids` restart at 0
-where each sample starts. A folded micro-batch (`rlvr.trainer.prefix_tree`) forwards a prefix tree
-but keeps this grid, one sample per row: its hidden states are gathered back to it
-(`prediction_states`).
+`sequence_scores` runs the model through its own (possibly wrapped) forward, captures the final
+hidden states and runs the output head on the loss positions alone, in chunks of at most
+`MAX_CHUNK_ELEMENTS` logits with a fused log-softmax/entropy (`_TokenLogprobs`), so no
+full-vocabulary float32 copy of a micro-batch exists. `mask_logits` (`MaskLogits`) forbids tokens
+per position. Design and profile: docs/training.md#memory-and-speed-of-the-log-probabilities.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.batch import MicroBatch
+from rlvr.reasoning_vocab.hooks import MaskLogits
 
 MAX_CHUNK_ELEMENTS = 2**26
 """Most logits (tokens x vocabulary) in one chunk: 256 MiB in float32, 1365 tokens of a 49k
@@ -61,8 +27,6 @@ MAX_SAVED_ELEMENTS = 2**28
 """Most softmax entries (loss tokens x vocabulary) a micro-batch keeps for backward: 1 GiB in
 float32, 5461 loss tokens of a 49k vocabulary or 1765 of a 152k one. Micro-batches with more
 loss tokens recompute each chunk in backward instead (one more head pass)."""
-
-MaskLogits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
@@ -242,3 +206,8 @@ def sequence_scores(
     )
     logprobs = torch.zeros(select.shape, dtype=torch.float32, device=picked.device)
     return TokenScores(logprobs.masked_scatter(select, picked), entropy_sum)
+
+
+def token_logprobs(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """`sequence_scores`' log-probabilities at temperature 1 (the layout self-check's scorer)."""
+    return sequence_scores(model, mb).logprobs

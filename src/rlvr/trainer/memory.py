@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from rlvr.config import ConfigError, LoraConfig, ModelConfig
+from rlvr.layout.prefix_tree import SplitCost
 from rlvr.model.policy import Policy, describe_policy, enable_gradient_checkpointing
 from rlvr.model.quantization import largest_dequantized_bytes, parameter_bytes
 from rlvr.trainer.logprobs import MAX_CHUNK_ELEMENTS, MAX_SAVED_ELEMENTS
-from rlvr.trainer.prefix_tree import SplitCost
 
 GIB = 2**30
 

@@ -1,14 +1,10 @@
 """The optimizer side of a training step, for every trainer (GRPO and SFT).
 
-AdamW and an LR schedule, prepared by accelerate for a single process, DDP or DeepSpeed
-ZeRO-3. A step accumulates gradients over a variable number of micro-batches (the callers
-normalise each micro-batch's loss by the step's global token count, so nothing here divides),
-then takes one clipped optimizer step. DeepSpeed's engine is driven directly: accelerate would
-step it after every backward.
-
-A step whose loss or gradient norm is NaN or infinite raises `NonFiniteStepError` instead of
-stepping: one AdamW step on NaN gradients makes every trainable tensor NaN, and the weight
-push and its probe would then serve and check garbage.
+AdamW and an LR schedule, prepared by accelerate (single process, DDP or DeepSpeed ZeRO-3,
+whose engine is driven directly). A step accumulates gradients over any number of micro-batches
+(callers normalise each loss by the step's token count), then takes one clipped optimizer step.
+A non-finite loss or gradient norm raises `NonFiniteStepError` instead of stepping: one AdamW
+step on NaN gradients would make every trainable tensor NaN.
 """
 
 from __future__ import annotations
@@ -191,7 +187,7 @@ class Optimization:
 
     def step(self, has_gradient: bool) -> float:
         """One clipped optimizer step; returns the gradient norm before clipping. Skipped when
-        the step's loss has no gradient (`rlvr.trainer.grpo.has_gradient`: Adam would still
+        the step's loss has no gradient (`rlvr.trainer.step.has_gradient`: Adam would still
         move the weights on momentum alone); the LR schedule advances either way. A gradient
         norm that is not finite raises `NonFiniteStepError` before the weights move (see
         `_clipped_norm`, `_deepspeed_step`)."""

@@ -1,18 +1,10 @@
 """Supervised fine-tuning: a warm-up on chat transcripts or filtered rollouts before GRPO.
 
-Built from the same parts as the GRPO trainer: the policy loader (LoRA by default),
-accelerate (single process, DDP or ZeRO-3) with the same optimizer step, atomic checkpoints
-that resume exactly, and the same run logger. One step:
-
-  1. take the next `train.batch_size` examples of the shuffled epoch stream (every rank reads
-     the same data, so every rank knows the step's global count of loss tokens);
-  2. each rank runs its shard in micro-batches; a micro-batch's summed negative
-     log-likelihood over assistant tokens is divided by the step's global loss-token count
-     (`normalised_loss`), so the gradient is that of the per-token mean over the whole step,
-     however the step is cut into micro-batches and ranks;
-  3. one clipped optimizer step, one scheduler step; log, evaluate, checkpoint.
-
-Which tokens get loss is `rlvr.data.sft_rows`'s business.
+Built from the GRPO trainer's parts (policy loader, optimizer step, checkpoints, run logger).
+One step takes the next `train.batch_size` examples of the shuffled epoch stream (the same on
+every rank), sums each micro-batch's negative log-likelihood over assistant tokens divided by
+the step's global loss-token count (so the layout cannot change the gradient), and takes one
+clipped optimizer step. Which tokens get loss is `rlvr.data.sft_rows`'s business.
 """
 
 from __future__ import annotations
@@ -34,6 +26,7 @@ from rlvr.data.sft_rows import (
     read_conversations,
     tokenize,
 )
+from rlvr.layout.micro_batches import collate, rank_micro_batches
 from rlvr.model.policy import load_policy, save_final
 from rlvr.reasoning_vocab.hooks import PolicyHooks
 from rlvr.trainer.cadence import Cadence, run_steps
@@ -42,7 +35,6 @@ from rlvr.trainer.logprobs import sequence_scores
 from rlvr.trainer.loss import normalised_loss
 from rlvr.trainer.memory import Budget, fit_policy
 from rlvr.trainer.metrics import RunLogger
-from rlvr.trainer.micro_batches import collate, rank_micro_batches
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 
 

@@ -13,10 +13,10 @@ from transformers import Qwen2ForCausalLM
 
 from rlvr.batch import Sample
 from rlvr.config import load_config
+from rlvr.layout.micro_batches import collate
 from rlvr.model.policy import load_policy, reference_mode
-from rlvr.trainer.grpo import micro_batch_loss
 from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import collate
+from rlvr.trainer.step import micro_batch_loss
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from rlvr.batch import Sample
 from rlvr.config import ConfigError, LoraConfig, ModelConfig, load_config
+from rlvr.layout.micro_batches import collate
 from rlvr.model.merge import merge_adapter
 from rlvr.model.policy import load_policy, save_final
 from rlvr.reasoning_vocab.expand import expand_checkpoint
@@ -28,7 +29,6 @@ from rlvr.reasoning_vocab.mapping import (
     with_trained_rows,
 )
 from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import collate
 
 TEXT = "Solve 2+2. <think> two and two make four, so </think> The answer is \\boxed{4}."
 

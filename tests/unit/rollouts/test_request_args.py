@@ -99,6 +99,7 @@ def test_extra_body_temperature_is_refused():
     from rlvr.config import ConfigError
     from rlvr.config.sampling import SamplingFilterError, check_reproducible
     from rlvr.trainer.grpo import Trainer
+    from rlvr.trainer.rollout_setup import load_env
 
     with pytest.raises(ConfigError) as refused:
         load_config(overrides=["sampling.temperature=0.7", "sampling.extra_body={temperature: 1}"])
@@ -119,7 +120,7 @@ def test_extra_body_temperature_is_refused():
     )
     trainer = Trainer(load_config(overrides=[*equal, "env.id=inline"]), env=env)
     with pytest.raises(ConfigError, match=r"environment inline: .*extra_body.temperature=1.3"):
-        trainer._load_env()
+        load_env(trainer.cfg, trainer.env)
     request = {"temperature": 1.0, "extra_body": {"temperature": 0.3}}
     with pytest.raises(SamplingFilterError, match="rollout request asks for extra_body.temp"):
         check_reproducible(request, "a rollout request")

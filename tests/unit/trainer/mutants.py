@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
 TRAINER = "tests/unit/trainer"
 LOSS = f"{TRAINER}/test_loss.py"
 BATCH = f"{TRAINER}/test_train_batch.py"
-FILES = [LOSS, BATCH, f"{TRAINER}/test_micro_batches.py"]
+FILES = [LOSS, BATCH, "tests/unit/layout/test_micro_batches.py"]
 """The loss path's test files (what `make mutants` runs against every mutant)."""
 WARM = [
     "rlvr.trainer.grpo",
@@ -114,7 +114,7 @@ MUTANTS = [
     ),
     Mutant(
         "each sample its own sequence in GSPO and MIS",
-        "src/rlvr/trainer/micro_batches.py",
+        "src/rlvr/layout/micro_batches.py",
         'key = ("sample", index) if s.rollout is None else ("rollout", s.rollout)',
         'key = ("sample", index)',
         (f"{LOSS}::test_sequence_losses_weigh_rollouts_not_pieces",),

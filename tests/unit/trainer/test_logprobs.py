@@ -12,9 +12,9 @@ import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from rlvr.batch import MicroBatch, Sample
+from rlvr.layout.micro_batches import collate
 from rlvr.trainer import logprobs
 from rlvr.trainer.logprobs import head_logprobs, output_head, sequence_scores
-from rlvr.trainer.micro_batches import collate
 
 from .tiny_models import VOCAB, tiny_qwen2
 
@@ -45,7 +45,7 @@ def micro_batch() -> MicroBatch:
 
 def full_vocabulary(model, mb: MicroBatch, temperature: float, mask_logits=None):
     """The computation the chunked path replaces: every position's logits, in float32, with
-    the padding masked (the chunked path leaves the mask out: see rlvr.trainer.micro_batches)."""
+    the padding masked (the chunked path leaves the mask out: see rlvr.layout.micro_batches)."""
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
     logits = logits[:, :-1].float() / temperature
     if mask_logits is not None:
@@ -167,7 +167,7 @@ def test_models_that_transform_their_logits_are_refused():
 
 
 def test_a_micro_batch_without_loss_tokens_still_reaches_every_parameter():
-    """Padding micro-batches (see rlvr.trainer.micro_batches.padding_micro_batch) must run a
+    """Padding micro-batches (see rlvr.layout.micro_batches.padding_micro_batch) must run a
     backward that touches every parameter, or DDP and ZeRO-3 ranks fall out of step."""
     model = tiny_model(tied=False, lora_head=True)
     mb = collate([[Sample([0, 0], [0, 0], [0.0, 0.0])]], 0)

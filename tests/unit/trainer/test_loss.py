@@ -10,8 +10,8 @@ import torch
 
 from rlvr.batch import GroupResult, RolloutResult, Sample, StepBatch, TrainBatch
 from rlvr.config import ConfigError, LossConfig, load_config
+from rlvr.layout.micro_batches import collate, padding_micro_batch, shard, split_micro_batches
 from rlvr.trainer.advantages import group_advantages
-from rlvr.trainer.grpo import micro_batch_loss
 from rlvr.trainer.loss import (
     LossTerms,
     StepStats,
@@ -22,7 +22,7 @@ from rlvr.trainer.loss import (
     step_normaliser,
     summarise,
 )
-from rlvr.trainer.micro_batches import collate, padding_micro_batch, shard, split_micro_batches
+from rlvr.trainer.step import micro_batch_loss
 from rlvr.trainer.train_batch import build_train_batch
 
 from .tiny_models import tiny_qwen2

@@ -15,15 +15,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlvr.batch import Sample
 from rlvr.config import ConfigError, LoraConfig, ModelConfig, load_config
+from rlvr.layout.folded import collate_folded
+from rlvr.layout.prefix_tree import SplitCost, fold_rows, rank_folded_micro_batches
 from rlvr.model.policy import Policy
 from rlvr.trainer import memory
 from rlvr.trainer.memory import GIB, Budget, ModelShape, estimate, fit_policy, plan_memory
-from rlvr.trainer.prefix_tree import (
-    SplitCost,
-    collate_folded,
-    fold_rows,
-    rank_folded_micro_batches,
-)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 

@@ -22,10 +22,10 @@ from transformers import get_scheduler
 
 from rlvr.batch import Sample, TrainBatch
 from rlvr.config import LoraConfig, ModelConfig, OptimConfig, load_config
+from rlvr.layout.micro_batches import collate
 from rlvr.model.policy import load_policy
-from rlvr.trainer.grpo import has_gradient, micro_batch_loss
-from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.optimizer import NonFiniteStepError, Optimization, lr_factor, make_accelerator
+from rlvr.trainer.step import has_gradient, micro_batch_loss
 
 
 def _samples(vocab: int, advantage: float) -> list[Sample]:
@@ -197,9 +197,9 @@ import json, math, sys
 import torch
 from transformers import AutoModelForCausalLM
 from rlvr.config import load_config
-from rlvr.trainer.grpo import micro_batch_loss
+from rlvr.trainer.step import micro_batch_loss
 from rlvr.batch import Sample
-from rlvr.trainer.micro_batches import collate
+from rlvr.layout.micro_batches import collate
 from rlvr.trainer.optimizer import NonFiniteStepError, Optimization, make_accelerator
 
 model_dir, report = sys.argv[1], sys.argv[2]

@@ -15,10 +15,10 @@ from accelerate import Accelerator
 
 from rlvr.batch import Sample
 from rlvr.config import LoraConfig, ModelConfig, load_config
+from rlvr.layout.micro_batches import collate
 from rlvr.model.policy import load_policy
-from rlvr.trainer.grpo import micro_batch_loss
-from rlvr.trainer.micro_batches import collate
 from rlvr.trainer.optimizer import Optimization
+from rlvr.trainer.step import micro_batch_loss
 from rlvr.weight_sync.merged_stream import MergedWeightSource
 
 STEPS, LR = 10, 1e-6

@@ -31,9 +31,9 @@ from rlvr.data.sft_rows import (
     to_tools,
     tokenize,
 )
+from rlvr.layout.micro_batches import collate, rank_micro_batches
 from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.trainer.loss import normalised_loss
-from rlvr.trainer.micro_batches import collate, rank_micro_batches
 from rlvr.trainer.sft import SFTTrainer, nll_sum
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,30 +1,10 @@
-"""How a step's samples (`rlvr.batch.Sample`) are laid out in micro-batches.
+"""How a step's samples (`rlvr.batch.Sample`) are laid out in micro-batches, unshared.
 
 A micro-batch is a list of rows, a row a list of samples laid end to end; `collate` turns it
-into a `rlvr.batch.MicroBatch` of tensors. SFT uses the same layout.
-
-Padded (one sample per row, `packing=False`, the default): samples sorted by length, so rows of
-a micro-batch have similar lengths, right-padded to the longest. The model gets no attention
-mask: under causal attention no token sees the padding after it, and the loss never reads the
-padding's outputs, so a mask would change nothing that counts. Without one, attention takes its
-causal fast path (sdpa's `is_causal`) instead of building and applying a mask.
-
-Packed (`packing=True`): samples are packed first-fit-decreasing into rows no wider than the
-step's longest sample, so short samples share a row instead of padding it; position ids
-restart at 0 where each sample starts, and transformers builds the block-diagonal causal mask
-from them (sdpa and eager on the CPU; flash_attention_2's varlen path on GPUs, with no mask),
-so no token attends to another sample. Padding mostly disappears, but with sdpa every packed
-row pays for a mask over its whole width: on a CPU that costs more than the padding it saves
-(bench/train_step.py), so packing is for flash_attention_2.
-
-Micro-batches hold at most `batch.micro_batch_size` rows and `batch.micro_batch_tokens` slots
-(rows x the widest row, the positions the tensors hold: padding costs the activation memory a
-token does), whichever binds first, like verl's `ppo_max_token_len_per_gpu` and prime-rl's
-packed micro-batches: a step of long samples gets more, smaller micro-batches instead of
-running out of memory, and a step of short ones fewer, fuller ones.
-
-The loss is a sum over tokens normalised by the step's global loss-token count, so the layout
-cannot change it.
+into a `rlvr.batch.MicroBatch`. Padded (one sample per row, the default) or packed
+(`packing=True`: first-fit-decreasing, position ids restarting per sample). Micro-batches hold
+at most `batch.micro_batch_size` rows and `batch.micro_batch_tokens` slots; every rank runs the
+same count. SFT uses the same layout. Design: docs/training.md#how-the-micro-batch-layouts-work.
 """
 
 from __future__ import annotations

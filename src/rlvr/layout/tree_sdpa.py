@@ -1,38 +1,10 @@
 """Tree attention through SDPA that scores only the keys each query may see.
 
-A folded row (`rlvr.trainer.prefix_tree`) gives query q key k iff `k <= q < scope_end[k]`.
-Scoring every query against every key of the row and masking the rest costs the square of
-the whole tree, sibling continuations included. Here the row is cut into nodes instead: the
-maximal runs of row indices whose tokens have the same `scope_end` (a group's shared prompt,
-each continuation, the turns a multi-turn rollout's samples share). Scopes nest, so every
-query of a node N = [s, e) sees the same earlier tokens, its ancestors (the k < s whose scope
-reaches past s), and N's own tokens causally. Each node is therefore one attention over
-Q = N's tokens and K/V = ancestors ++ N's tokens, with the mask "ancestors all visible, own
-part causal", or plain causal attention for a root node without ancestors. Its work is what
-the node's tokens may see and nothing more.
-
-Nodes with the same ancestors are batched into one padded SDPA call (`Bucket`) when that
-scores fewer pairs than one call each (`CALL_PAIRS`): a group's continuations of equal length
-are one call, the prompt's keys and values gathered once and expanded over them. Each layer
-cuts its queries, keys and values into the nodes' pieces with one `split` and joins the
-outputs with one `cat`; stacking, expanding and concatenating are plain autograd, so the
-gradients are exact with no backward of our own (merging partial attentions by their
-log-sum-exp instead would need one: the CPU flash kernel's backward ignores a gradient on its
-log-sum-exp). Gathering by index was slower: `index_select`'s backward scatter-adds. A row's
-padding is one node whose tokens see only themselves: each reads its own value.
-
-The node plan (`NodePlan`) is built once per micro-batch on the host (`node_plan`, from the
-rows' `scope_end`) and reaches every attention layer as the keyword argument `tree_plan` of
-the model's forward, which transformers hands through to its attention function. That function
-is looked up per call from `config._attn_implementation`; `register` puts `tree_sdpa` in
-transformers' `AttentionInterface` under "sdpa" itself: it runs the split when a forward carries
-a plan and is transformers' own `sdpa_attention_forward` otherwise, so unshared micro-batches,
-the push probe, generation and every other model keep the model's own sdpa, and the reference
-pass over a folded micro-batch (the frozen copy, or the adapter switched off) takes the split
-as the policy does, with nothing to set up. Switching
-`_attn_implementation` per folded forward instead would be undone by the time gradient
-checkpointing recomputes the layers in backward, and a name of our own would have to be set on
-every model that scores a folded micro-batch (the policy, the frozen reference copy).
+A folded row is cut into nodes (runs of tokens with the same `scope_end`); each node's queries
+attend to its ancestors' keys and its own causally, nodes with the same ancestors batched into
+one padded call (`Bucket`). `register` installs `tree_sdpa` as transformers' "sdpa": it takes
+this path only when a forward carries a `tree_plan`, and is transformers' own sdpa otherwise.
+Gradients are plain autograd. Design: docs/training.md#the-node-split-sdpa.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Micro-batch layouts (rlvr.trainer.micro_batches): packing several samples into one row changes
+"""Micro-batch layouts (rlvr.layout.micro_batches): packing several samples into one row changes
 neither the loss nor its gradients, keeps attention inside each sample, and keeps the ranks'
 micro-batch counts equal."""
 
@@ -9,9 +9,7 @@ import torch
 
 from rlvr.batch import Sample
 from rlvr.config import load_config
-from rlvr.trainer.grpo import micro_batch_loss
-from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import (
+from rlvr.layout.micro_batches import (
     collate,
     largest_micro_batch,
     pack_rows,
@@ -19,8 +17,10 @@ from rlvr.trainer.micro_batches import (
     slot_count,
     split_micro_batches,
 )
+from rlvr.trainer.logprobs import sequence_scores
+from rlvr.trainer.step import micro_batch_loss
 
-from .tiny_models import VOCAB, tiny_qwen2
+from ..trainer.tiny_models import VOCAB, tiny_qwen2
 
 
 def tiny_policy() -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""The start-up self-check of the shared layouts (rlvr.trainer.layout_check): a model that gives a
+"""The start-up self-check of the shared layouts (rlvr.layout.layout_check): a model that gives a
 tiny folded or packed batch the unshared log-probabilities keeps the layout; a model class that
 drops the layout's mask is caught, and the run trains unshared with a warning naming it."""
 
@@ -12,7 +12,8 @@ from peft import LoraConfig, get_peft_model
 from transformers import Qwen2ForCausalLM
 
 from rlvr.config import load_config
-from rlvr.trainer.layout_check import check_shared_layouts
+from rlvr.layout.layout_check import check_shared_layouts
+from rlvr.trainer.logprobs import token_logprobs
 
 
 class DropsTheMask(Qwen2ForCausalLM):
@@ -45,8 +46,10 @@ def test_folded_batch_self_check(tiny_model_dir, caplog, model_class, switched_o
     batch = load_config(overrides=["batch.prefix_sharing=true", "batch.packing=true"]).batch
     model = model_class.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
     model = get_peft_model(model, LoraConfig(target_modules=["q_proj"])).train()  # as GRPO runs
-    with caplog.at_level(logging.WARNING, logger="rlvr.trainer.layout_check"):
-        checked = check_shared_layouts(model, batch, 0, torch.device("cpu"), torch.float32)
+    with caplog.at_level(logging.WARNING, logger="rlvr.layout.layout_check"):
+        checked = check_shared_layouts(
+            token_logprobs, model, batch, 0, torch.device("cpu"), torch.float32
+        )
     kept = {"prefix_sharing", "packing"} - switched_off
     assert {name for name in kept if getattr(checked, name)} == kept
     assert not any(getattr(checked, name) for name in switched_off)
@@ -57,7 +60,7 @@ def test_folded_batch_self_check(tiny_model_dir, caplog, model_class, switched_o
 
 
 def test_the_self_check_runs_only_for_the_layouts_asked_for(tiny_model_dir, monkeypatch):
-    from rlvr.trainer import layout_check
+    from rlvr.layout import layout_check
 
     def forbidden(*args, **kwargs):
         raise AssertionError("no forward without a shared layout")
@@ -65,4 +68,7 @@ def test_the_self_check_runs_only_for_the_layouts_asked_for(tiny_model_dir, monk
     monkeypatch.setattr(layout_check, "layout_errors", forbidden)
     batch = load_config(overrides=["batch.prefix_sharing=false", "batch.packing=false"]).batch
     model = DropsTheMask.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
-    assert check_shared_layouts(model, batch, 0, torch.device("cpu"), torch.float32) == batch
+    assert (
+        check_shared_layouts(token_logprobs, model, batch, 0, torch.device("cpu"), torch.float32)
+        == batch
+    )

@@ -1,19 +1,10 @@
-"""The start-up self-check of the shared layouts: does this model give a tiny batch folded into a
-prefix tree (`batch.prefix_sharing`, `rlvr.trainer.prefix_tree`) or packed end to end
-(`batch.packing`, `rlvr.trainer.micro_batches`) the log-probabilities it gives each sample on
-its own?
+"""The start-up self-check of the shared layouts (prefix trees and packed rows).
 
-Both layouts trust the model to attend only where they say: a folded row through a custom
-attention mask (a 4-D boolean one for sdpa, a block mask for flex attention), a packed row
-through position ids restarting at each sample, from which transformers builds the
-block-diagonal mask. A model whose code drops or rebuilds the mask (remote code, an attention
-function of its own) would let each continuation read its siblings' tokens and train on wrong
-log-probabilities without any error. So every GRPO start runs one tiny batch (four samples of
-at most 21 tokens that share a prompt and, deeper, part of a reply) through each layout the
-run asks for and through the unshared one, without gradients, and a layout whose per-token
-log-probabilities differ on average by more than `TOLERANCE` (in nats, for the model's compute
-dtype) is switched off for the run with a warning naming the model class. Every rank runs the
-same forwards (ZeRO-3 gathers parameters inside them) and the ranks agree on the verdict.
+`check_shared_layouts` runs a tiny batch of four samples through each shared layout the run
+asks for and through the unshared one, without gradients, and switches off (with a warning
+naming the model class) any layout whose log-probabilities differ by more than `TOLERANCE`: a
+model that drops or rebuilds the mask would otherwise train on wrong log-probabilities silently.
+Every rank runs it together and all decide alike. Design: docs/training.md#the-start-up-self-check.
 """
 
 from __future__ import annotations
@@ -21,15 +12,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from rlvr.batch import MicroBatch, Sample
 from rlvr.config import BatchConfig
-from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import collate
-from rlvr.trainer.prefix_tree import collate_folded, fold_rows, tree_attention
+from rlvr.layout.attention import tree_attention
+from rlvr.layout.folded import collate_folded
+from rlvr.layout.micro_batches import collate
+from rlvr.layout.prefix_tree import fold_rows
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +39,10 @@ CONTROL_RATIO = 10.0
 on samples placed first (the rounding alone, see `LayoutError`) is honoured whatever the floor."""
 
 PROBE_SEED = 0
+
+Scorer = Callable[[torch.nn.Module, MicroBatch], torch.Tensor]
+"""The trainer's token log-probabilities of a micro-batch on its [rows, width - 1] grid
+(`rlvr.trainer.logprobs.sequence_scores`), passed in: this floor does not import the trainer."""
 
 
 def probe_samples(vocab_size: int) -> list[Sample]:
@@ -68,10 +65,12 @@ def probe_samples(vocab_size: int) -> list[Sample]:
     return [Sample(ids, [0] + [1] * (len(ids) - 1), [0.0] * len(ids)) for ids in sequences]
 
 
-def _logprobs(model: torch.nn.Module, mb: MicroBatch, device: torch.device) -> torch.Tensor:
+def _logprobs(
+    score: Scorer, model: torch.nn.Module, mb: MicroBatch, device: torch.device
+) -> torch.Tensor:
     """The micro-batch's log-probabilities of its compared tokens, in sample order."""
     mb = mb.to(device)
-    return sequence_scores(model, mb).logprobs[mb.loss_mask > 0]
+    return score(model, mb)[mb.loss_mask > 0]
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,12 @@ class LayoutError:
 
 @torch.no_grad()
 def layout_errors(
-    model: torch.nn.Module, pad_id: int, device: torch.device, attention: str | None, packing: bool
+    score: Scorer,
+    model: torch.nn.Module,
+    pad_id: int,
+    device: torch.device,
+    attention: str | None,
+    packing: bool,
 ) -> dict[str, LayoutError]:
     """The probe batch's `LayoutError` of each shared layout asked for: "prefix_sharing"
     (folded under `attention`'s mask, when not None) and "packing" (one packed row, when
@@ -103,7 +107,7 @@ def layout_errors(
     vocab = extract_model_from_parallel(model).config.vocab_size
     rows = fold_rows(probe_samples(vocab), max_cost=10**9)
     ordered = [s for row in rows for s in row]
-    unshared = _logprobs(model, collate([[s] for s in ordered], pad_id), device)
+    unshared = _logprobs(score, model, collate([[s] for s in ordered], pad_id), device)
     firsts = {id(row[0]) for row in rows}
     layouts: dict[str, tuple[MicroBatch, set[int]]] = {}  # with the ids of its control samples
     if attention is not None:
@@ -114,7 +118,7 @@ def layout_errors(
     for name, (mb, controls) in layouts.items():
         flags = [id(s) in controls for s in ordered for _ in range(s.num_loss_tokens)]
         is_control = torch.tensor(flags, device=device)
-        diff = (_logprobs(model, mb, device) - unshared).abs()
+        diff = (_logprobs(score, model, mb, device) - unshared).abs()
         errors[name] = LayoutError(_mean(diff[~is_control]), _mean(diff[is_control]))
     return errors
 
@@ -130,6 +134,7 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 def check_shared_layouts(
+    score: Scorer,
     model: torch.nn.Module,
     batch: BatchConfig,
     pad_id: int,
@@ -144,7 +149,7 @@ def check_shared_layouts(
     attention = tree_attention(model, batch.max_seq_len) if batch.prefix_sharing else None
     if attention is None and not batch.packing:
         return batch
-    errors = layout_errors(model, pad_id, device, attention, batch.packing)
+    errors = layout_errors(score, model, pad_id, device, attention, batch.packing)
     floor = tolerance(compute_dtype)
     mine = [name for name, error in errors.items() if not error.honoured(floor)]
     failed = sorted(set().union(*gather_object([mine])))  # any rank's failure: all decide alike

@@ -1,4 +1,4 @@
-"""Shared-prefix training (rlvr.trainer.prefix_tree): folding a step's samples into prefix trees
+"""Shared-prefix training (rlvr.layout): folding a step's samples into prefix trees
 changes no log-probability, loss term or gradient, keeps every continuation blind to the others, and
 keeps groups whole across ranks."""
 
@@ -13,25 +13,22 @@ from accelerate import Accelerator
 
 from rlvr.batch import Sample
 from rlvr.config import load_config
-from rlvr.model.policy import enable_gradient_checkpointing, load_policy, reference_mode
-from rlvr.reasoning_vocab.gate import ThinkGate
-from rlvr.trainer.grpo import micro_batch_loss
-from rlvr.trainer.logprobs import sequence_scores
-from rlvr.trainer.micro_batches import padding_micro_batch
-from rlvr.trainer.prefix_tree import (
-    MIN_SAVED_FRACTION,
-    FoldedMicroBatch,
-    collate_folded,
+from rlvr.layout.attention import tree_attention
+from rlvr.layout.folded import FoldedMicroBatch, collate_folded, visibility
+from rlvr.layout.micro_batches import padding_micro_batch
+from rlvr.layout.plan import MIN_SAVED_FRACTION, plan_micro_batches
+from rlvr.layout.prefix_tree import (
     common_prefix,
     fold_rows,
-    plan_micro_batches,
     rank_folded_micro_batches,
     row_tree,
-    tree_attention,
-    visibility,
 )
-from rlvr.trainer.tree_sdpa import NodePlan, tree_sdpa
-from rlvr.trainer.tree_sdpa import register as register_tree_sdpa
+from rlvr.layout.tree_sdpa import NodePlan, tree_sdpa
+from rlvr.layout.tree_sdpa import register as register_tree_sdpa
+from rlvr.model.policy import enable_gradient_checkpointing, load_policy, reference_mode
+from rlvr.reasoning_vocab.gate import ThinkGate
+from rlvr.trainer.logprobs import sequence_scores
+from rlvr.trainer.step import micro_batch_loss
 
 ATOL = 1e-5
 
@@ -149,7 +146,7 @@ def train_step(model, cfg, reference, gate, pad_id, samples, attention):
     totals: dict[str, float] = {}
     logprobs: dict[int, torch.Tensor] = {}
     for chunk in plan.micro_batches:
-        mb = plan.collate(chunk).to(next(model.parameters()).device)
+        mb = plan.layout.collate(chunk).to(next(model.parameters()).device)
         assert isinstance(mb, FoldedMicroBatch) == (attention is not None)
         mask = gate.logit_mask(mb)
         loss, terms = micro_batch_loss(
@@ -202,7 +199,7 @@ def assert_fold_matches_unshared(setup, samples: list[Sample], attention: str) -
     folded = train_step(*setup, samples, attention)
     unshared = train_step(*setup, samples, None)
     plan = folded[3]
-    forwarded = sum(plan.forwarded(mb) for mb in plan.micro_batches)
+    forwarded = sum(plan.layout.forwarded(mb) for mb in plan.micro_batches)
     assert forwarded < 0.6 * sum(len(s) for s in samples)
     long_prompt, short_prompt = samples[0], samples[4]  # both groups in one micro-batch
     assert any(
@@ -259,7 +256,7 @@ def test_prefix_tree_deeper_multi_turn_trees_match_unshared(tiny_model_dir):
     folded = train_step(*setup, samples, "sdpa")
     plan = folded[3]
     assert any(len(mb) > 1 for mb in plan.micro_batches)  # several trees in one micro-batch
-    mb = plan.collate(next(mb for mb in plan.micro_batches if len(mb) > 1))
+    mb = plan.layout.collate(next(mb for mb in plan.micro_batches if len(mb) > 1))
     assert mb.tree_plan.padding and max(len(b.ancestors) for b in mb.tree_plan.buckets) >= 2
     assert_same_training(folded, train_step(*setup, samples, None), samples)
 
@@ -430,7 +427,7 @@ def test_prefix_sharing_keeps_the_unshared_layout_where_it_saves_little():
 
     def folds(samples: list[Sample], attention: str | None) -> bool:
         plan = plan_micro_batches(samples, 0, 1, cfg, 0, attention)
-        return isinstance(plan.collate(plan.micro_batches[0]), FoldedMicroBatch)
+        return isinstance(plan.layout.collate(plan.micro_batches[0]), FoldedMicroBatch)
 
     assert folds(group(200), "sdpa") and not folds(group(200), None)
     short = max(1, int(100 * MIN_SAVED_FRACTION))  # saves 7/8 * short / (short + 100)
