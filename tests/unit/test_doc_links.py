@@ -22,10 +22,14 @@ HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", re.MULTILINE)
 SKIP = ("http://", "https://", "mailto:")
 
 
+def without_fences(text: str) -> str:
+    """The text with fenced blocks blanked (line count kept)."""
+    return FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
 def without_code(text: str) -> str:
     """The text with fenced blocks and inline code blanked (line count kept)."""
-    text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
-    return INLINE_CODE.sub("", text)
+    return INLINE_CODE.sub("", without_fences(text))
 
 
 def slug(heading: str) -> str:
@@ -40,7 +44,8 @@ def anchors(path: Path) -> set[str]:
     """Every heading anchor of a Markdown file, with GitHub's -1, -2 suffixes for repeats."""
     seen: dict[str, int] = {}
     found = set()
-    for heading in HEADING.findall(without_code(path.read_text())):
+    # a heading's inline code is part of its anchor, as on GitHub
+    for heading in HEADING.findall(without_fences(path.read_text())):
         base = slug(heading)
         n = seen.get(base, 0)
         seen[base] = n + 1
@@ -80,3 +85,14 @@ def test_relative_links_resolve(doc: Path):
         elif anchor and dest.is_dir():
             broken.append(f"{target}: an anchor on a folder")
     assert not broken, f"{doc.relative_to(ROOT)}:\n" + "\n".join(broken)
+
+
+def test_readme_is_a_front_door():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 250, f"README.md has {lines} lines: move the manual's parts to docs/"
+
+
+def test_anchors_keep_a_headings_inline_code(tmp_path: Path):
+    page = tmp_path / "page.md"
+    page.write_text("# Run `make demo` now\n\n```\n# not a heading\n```\n")
+    assert anchors(page) == {"run-make-demo-now"}

@@ -22,9 +22,9 @@ class ServerConfig:
     base_url: str | None = None
     """The one vf-vllm (None: `DEFAULT_BASE_URL`). Several servers: `base_urls` instead."""
     base_urls: list[str] = field(default_factory=list)
-    """Several vf-vllm servers serving the same model (docs/scaling.md#several-inference-
-    servers): each group of rollouts goes to one of them, every weight version to all of them,
-    and the run goes on while at least one answers. Set this or `base_url`, not both."""
+    """Several vf-vllm servers serving the same model: each group of rollouts goes to one of
+    them, every weight version to all of them, and the run goes on while at least one answers.
+    Set this or `base_url`, not both (docs/scaling.md#several-inference-servers)."""
     api_key: str | None = None
     served_model: str | None = None
     """The name vf-vllm serves the model under (default: model.name, as vf-vllm does)."""

@@ -70,7 +70,7 @@ def test_longrope_model_is_refused(phi3_dir, tmp_path):
     message = str(refused.value)
     assert str(phi3_dir) in message and "'longrope'" in message
     assert f"batch.max_seq_len <= {ORIGINAL}" in message and "--max-model-len" in message
-    assert not hasattr(trainer, "model")  # refused before loading
+    assert trainer.model is None  # refused before loading
 
 
 def test_longrope_within_the_original_context_trains_only_against_such_a_server(phi3_dir):
