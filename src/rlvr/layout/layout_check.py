@@ -42,7 +42,7 @@ PROBE_SEED = 0
 
 Scorer = Callable[[torch.nn.Module, MicroBatch], torch.Tensor]
 """The trainer's token log-probabilities of a micro-batch on its [rows, width - 1] grid
-(`rlvr.trainer.logprobs.sequence_scores`), passed in: this floor does not import the trainer."""
+(`rlvr.trainer.logprobs.token_logprobs`), passed in: this floor does not import the trainer."""
 
 
 def probe_samples(vocab_size: int) -> list[Sample]:
