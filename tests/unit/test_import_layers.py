@@ -50,7 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "rlvr.pass_at_k",
     ),
     ("rlvr.model", "rlvr.data", "rlvr.reasoning_vocab", "rlvr.layout"),
-    ("rlvr.rollouts", "rlvr.weight_sync", "rlvr.server"),
+    ("rlvr.rollouts", "rlvr.weight_sync", "rlvr.server", "rlvr.envserver"),
     ("rlvr.trainer",),
     ("rlvr.eval", "rlvr.demo", "rlvr"),
 )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlvr.config.checks import require
+from rlvr.config.env_server import EnvServerConfig
 from rlvr.config.sampling import SamplingConfig
 from rlvr.config.sections import (
     CheckpointConfig,
@@ -51,6 +52,8 @@ class MixtureEnvConfig:
     environment's own default)."""
     eval_examples: int | None = None
     """Eval examples of this environment (None: `eval.num_examples`)."""
+    env_server: EnvServerConfig = field(default_factory=EnvServerConfig)
+    """A verifiers 0.4 taskset through its EnvServer (`id` is then only its name)."""
 
     @property
     def label(self) -> str:
@@ -64,6 +67,7 @@ class MixtureEnvConfig:
             value = getattr(self, key)
             require(value is None or value >= 1, f"{where}.{key}", value, "must be >= 1 or null")
         require("/" not in self.label, f"{where}.name", self.label, "may not contain '/'")
+        self.env_server.validate(f"{where}.env_server")
 
 
 @dataclass
@@ -312,6 +316,9 @@ class Config:
     envs: list[MixtureEnvConfig] = field(default_factory=list)
     """A mixture of environments (docs/training.md#mixtures): each step's groups are drawn from
     them by weight. Empty: the one environment `env`."""
+    env_server: EnvServerConfig = field(default_factory=EnvServerConfig)
+    """A verifiers 0.4 taskset trained through its own EnvServer instead of `env`
+    (docs/training.md#verifiers-04-environments)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -347,7 +354,16 @@ class Config:
         self.checkpoint.validate()
 
     def _check_mixture(self) -> None:
-        """`envs:` replaces `env:`; each environment needs a name of its own and its own checks."""
+        """`envs:` replaces `env:`, `env_server:` replaces `env:` (in a mixture, an entry's own);
+        each environment needs a name of its own and its own checks."""
+        if self.env_server.enabled:
+            require(
+                self.env == EnvConfig() and not self.envs,
+                "env_server.taskset",
+                self.env_server.taskset,
+                "replaces env: leave env and envs unset (in a mixture, set envs[i].env_server)",
+            )
+            self.env_server.validate()
         if not self.envs:
             return
         require(
@@ -366,6 +382,8 @@ class Config:
     @property
     def env_label(self) -> str:
         """The run's environment for messages: its id, or the mixture's names."""
+        if self.env_server.enabled:
+            return self.env_server.taskset
         if not self.envs:
             return self.env.id
         return "mixture of " + ", ".join(e.label for e in self.envs)

@@ -26,8 +26,9 @@ def environment_name(env: Any) -> str:
 def scores_own_rollouts(env: Any) -> bool:
     """True for a verifiers v1 `Env` (`vf.Env(taskset, harness)`): its harness scores each
     rollout inside `env.rollout`, and its rubric is an empty placeholder whose `score_group`
-    would reset every reward to 0."""
-    return is_v1(env, "Env")
+    would reset every reward to 0. Also true for an environment that says so
+    (`scores_own_rollouts = True`: a 0.4 taskset scored on its EnvServer)."""
+    return is_v1(env, "Env") or getattr(type(env), "scores_own_rollouts", False) is True
 
 
 class UnsupportedEnvironmentError(ValueError):

@@ -19,12 +19,14 @@ ROUTE_KEY = "env_id"
 """Where verifiers' EnvGroup names a row's environment: `row["info"][ROUTE_KEY]`."""
 
 
-def load_mixture(entries: Sequence[MixtureEnvConfig]) -> Any:
-    """The environments of `envs:` as one verifiers `EnvGroup`, named by their labels."""
+def load_mixture(
+    entries: Sequence[MixtureEnvConfig], load: Callable[[MixtureEnvConfig], Any]
+) -> Any:
+    """The environments of `envs:` (each loaded by `load`) as one verifiers `EnvGroup`, named
+    by their labels."""
     import verifiers as vf
 
-    envs = [vf.load_environment(entry.id, **entry.args) for entry in entries]
-    return vf.EnvGroup(envs, env_names=[entry.label for entry in entries])
+    return vf.EnvGroup([load(entry) for entry in entries], env_names=[e.label for e in entries])
 
 
 def is_group(env: Any) -> bool:

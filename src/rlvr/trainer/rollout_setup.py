@@ -7,10 +7,12 @@ generates the run's batches, one client per server.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from rlvr.config import Config, ConfigError
+from rlvr.config import Config, ConfigError, EnvConfig, MixtureEnvConfig
 from rlvr.config.sampling import SamplingFilterError
+from rlvr.envserver.environment import EnvServerEnv, load_env_server
 from rlvr.rollouts.client import make_client
 from rlvr.rollouts.groups import UnsupportedEnvironmentError, check_rollout_stage_only
 from rlvr.rollouts.mixture import leaves, load_mixture, routed_filter
@@ -21,14 +23,13 @@ from rlvr.rollouts.worker import RolloutWorker, StepBatch
 
 
 def load_env(cfg: Config, env: Any = None) -> Any:
-    """`env`, else the mixture of `cfg.envs`, else `cfg.env`'s environment; with its
-    sampling defaults checked against what the trainer can reproduce."""
-    import verifiers as vf
-
+    """`env`, else the mixture of `cfg.envs`, else the 0.4 taskset of `cfg.env_server`, else
+    `cfg.env`'s environment; with its sampling defaults checked against what the trainer can
+    reproduce. A 0.4 taskset's EnvServer is started here (`close_env` stops it)."""
     if env is None and cfg.envs:
-        env = load_mixture(cfg.envs)
+        env = load_mixture(cfg.envs, lambda entry: _load_one(cfg, entry))
     elif env is None:
-        env = vf.load_environment(cfg.env.id, **cfg.env.args)
+        env = _load_one(cfg, cfg.env)
     for name, leaf in leaves(env).items():
         try:
             build_sampling_args(cfg.sampling, leaf.sampling_args)
@@ -36,6 +37,25 @@ def load_env(cfg: Config, env: Any = None) -> Any:
         except (SamplingFilterError, UnsupportedEnvironmentError) as e:
             raise ConfigError(f"environment {name or cfg.env_label}: {e}") from None
     return env
+
+
+def _load_one(cfg: Config, entry: EnvConfig | MixtureEnvConfig) -> Any:
+    """One environment: a 0.4 taskset through its EnvServer, or a classic verifiers one."""
+    import verifiers as vf
+
+    server = getattr(entry, "env_server", None) or cfg.env_server
+    if server.enabled:
+        label = entry.label if isinstance(entry, MixtureEnvConfig) else server.taskset
+        out = Path(cfg.output_dir) / "env_server" / label
+        return load_env_server(server, cfg.model.name, cfg.sampling.temperature, out)
+    return vf.load_environment(entry.id, **entry.args)
+
+
+def close_env(env: Any) -> None:
+    """Stop what an environment started beside the run (a 0.4 taskset's EnvServer)."""
+    for leaf in leaves(env).values():
+        if isinstance(leaf, EnvServerEnv):
+            leaf.close()
 
 
 def start_worker(

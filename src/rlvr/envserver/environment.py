@@ -1,0 +1,168 @@
+"""`EnvServerEnv`: a verifiers 0.4 taskset, run by its own EnvServer, as one environment of
+this trainer (a classic verifiers `Environment`, so the worker, mixtures and evaluation take
+it as they take any other).
+
+Each rollout is one `run` request: the row's task data, our generate bridge in front of the
+server the router chose (prompt ids in, token ids and log-probabilities out), the version's
+served name and the rollout's sampling arguments with its own seed. The episode comes back as a
+state that `rlvr.rollouts.to_samples` reads (`rlvr.envserver.episode`). Design and limits:
+docs/training.md#verifiers-04-environments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import verifiers as vf
+from datasets import Dataset
+
+from rlvr.config.env_server import EnvServerConfig
+from rlvr.envserver.bridge import Bridge
+from rlvr.envserver.episode import episode_state
+from rlvr.envserver.launcher import EnvServerProcess, export_tasks
+from rlvr.envserver.wire import EnvServerClient, EpisodeDeadline
+from rlvr.model.names import resolve_model
+
+API_KEY_VAR = "RLVR_ENVSERVER_API_KEY"
+"""The variable the EnvServer reads the bridge's API key from (the bridge needs none)."""
+SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed")
+"""The sampling arguments a run request carries; the rest are the neutral filters and
+token-return fields, which the train client and the bridge set themselves."""
+
+
+def task_row(data: dict, index: int) -> dict:
+    """A dataset row for one task: its data as JSON in `info`, a prompt to show and filter on
+    (its `prompt` or `question` field, else the data itself as text)."""
+    text = data.get("prompt") or data.get("question") or json.dumps(data)
+    prompt = text if isinstance(text, list) else [{"role": "user", "content": str(text)}]
+    return {
+        "prompt": prompt,
+        "answer": str(data.get("answer") or ""),
+        "info": {"task_data": json.dumps(data)},
+        "example_id": index,
+    }
+
+
+def read_tasks(path: str | Path) -> list[dict]:
+    """The task rows of a JSONL file, one JSON object a line (blank lines skipped)."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{number}: a task row must be a JSON object")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no task rows")
+    return rows
+
+
+def task_dataset(rows: list[dict]) -> Dataset:
+    return Dataset.from_list([task_row(row, i) for i, row in enumerate(rows)])
+
+
+def run_request(row: dict, base_url: str, tokenizer: str, model: str, args: dict) -> dict:
+    """The `run` request of one rollout of `row` (RunRequest in verifiers 0.4's serve types)."""
+    sampling = {key: args[key] for key in SAMPLING_KEYS if args.get(key) is not None}
+    return {
+        "task_data": json.loads(row["info"]["task_data"]),
+        "client": {
+            "type": "train",
+            "base_url": base_url,
+            "api_key_var": API_KEY_VAR,
+            "renderer_model_name": tokenizer,
+        },
+        "model": model,
+        "sampling": sampling,
+    }
+
+
+def upstream_of(client: Any) -> str:
+    """The vf-vllm base URL a rollout client talks to."""
+    return str(client.client.base_url).rstrip("/")
+
+
+class EnvServerEnv(vf.Environment):
+    """A 0.4 taskset behind its EnvServer: `start` it, roll out through it, `close` it."""
+
+    scores_own_rollouts = True
+    """The taskset scored each episode on the server; nothing is scored again here."""
+
+    def __init__(
+        self,
+        cfg: EnvServerConfig,
+        rows: list[dict],
+        eval_rows: list[dict],
+        tokenizer: str,
+        temperature: float,
+        log_dir: Path,
+    ):
+        super().__init__(
+            dataset=task_dataset(rows),
+            eval_dataset=task_dataset(eval_rows),
+            env_id=f"envserver:{cfg.taskset}",
+            score_rollouts=False,
+        )
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.server = EnvServerProcess(cfg, log_dir)
+        self.bridges: dict[str, Bridge] = {}
+        self.clients: dict[int, EnvServerClient] = {}
+        self.deadlines = 0
+        """Episodes cancelled at their deadline."""
+
+    def start(self) -> EnvServerEnv:
+        self.server.start()
+        return self
+
+    def _client(self) -> EnvServerClient:
+        """This event loop's connection to the server (a zmq.asyncio socket serves one loop)."""
+        loop = id(asyncio.get_running_loop())
+        if loop not in self.clients:
+            self.clients[loop] = EnvServerClient(self.server.address)
+        return self.clients[loop]
+
+    def _bridge(self, upstream: str) -> str:
+        """The base URL of the bridge in front of `upstream`, started on first use."""
+        if upstream not in self.bridges:
+            self.bridges[upstream] = Bridge([upstream], temperature=self.temperature)
+            self.bridges[upstream].start()
+        return self.bridges[upstream].url + "/v1"
+
+    async def rollout(
+        self, input: dict, client: Any, model: str, sampling_args: dict | None = None, **_: Any
+    ) -> dict:
+        request = run_request(
+            input, self._bridge(upstream_of(client)), self.tokenizer, model, sampling_args or {}
+        )
+        try:
+            episode = await self._client().run(request, self.cfg.episode_timeout_s)
+        except EpisodeDeadline as e:
+            self.deadlines += 1
+            return {"example_id": input.get("example_id", 0), "error": str(e)}
+        return episode_state(episode, input)
+
+    def close(self) -> None:
+        """Stop the bridges and the server's whole process group."""
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()
+        for bridge in self.bridges.values():
+            bridge.stop()
+        self.bridges.clear()
+        self.server.stop()
+
+
+def load_env_server(
+    cfg: EnvServerConfig, model: str, temperature: float, out_dir: Path
+) -> EnvServerEnv:
+    """The started environment of `cfg`: its task rows (the JSONL files, else exported once from
+    the taskset), its server running, its tokenizer that of `model`."""
+    rows = read_tasks(cfg.tasks) if cfg.tasks else export_tasks(cfg, out_dir)
+    eval_rows = read_tasks(cfg.eval_tasks) if cfg.eval_tasks else rows
+    env = EnvServerEnv(cfg, rows, eval_rows, resolve_model(model), temperature, out_dir)
+    return env.start()
