@@ -300,7 +300,7 @@ class Bridge:
                     return upstream, reply
             except aiohttp.ClientConnectorError as e:
                 failures.append(f"{upstream}: {e}")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientError) as e:
                 raise UpstreamsDown(f"{upstream}{path} failed: {e!r}") from e
             finally:
                 self._in_flight[upstream] -= 1
