@@ -80,6 +80,7 @@ def test_bridge_answers_what_vllm_generated(scale_out_server):
         entries = choice["logprobs"]["content"]
         assert [e["token"] for e in entries] == [f"token_id:{t}" for t in choice["token_ids"]]
         assert call.completion_ids == choice["token_ids"]
+        assert call.weight_versions == choice["weight_versions"]
         assert call.completion_logprobs == [e["logprob"] for e in entries]
         direct = post(scale_out_server.root_url, generate_body(model, call.prompt_ids, call.seed))
         again = direct["choices"][0]

@@ -70,6 +70,9 @@ class BridgeCall:
     completion_ids: list[int]
     completion_logprobs: list[float]
     finish_reason: str | None
+    weight_versions: list[dict[str, Any]] | None = None
+    """vLLM's spans of output tokens per weight version (`{"version", "start", "end"}`): the
+    name a push gave `/finish_weight_update`, else "default"."""
 
 
 def derive_seed(seed: int, prompt_ids: Sequence[int]) -> int:
@@ -80,7 +83,7 @@ def derive_seed(seed: int, prompt_ids: Sequence[int]) -> int:
     each turn's j-th token), and the same episode seed and prompt give the same seed again.
     """
     digest = hashlib.blake2b(digest_size=8)
-    digest.update(f"{int(seed)}:".encode())
+    digest.update(f"{seed}:".encode())
     digest.update(array("q", prompt_ids).tobytes())
     return int.from_bytes(digest.digest(), "little") % SEED_MODULUS
 
@@ -97,6 +100,8 @@ def prepare(body: dict[str, Any], temperature: float) -> dict[str, Any]:
         raise RequestRefused("token_ids must be a list of integers")
     if body.get("stream"):
         raise RequestRefused("stream=true: the bridge answers whole responses only")
+    if params.get("seed") is not None and type(params["seed"]) is not int:
+        raise RequestRefused(f"seed={params['seed']!r}: a seed is an integer")
     if params.get("n", 1) != 1:
         raise RequestRefused(f"n={params['n']!r}: the bridge serves one completion per call")
     try:
@@ -134,6 +139,7 @@ def call_record(sent: dict[str, Any], data: dict[str, Any], upstream: str) -> Br
         completion_ids=list(choice.get("token_ids") or []),
         completion_logprobs=[entry.get("logprob") for entry in content],
         finish_reason=choice.get("finish_reason"),
+        weight_versions=choice.get("weight_versions"),
     )
 
 

@@ -39,6 +39,7 @@ def vllm_answer(prompt_ids: list[int], seed: int | None) -> dict:
         for i, t in enumerate(ids)
     ]
     choice = {"index": 0, "finish_reason": "length", "stop_reason": None, "token_ids": ids}
+    choice["weight_versions"] = [{"version": "3", "start": 0, "end": 3}]
     return {
         "request_id": "generate-tokens-1",
         "model": MODEL,
@@ -185,6 +186,7 @@ def test_refuses_what_it_cannot_serve():
     for body, words in [
         ({**generate_body([1]), "stream": True}, "stream"),
         (generate_body([1], n=2), "n=2"),
+        (generate_body([1], seed="7"), "seed='7'"),
         ({"model": MODEL, "token_ids": "1 2", "sampling_params": {}}, "token_ids"),
     ]:
         with pytest.raises(RequestRefused, match=words):
@@ -208,6 +210,7 @@ def test_each_call_is_recorded_as_sent_and_generated(bridge, upstream):
         assert call.completion_ids == choice["token_ids"]
         assert call.completion_logprobs == renderers_logprobs(choice)
         assert call.finish_reason == "length"
+        assert call.weight_versions == [{"version": "3", "start": 0, "end": 3}]
     assert bridge.calls_since(1) == calls[1:]
 
 
