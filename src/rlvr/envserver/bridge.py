@@ -28,7 +28,7 @@ import json
 import signal
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,8 @@ from rlvr.weight_sync.control import server_root
 GENERATE_PATH = "/inference/v1/generate"
 MODELS_PATH = "/v1/models"
 FORWARDED_HEADERS = ("Authorization", "X-Session-ID")
+ROLLOUT_HEADER = "X-Rlvr-Rollout"
+"""The header a caller marks its rollout's calls with; the bridge's hooks receive its value."""
 SEED_MODULUS = 2_147_483_647
 """Derived seeds stay below 2**31 - 1, the range of the classic path's seeds."""
 MAX_BODY_BYTES = 256 << 20
@@ -164,6 +166,8 @@ class Bridge:
         port: int = 0,
         timeout_s: float | None = None,
         keep_calls: int | None = 4096,
+        on_request: Callable[[str | None], None] | None = None,
+        on_upstream_failure: Callable[[str | None, UpstreamsDown], None] | None = None,
     ):
         if not upstreams:
             raise ValueError("the bridge needs at least one upstream")
@@ -173,6 +177,10 @@ class Bridge:
         self.port = port
         self.timeout_s = timeout_s
         self.keep_calls = keep_calls
+        self.on_request = on_request
+        """Called with the rollout mark (`ROLLOUT_HEADER`) of each generate call forwarded."""
+        self.on_upstream_failure = on_upstream_failure
+        """Called with the rollout mark of a generate call no upstream answered (a 502)."""
         self._calls: list[BridgeCall] = []
         self._dropped = 0
         self._lock = threading.Lock()
@@ -269,9 +277,14 @@ class Bridge:
             sent = prepare(body, self.temperature)
         except ValueError as e:  # RequestRefused, or a body that is not JSON
             return error_response(400, str(e))
+        mark = request.headers.get(ROLLOUT_HEADER)
+        if self.on_request is not None:
+            self.on_request(mark)
         try:
             upstream, reply = await self._forward("POST", GENERATE_PATH, request, sent)
         except UpstreamsDown as e:
+            if self.on_upstream_failure is not None:
+                self.on_upstream_failure(mark, e)
             return error_response(502, str(e))
         if reply.status != 200:
             return reply

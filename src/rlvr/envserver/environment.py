@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import verifiers as vf
 from datasets import Dataset
 
 from rlvr.config.env_server import EnvServerConfig
-from rlvr.envserver.bridge import Bridge
+from rlvr.envserver.bridge import ROLLOUT_HEADER, Bridge
 from rlvr.envserver.episode import episode_state
 from rlvr.envserver.launcher import EnvServerProcess, export_tasks
 from rlvr.envserver.wire import EnvServerClient, EpisodeDeadline
@@ -111,6 +112,8 @@ class EnvServerEnv(vf.Environment):
         self.temperature = temperature
         self.server = EnvServerProcess(cfg, log_dir)
         self.bridges: dict[str, Bridge] = {}
+        self.attempts: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
+        """Each rollout in flight's router attempt (`rlvr.rollouts.router.Attempt`), by mark."""
         self.clients: dict[int, EnvServerClient] = {}
         self.deadlines = 0
         """Episodes cancelled at their deadline."""
@@ -129,21 +132,38 @@ class EnvServerEnv(vf.Environment):
     def _bridge(self, upstream: str) -> str:
         """The base URL of the bridge in front of `upstream`, started on first use."""
         if upstream not in self.bridges:
-            self.bridges[upstream] = Bridge([upstream], temperature=self.temperature)
+            self.bridges[upstream] = Bridge(
+                [upstream],
+                temperature=self.temperature,
+                on_request=lambda mark: self._tell(mark, "requested"),
+                on_upstream_failure=lambda mark, error: self._tell(mark, "failed", error),
+            )
             self.bridges[upstream].start()
-        return self.bridges[upstream].url + "/v1"
+        return self.bridges[upstream].base_url
+
+    def _tell(self, mark: str | None, event: str, *args: Any) -> None:
+        """Report a bridge event of rollout `mark` to its router attempt, on the attempt's loop
+        (the bridge serves from a thread of its own)."""
+        loop, attempt = self.attempts.get(mark or "", (None, None))
+        if attempt is not None:
+            loop.call_soon_threadsafe(getattr(attempt, event), *args)
 
     async def rollout(
         self, input: dict, client: Any, model: str, sampling_args: dict | None = None, **_: Any
     ) -> dict:
+        mark = uuid.uuid4().hex
         request = run_request(
             input, self._bridge(upstream_of(client)), self.tokenizer, model, sampling_args or {}
         )
+        request["client"]["headers"] = {ROLLOUT_HEADER: mark}
+        self.attempts[mark] = (asyncio.get_running_loop(), getattr(client, "attempt", None))
         try:
             episode = await self._client().run(request, self.cfg.episode_timeout_s)
         except EpisodeDeadline as e:
             self.deadlines += 1
             return {"example_id": input.get("example_id", 0), "error": str(e)}
+        finally:
+            del self.attempts[mark]
         return episode_state(episode, input)
 
     def close(self) -> None:
