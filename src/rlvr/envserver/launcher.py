@@ -55,8 +55,12 @@ serve_env(
 address (the OS picks the port: `:0`) through any object with `put`; here, a file."""
 
 STOP_GRACE_S = 10.0
-"""How long the group gets after SIGTERM (0.4 turns it into a clean asyncio teardown) before
-SIGKILL."""
+"""How long the group gets after SIGTERM by default (0.4 turns SIGTERM into a clean asyncio
+teardown) before SIGKILL."""
+
+
+KILL_WAIT_S = 5.0
+"""How long SIGKILLed members get to be reaped before `stop` returns."""
 
 
 class EnvServerStartError(RuntimeError):
@@ -123,12 +127,14 @@ class EnvServerProcess:
         venv: str | Path = DEFAULT_VENV,
         log_path: str | Path | None = None,
         startup_timeout_s: float = 120.0,
+        stop_grace_s: float = STOP_GRACE_S,
         env: dict[str, str] | None = None,
     ):
         self.spec = spec
         self.venv = Path(venv)
         self.log_path = Path(log_path or tempfile.mktemp(prefix="envserver-", suffix=".log"))
         self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
         self.env = env or {}
         self.address: str | None = None
         self.proc: subprocess.Popen | None = None
@@ -205,19 +211,28 @@ class EnvServerProcess:
             return "(no log)"
 
     def stop(self) -> None:
-        """SIGTERM the whole group, SIGKILL it after `STOP_GRACE_S`; nothing of it is left."""
+        """SIGTERM the whole group, SIGKILL it after `stop_grace_s`; nothing of it is left."""
         if self.proc is None:
             return
         pgid = self.proc.pid
         signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while group_exists(pgid) and time.monotonic() < deadline:
-            self.proc.poll()  # reap the leader so it stops counting as a member
-            time.sleep(0.1)
-        signal_group(pgid, signal.SIGKILL)
+        if not self._group_gone_within(pgid, self.stop_grace_s):
+            signal_group(pgid, signal.SIGKILL)
+            self._group_gone_within(pgid, KILL_WAIT_S)
         self.proc.wait()
         self.proc = None
         self.address = None
+
+    def _group_gone_within(self, pgid: int, seconds: float) -> bool:
+        """Whether group `pgid` empties within `seconds` (the leader reaped as it exits)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.proc.poll()
+            if not group_exists(pgid):
+                return True
+            time.sleep(0.05)
+        return False
 
     def __enter__(self) -> EnvServerProcess:
         return self.start()
