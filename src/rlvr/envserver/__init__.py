@@ -1,1 +1,3 @@
-"""Training environments written for verifiers 0.4, run as its own EnvServer process."""
+"""verifiers 0.4 environments through their own EnvServer: the wire client, the generate bridge,
+the side venv's server process, and the environment the trainer runs (docs/training.md).
+"""
