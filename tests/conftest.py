@@ -15,6 +15,21 @@ SHARED_DATA = Path(
 )
 
 
+REPO = Path(__file__).resolve().parents[1]
+ENVSERVER_FIXTURES = REPO / "tests" / "fixtures" / "envserver" / "vf04_fixtures"
+
+
+@pytest.fixture(scope="session")
+def side_venv() -> Path:
+    """The side venv of verifiers 0.4 with the fixture tasksets (`.venv-envserver` in the repo),
+    built on first use: about 1.5 minutes once, then a stamp check."""
+    from rlvr.envserver.side_venv import ensure_side_venv
+
+    venv = REPO / ".venv-envserver"
+    ensure_side_venv(venv, ["-e", str(ENVSERVER_FIXTURES)])
+    return venv
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
@@ -48,11 +63,14 @@ def _serve(model: str, log_dir: Path, extra: list[str] | None = None):
 
 def serve_tiny(model_dir: Path, log_dir: Path):
     """A real vf-vllm (CPU) on the tiny model that can load LoRA adapters at run time (adapter
-    sync; merged pushes work into it as well) and takes a request's own chat template."""
+    sync; merged pushes work into it as well), takes a request's own chat template and serves
+    the token-in `/inference/v1/generate` route verifiers 0.4 environments call."""
     from rlvr.server.launcher import lora_flags
 
     server = _serve(
-        str(model_dir), log_dir, extra=[*lora_flags(16), "--trust-request-chat-template"]
+        str(model_dir),
+        log_dir,
+        extra=[*lora_flags(16), "--trust-request-chat-template", "--enable-scale-out"],
     )
     server.model_dir = model_dir
     server.sampling_args = TINY_SAMPLING

@@ -1,13 +1,11 @@
-"""The generate bridge in front of a real vf-vllm (tiny model, `--enable-scale-out`): what a
-verifiers 0.4 client receives through it is exactly what vLLM generated for what it sent.
-
-Set RLVR_ENVSERVER_PYTHON to a Python with verifiers 0.4 (renderers 0.1.12) to also run
-renderers' own `generate` through the bridge (tests/integration/side04_generate.py)."""
+"""The generate bridge in front of a real vf-vllm (the shared tiny server, `--enable-scale-out`):
+what a verifiers 0.4 client receives through it is exactly what vLLM generated for what it sent,
+and renderers' own `generate` (run in the side venv: tests/fixtures/envserver/side04_generate.py)
+accepts every turn through it."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -15,23 +13,15 @@ import httpx
 import pytest
 
 from rlvr.envserver.bridge import Bridge, derive_seed
-from rlvr.server.process import EXACT_FLAGS, VLLMServer
 
 TEMPERATURE = 1.0
-SIDE_PYTHON = os.environ.get("RLVR_ENVSERVER_PYTHON")
-SIDE_SCRIPT = Path(__file__).with_name("side04_generate.py")
+SIDE_SCRIPT = Path(__file__).parents[1] / "fixtures" / "envserver" / "side04_generate.py"
 
 
 @pytest.fixture(scope="module")
-def scale_out_server(tiny_model_dir, tmp_path_factory):
-    """vf-vllm on the tiny model, its generate route on (vLLM's flag, passed through)."""
-    log = tmp_path_factory.mktemp("scale-out-server") / "vf-vllm.log"
-    server = VLLMServer(
-        str(tiny_model_dir), extra_args=[*EXACT_FLAGS, "--enable-scale-out"], log_path=log
-    )
-    server.start()
-    yield server
-    server.stop()
+def scale_out_server(tiny_server):
+    """The shared tiny vf-vllm: its generate route is on (vLLM's flag, passed through)."""
+    return tiny_server
 
 
 def generate_body(model: str, prompt_ids: list[int], seed: int | None) -> dict:
@@ -100,14 +90,15 @@ def test_bridge_seeds_episodes_apart_and_reproducibly(scale_out_server):
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not SIDE_PYTHON, reason="RLVR_ENVSERVER_PYTHON (verifiers 0.4) not set")
-def test_renderers_accepts_every_turn_through_the_bridge(scale_out_server, tiny_model_dir):
+def test_renderers_accepts_every_turn_through_the_bridge(
+    scale_out_server, tiny_model_dir, side_venv
+):
     """renderers' own generate, several turns: rejected straight from vLLM (its logprob check),
     accepted through the bridge with exactly the recorded ids and log-probabilities."""
 
     def run(base_url: str) -> subprocess.CompletedProcess:
         args = [base_url, scale_out_server.model, str(tiny_model_dir), "7", "3"]
-        cmd = [SIDE_PYTHON, str(SIDE_SCRIPT), *args]
+        cmd = [str(side_venv / "bin" / "python"), str(SIDE_SCRIPT), *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
     direct = run(scale_out_server.base_url)

@@ -23,7 +23,9 @@ from datasets import Dataset
 from rlvr.config.env_server import EnvServerConfig
 from rlvr.envserver.bridge import ROLLOUT_HEADER, Bridge
 from rlvr.envserver.episode import episode_state
-from rlvr.envserver.launcher import EnvServerProcess, export_tasks
+from rlvr.envserver.launcher import EnvServerProcess, EnvServerSpec
+from rlvr.envserver.rows import export_rows, read_rows
+from rlvr.envserver.side_venv import ensure_side_venv
 from rlvr.envserver.wire import EnvServerClient, EpisodeDeadline
 from rlvr.model.names import resolve_model
 
@@ -45,20 +47,6 @@ def task_row(data: dict, index: int) -> dict:
         "info": {"task_data": json.dumps(data)},
         "example_id": index,
     }
-
-
-def read_tasks(path: str | Path) -> list[dict]:
-    """The task rows of a JSONL file, one JSON object a line (blank lines skipped)."""
-    rows = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{number}: a task row must be a JSON object")
-            rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: no task rows")
-    return rows
 
 
 def task_dataset(rows: list[dict]) -> Dataset:
@@ -110,7 +98,15 @@ class EnvServerEnv(vf.Environment):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.temperature = temperature
-        self.server = EnvServerProcess(cfg, log_dir)
+        spec = EnvServerSpec(
+            cfg.taskset, {"taskset": cfg.taskset_args}, cfg.workers, cfg.max_concurrent
+        )
+        self.server = EnvServerProcess(
+            spec,
+            venv=cfg.venv,
+            log_path=log_dir / "envserver.log",
+            startup_timeout_s=cfg.startup_timeout_s,
+        )
         self.bridges: dict[str, Bridge] = {}
         self.attempts: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
         """Each rollout in flight's router attempt (`rlvr.rollouts.router.Attempt`), by mark."""
@@ -180,9 +176,18 @@ class EnvServerEnv(vf.Environment):
 def load_env_server(
     cfg: EnvServerConfig, model: str, temperature: float, out_dir: Path
 ) -> EnvServerEnv:
-    """The started environment of `cfg`: its task rows (the JSONL files, else exported once from
-    the taskset), its server running, its tokenizer that of `model`."""
-    rows = read_tasks(cfg.tasks) if cfg.tasks else export_tasks(cfg, out_dir)
-    eval_rows = read_tasks(cfg.eval_tasks) if cfg.eval_tasks else rows
+    """The started environment of `cfg`: its side venv built if needed, its task rows (the JSONL
+    files, else exported once from the taskset into `out_dir`), its server running, its
+    tokenizer that of `model`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_side_venv(cfg.venv, cfg.requirements)
+    if cfg.tasks:
+        rows = read_rows(cfg.tasks)
+    else:
+        exported = out_dir / "tasks.jsonl"
+        rows = read_rows(exported) if exported.exists() else export_rows(
+            cfg.taskset, exported, taskset_overrides=cfg.taskset_args, venv=cfg.venv
+        )
+    eval_rows = read_rows(cfg.eval_tasks) if cfg.eval_tasks else rows
     env = EnvServerEnv(cfg, rows, eval_rows, resolve_model(model), temperature, out_dir)
     return env.start()

@@ -22,9 +22,6 @@ import zmq
 
 from rlvr.server.lifetime import dies_with
 
-DEFAULT_VENV = Path(__file__).resolve().parents[3] / ".venv-envserver"
-"""The side venv `scripts/envserver_venv.sh` builds by default (the repo root's)."""
-
 SERVE_CODE = """
 import functools, json, logging, os, sys
 from verifiers.v1.serve import serve_env
@@ -124,7 +121,7 @@ class EnvServerProcess:
         self,
         spec: EnvServerSpec,
         *,
-        venv: str | Path = DEFAULT_VENV,
+        venv: str | Path,
         log_path: str | Path | None = None,
         startup_timeout_s: float = 120.0,
         stop_grace_s: float = STOP_GRACE_S,
@@ -164,7 +161,8 @@ class EnvServerProcess:
         `EnvServerStartError` with the log's tail."""
         if not self.python.exists():
             raise EnvServerStartError(
-                f"no side venv at {self.venv}: build it with scripts/envserver_venv.sh {self.venv}"
+                f"no side venv at {self.venv}: build it with "
+                f"python -m rlvr.envserver.side_venv --venv {self.venv}"
             )
         address_file = self.log_path.with_suffix(".address")
         address_file.unlink(missing_ok=True)

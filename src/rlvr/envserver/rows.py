@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from rlvr.envserver.launcher import DEFAULT_VENV
 
 EXPORT_CODE = """
 import itertools, json, sys
@@ -30,7 +29,7 @@ def export_rows(
     *,
     taskset_overrides: dict[str, Any] | None = None,
     limit: int | None = None,
-    venv: str | Path = DEFAULT_VENV,
+    venv: str | Path,
 ) -> list[dict[str, Any]]:
     """Write the first `limit` rows (all when None) of taskset `taskset_id` (its config:
     `taskset_overrides`) to `out` as JSONL and return them; raises with 0.4's error on failure."""

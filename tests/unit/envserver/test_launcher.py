@@ -1,6 +1,6 @@
 """The EnvServer launcher: a clear error on a failed start (naming the log), and a stop that leaves
-no process of the server's group. The real-server tests run verifiers 0.4 from the side venv that
-`scripts/envserver_venv.sh` builds at the default path, and skip when it is not built."""
+no process of the server's group. The real-server tests run verifiers 0.4 from the side venv the
+`side_venv` fixture builds (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,11 @@ from pathlib import Path
 import pytest
 
 from rlvr.envserver.launcher import (
-    DEFAULT_VENV,
     EnvServerProcess,
     EnvServerSpec,
     EnvServerStartError,
     health,
 )
-
-needs_side_venv = pytest.mark.skipif(
-    not (DEFAULT_VENV / ".rlvr-envserver-stamp").exists(),
-    reason=f"no side venv at {DEFAULT_VENV}: build it with scripts/envserver_venv.sh",
-)
-
 
 def fake_venv(root: Path, script: str) -> Path:
     """A venv whose `bin/python` is the shell `script` (it ignores the server's arguments)."""
@@ -77,14 +70,13 @@ def test_stop_kills_a_group_that_ignores_sigterm(tmp_path) -> None:
 
 
 def test_a_missing_venv_is_a_clear_error(tmp_path) -> None:
-    with pytest.raises(EnvServerStartError, match="envserver_venv.sh"):
+    with pytest.raises(EnvServerStartError, match="rlvr.envserver.side_venv"):
         EnvServerProcess(EnvServerSpec("t"), venv=tmp_path / "nowhere").start()
 
 
-@needs_side_venv
-def test_stop_leaves_no_process_of_the_group(tmp_path) -> None:
+def test_stop_leaves_no_process_of_the_group(side_venv, tmp_path) -> None:
     spec = EnvServerSpec("vf04-reverse-text", workers=2, max_concurrent=4)
-    with EnvServerProcess(spec, log_path=tmp_path / "server.log") as server:
+    with EnvServerProcess(spec, venv=side_venv, log_path=tmp_path / "server.log") as server:
         assert server.address is not None and health(server.address)
         pgid = server.pgid
         assert pgid is not None
@@ -111,9 +103,10 @@ def pgid_of(pid: int) -> int | None:
         return None
 
 
-@needs_side_venv
-def test_a_bad_taskset_id_is_a_clear_error(tmp_path) -> None:
-    server = EnvServerProcess(EnvServerSpec("no-such-taskset"), log_path=tmp_path / "server.log")
+def test_a_bad_taskset_id_is_a_clear_error(side_venv, tmp_path) -> None:
+    server = EnvServerProcess(
+        EnvServerSpec("no-such-taskset"), venv=side_venv, log_path=tmp_path / "server.log"
+    )
     with pytest.raises(EnvServerStartError) as error:
         server.start()
     message = str(error.value)
