@@ -185,8 +185,12 @@ def load_env_server(
         rows = read_rows(cfg.tasks)
     else:
         exported = out_dir / "tasks.jsonl"
-        rows = read_rows(exported) if exported.exists() else export_rows(
-            cfg.taskset, exported, taskset_overrides=cfg.taskset_args, venv=cfg.venv
+        rows = (
+            read_rows(exported)
+            if exported.exists()
+            else export_rows(
+                cfg.taskset, exported, taskset_overrides=cfg.taskset_args, venv=cfg.venv
+            )
         )
     eval_rows = read_rows(cfg.eval_tasks) if cfg.eval_tasks else rows
     env = EnvServerEnv(cfg, rows, eval_rows, resolve_model(model), temperature, out_dir)

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-
 EXPORT_CODE = """
 import itertools, json, sys
 from verifiers.v1.utils.loaders import load_taskset, taskset_config_type

@@ -18,6 +18,7 @@ from rlvr.envserver.launcher import (
     health,
 )
 
+
 def fake_venv(root: Path, script: str) -> Path:
     """A venv whose `bin/python` is the shell `script` (it ignores the server's arguments)."""
     python = root / "bin" / "python"
