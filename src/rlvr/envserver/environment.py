@@ -17,17 +17,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import verifiers as vf
 from datasets import Dataset
 
 from rlvr.config.env_server import EnvServerConfig
-from rlvr.envserver.bridge import ROLLOUT_HEADER, Bridge
+from rlvr.envserver.bridge import GENERATE_PATH, ROLLOUT_HEADER, Bridge
 from rlvr.envserver.episode import episode_state
 from rlvr.envserver.launcher import EnvServerProcess, EnvServerSpec
 from rlvr.envserver.rows import export_rows, read_rows
 from rlvr.envserver.side_venv import ensure_side_venv
 from rlvr.envserver.wire import EnvServerClient, EpisodeDeadline
 from rlvr.model.names import resolve_model
+from rlvr.rollouts.to_samples import MissingTokensError
+from rlvr.weight_sync.control import server_root
 
 API_KEY_VAR = "RLVR_ENVSERVER_API_KEY"
 """The variable the EnvServer reads the bridge's API key from (the bridge needs none)."""
@@ -67,6 +70,18 @@ def run_request(row: dict, base_url: str, tokenizer: str, model: str, args: dict
         "model": model,
         "sampling": sampling,
     }
+
+
+def check_generate_route(upstream: str) -> None:
+    """Raise MissingTokensError (which stops the run) unless `upstream` serves the token-in
+    generate route 0.4's train client calls (vLLM serves it only with --enable-scale-out)."""
+    url = server_root(upstream) + GENERATE_PATH
+    reply = httpx.post(url, json={}, timeout=30)
+    if reply.status_code in (403, 404):
+        raise MissingTokensError(
+            f"{url} answered {reply.status_code} ({reply.text[:200]}): a verifiers 0.4 "
+            "environment needs it; start vf-vllm with --enable-scale-out"
+        )
 
 
 def upstream_of(client: Any) -> str:
@@ -110,7 +125,7 @@ class EnvServerEnv(vf.Environment):
         self.bridges: dict[str, Bridge] = {}
         self.attempts: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
         """Each rollout in flight's router attempt (`rlvr.rollouts.router.Attempt`), by mark."""
-        self.clients: dict[int, EnvServerClient] = {}
+        self.clients: dict[asyncio.AbstractEventLoop, EnvServerClient] = {}
         self.deadlines = 0
         """Episodes cancelled at their deadline."""
 
@@ -119,8 +134,11 @@ class EnvServerEnv(vf.Environment):
         return self
 
     def _client(self) -> EnvServerClient:
-        """This event loop's connection to the server (a zmq.asyncio socket serves one loop)."""
-        loop = id(asyncio.get_running_loop())
+        """This event loop's connection to the server (a zmq.asyncio socket serves one loop);
+        a connection whose loop has closed is closed too."""
+        loop = asyncio.get_running_loop()
+        for other in [o for o in self.clients if o.is_closed()]:
+            self.clients.pop(other).close()
         if loop not in self.clients:
             self.clients[loop] = EnvServerClient(self.server.address)
         return self.clients[loop]
@@ -128,6 +146,7 @@ class EnvServerEnv(vf.Environment):
     def _bridge(self, upstream: str) -> str:
         """The base URL of the bridge in front of `upstream`, started on first use."""
         if upstream not in self.bridges:
+            check_generate_route(upstream)
             self.bridges[upstream] = Bridge(
                 [upstream],
                 temperature=self.temperature,

@@ -6,6 +6,7 @@ Nothing here imports verifiers 0.4 (it cannot live in our venv): the side venv's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -209,14 +210,19 @@ class EnvServerProcess:
             return "(no log)"
 
     def stop(self) -> None:
-        """SIGTERM the whole group, SIGKILL it after `stop_grace_s`; nothing of it is left."""
+        """SIGTERM the whole group, SIGKILL it after `stop_grace_s`, and SIGKILL every process
+        the server had started in sessions of their own; nothing of it is left."""
         if self.proc is None:
             return
         pgid = self.proc.pid
+        episodes = descendants(pgid)  # 0.4 runs each episode's programs in a session of its own
         signal_group(pgid, signal.SIGTERM)
         if not self._group_gone_within(pgid, self.stop_grace_s):
             signal_group(pgid, signal.SIGKILL)
             self._group_gone_within(pgid, KILL_WAIT_S)
+        for pid in episodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait()
         self.proc = None
         self.address = None
@@ -253,3 +259,21 @@ def group_exists(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (read from /proc), children first."""
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        parent = queue.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                children = Path(f"/proc/{parent}/task/{task}/children").read_text().split()
+                found += map(int, children)
+                queue += map(int, children)
+    return found

@@ -214,8 +214,8 @@ class EnvServerClient:
 
     def close(self) -> None:
         """End the receive loop and the socket (callable once the loop has stopped too)."""
-        if self._receiver is not None:
-            self._receiver.cancel()
-            self._receiver = None
+        if self._receiver is not None and not self._receiver.get_loop().is_closed():
+            self._receiver.get_loop().call_soon_threadsafe(self._receiver.cancel)
+        self._receiver = None
         self.socket.close(linger=0)
         self.ctx.term()
