@@ -37,7 +37,7 @@ from rlvr.trainer.memory import GIB, Budget, fit_policy, peak_bytes, reset_peak,
 from rlvr.trainer.metrics import Laps, RunLogger, step_line
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 from rlvr.trainer.push_probes import Pushed, PushProbes
-from rlvr.trainer.rollout_setup import close_env, load_env, start_worker
+from rlvr.trainer.rollout_setup import close_rollouts, load_env, start_worker
 from rlvr.trainer.step import Trained, has_gradient, micro_batch_loss
 from rlvr.trainer.train_batch import build_train_batch
 from rlvr.weight_sync.connect import Connection, connect
@@ -441,10 +441,7 @@ class Trainer:
         return final
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
-        if self.env is not None:
-            close_env(self.env)
+        close_rollouts(self.worker, self.env)
         if self.weights is not None:
             self.weights.close()
         if self.logger is not None:

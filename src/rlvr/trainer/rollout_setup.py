@@ -51,9 +51,12 @@ def _load_one(cfg: Config, entry: EnvConfig | MixtureEnvConfig) -> Any:
     return vf.load_environment(entry.id, **entry.args)
 
 
-def close_env(env: Any) -> None:
-    """Stop what an environment started beside the run (a 0.4 taskset's EnvServer)."""
-    for leaf in leaves(env).values():
+def close_rollouts(worker: RolloutWorker | None, env: Any) -> None:
+    """Stop the worker, then what the environment started beside the run (a 0.4 taskset's
+    EnvServer and bridges)."""
+    if worker is not None:
+        worker.close()
+    for leaf in leaves(env).values() if env is not None else ():
         if isinstance(leaf, EnvServerEnv):
             leaf.close()
 

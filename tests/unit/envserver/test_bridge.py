@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from rlvr.envserver.bridge import (
+    ROLLOUT_HEADER,
     Bridge,
     RequestRefused,
     derive_seed,
@@ -246,6 +247,30 @@ def test_dead_upstream_is_a_502_with_its_error():
             assert reply.status_code == 502
             message = reply.json()["error"]["message"]
             assert dead.removesuffix("/v1") in message and "Cannot connect" in message
+
+
+def test_hooks_hear_each_rollouts_calls_and_its_upstream_failures(upstream):
+    """The rollout mark (ROLLOUT_HEADER) reaches `on_request` for every generate call and
+    `on_upstream_failure` for one no upstream answered: how a 0.4 episode's server failure
+    reaches the run's router."""
+    heard: list[tuple] = []
+    live = Bridge([upstream.url], 1.0, on_request=lambda mark: heard.append(("call", mark)))
+    with live:
+        body = generate_body([1, 2])
+        httpx.post(
+            f"{live.root_url}/inference/v1/generate", json=body, headers={ROLLOUT_HEADER: "r1"}
+        )
+        post(live, body)
+    assert heard == [("call", "r1"), ("call", None)]
+    dead = Bridge(
+        [f"http://127.0.0.1:{free_port()}/v1"],
+        1.0,
+        on_upstream_failure=lambda mark, error: heard.append((mark, type(error).__name__)),
+    )
+    with dead:
+        url = f"{dead.root_url}/inference/v1/generate"
+        reply = httpx.post(url, json=generate_body([3]), headers={ROLLOUT_HEADER: "r2"}, timeout=30)
+    assert reply.status_code == 502 and heard[-1] == ("r2", "UpstreamsDown")
 
 
 def test_a_dead_upstream_is_skipped(upstream):
