@@ -238,3 +238,41 @@ def test_envserver_environment_trains(side_venv, tiny_server, tmp_path):
     assert max(step["grad_norm"] for step in history) > 0
     (env,) = [trainer.env]
     assert env.server.proc is None  # stopped with the run
+
+
+def test_a_mixture_trains_a_classic_and_an_envserver_environment(
+    side_venv, tiny_server, tmp_path, shared_data
+):
+    """`envs:` may mix a classic environment (boxed math, in-process) with a 0.4 taskset (its
+    EnvServer): each step draws both by weight, each logs its own metrics, and the evaluation
+    runs both."""
+    boxed = {
+        "id": "vf-deepscaler",
+        "name": "math",
+        "max_tokens": 6,
+        "args": {"data_files": str(shared_data / "deepscaler" / "preview_first803.jsonl")},
+    }
+    served = {
+        "id": "reverse",
+        "env_server": {
+            "taskset": "vf04-reverse-text",
+            "venv": str(side_venv),
+            "taskset_args": {"num_rows": 8},
+        },
+    }
+    extra = [
+        f"envs={json.dumps([boxed, served])}",
+        "max_steps=1",
+        "batch.batch_size=16",
+        "batch.rollouts_per_example=4",
+        "batch.max_prompt_len=512",
+        "eval.every=1",
+        "eval.num_examples=2",
+    ]
+    (step,) = Trainer(config(tiny_server, tmp_path, *extra)).run()
+    assert (step["env/math/groups"], step["env/reverse/groups"]) == (2, 2)
+    assert step["rollouts/errored"] == 0 and math.isfinite(step["loss/total"])
+    assert "env/reverse/similarity" in step and "env/math/reward/mean" in step
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (evaluation,) = [m for m in logged if "eval/reward" in m]
+    assert evaluation["eval/reverse/rollouts"] == 2 and evaluation["eval/reverse/errored"] == 0
