@@ -102,6 +102,8 @@ def prepare(body: dict[str, Any], temperature: float) -> dict[str, Any]:
         raise RequestRefused("token_ids must be a list of integers")
     if body.get("stream"):
         raise RequestRefused("stream=true: the bridge answers whole responses only")
+    if body.get("features") or body.get("content_parts"):
+        raise RequestRefused("multimodal input: the trainer's samples carry token ids only")
     if params.get("seed") is not None and type(params["seed"]) is not int:
         raise RequestRefused(f"seed={params['seed']!r}: a seed is an integer")
     if params.get("n", 1) != 1:

@@ -189,6 +189,8 @@ def test_refuses_what_it_cannot_serve():
         (generate_body([1], n=2), "n=2"),
         (generate_body([1], seed="7"), "seed='7'"),
         ({"model": MODEL, "token_ids": "1 2", "sampling_params": {}}, "token_ids"),
+        ({**generate_body([1]), "features": {"mm_hashes": ["h"]}}, "multimodal"),
+        ({**generate_body([1]), "content_parts": [{"type": "image"}]}, "multimodal"),
     ]:
         with pytest.raises(RequestRefused, match=words):
             prepare(body, temperature=1.0)
