@@ -1,22 +1,11 @@
-"""The generate bridge: a local HTTP server between verifiers 0.4's `train` client and vf-vllm.
+"""The generate bridge: a local HTTP server between verifiers 0.4's `train` client and vf-vllm's
+token-in route (`--enable-scale-out`). It forwards each call to an upstream, spells each
+log-probability as renderers 0.1.12 reads it (`"token": "token_id:N"`), derives a seed per turn
+(`derive_seed`), samples at the run's temperature, refuses (400) sampling the trainer cannot
+reproduce, and records every call (`BridgeCall`).
+Design: docs/training.md#verifiers-04-environments.
 
-0.4's client (renderers 0.1.12, `renderers.client.generate`) posts prompt token ids to
-`/inference/v1/generate`, which vLLM 0.32 serves only with `--enable-scale-out` (a vf-vllm flag
-that passes through to vLLM). vLLM answers each sampled token's log-probability as
-`{"token_id": N, "logprob": ...}`; renderers requires `"token": "token_id:N"` and rejects the whole
-turn without it. The bridge forwards every call to one of its vf-vllm upstreams and on the way:
-
-- adds that `token` spelling to each log-probability entry (the rest of the answer passes as is);
-- replaces the episode's seed, which 0.4 sends unchanged on every turn, by one derived from it and
-  the turn's prompt ids (`derive_seed`);
-- refuses (HTTP 400, which 0.4 turns into an errored episode) sampling the trainer cannot
-  reproduce (the rule of `rlvr.config.sampling`), and samples at the run's temperature where the
-  request names none (vLLM's default of 1 would otherwise differ from the run's);
-- records each call (`BridgeCall`: the model name, i.e. the policy version asked for, and what
-  was sent and generated), so traces can be checked against what vLLM generated.
-
-Alone: `python -m rlvr.envserver.bridge --upstream http://127.0.0.1:8000/v1 --temperature 1`
-prints the base URL to give 0.4's client and serves until interrupted.
+Alone: `python -m rlvr.envserver.bridge --upstream http://127.0.0.1:8000/v1 --temperature 1`.
 """
 
 from __future__ import annotations

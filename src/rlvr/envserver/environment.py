@@ -12,6 +12,7 @@ docs/training.md#verifiers-04-environments.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import uuid
 from pathlib import Path
@@ -27,7 +28,7 @@ from rlvr.envserver.episode import episode_state
 from rlvr.envserver.launcher import EnvServerProcess, EnvServerSpec
 from rlvr.envserver.rows import export_rows, read_rows
 from rlvr.envserver.side_venv import ensure_side_venv
-from rlvr.envserver.wire import EnvServerClient, EpisodeDeadline
+from rlvr.envserver.wire import EnvServerClient, EpisodeDeadline, UnknownServerError
 from rlvr.model.names import resolve_model
 from rlvr.rollouts.to_samples import MissingTokensError
 from rlvr.weight_sync.control import server_root
@@ -177,6 +178,8 @@ class EnvServerEnv(vf.Environment):
         except EpisodeDeadline as e:
             self.deadlines += 1
             return {"example_id": input.get("example_id", 0), "error": str(e)}
+        except UnknownServerError as e:  # no episode of this server can train: stop the run
+            raise MissingTokensError(str(e)) from e
         finally:
             del self.attempts[mark]
         return episode_state(episode, input)
@@ -192,6 +195,16 @@ class EnvServerEnv(vf.Environment):
         self.server.stop()
 
 
+def exported_rows(cfg: EnvServerConfig, out_dir: Path) -> list[dict]:
+    """The taskset's own rows, exported once per taskset and arguments into `out_dir` (a resumed
+    run reads the same file)."""
+    key = hashlib.sha256(json.dumps([cfg.taskset, cfg.taskset_args], sort_keys=True).encode())
+    path = out_dir / f"tasks-{key.hexdigest()[:12]}.jsonl"
+    if path.exists():
+        return read_rows(path)
+    return export_rows(cfg.taskset, path, taskset_overrides=cfg.taskset_args, venv=cfg.venv)
+
+
 def load_env_server(
     cfg: EnvServerConfig, model: str, temperature: float, out_dir: Path
 ) -> EnvServerEnv:
@@ -200,17 +213,9 @@ def load_env_server(
     tokenizer that of `model`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ensure_side_venv(cfg.venv, cfg.requirements)
-    if cfg.tasks:
-        rows = read_rows(cfg.tasks)
-    else:
-        exported = out_dir / "tasks.jsonl"
-        rows = (
-            read_rows(exported)
-            if exported.exists()
-            else export_rows(
-                cfg.taskset, exported, taskset_overrides=cfg.taskset_args, venv=cfg.venv
-            )
-        )
+    rows = read_rows(cfg.tasks) if cfg.tasks else exported_rows(cfg, out_dir)
+    if not rows:
+        raise ValueError(f"taskset {cfg.taskset}: no task rows ({cfg.tasks or 'exported'})")
     eval_rows = read_rows(cfg.eval_tasks) if cfg.eval_tasks else rows
     env = EnvServerEnv(cfg, rows, eval_rows, resolve_model(model), temperature, out_dir)
     return env.start()
