@@ -25,7 +25,7 @@ from rlvr.rollouts.worker import RolloutWorker, StepBatch
 def load_env(cfg: Config, env: Any = None) -> Any:
     """`env`, else the mixture of `cfg.envs`, else the 0.4 taskset of `cfg.env_server`, else
     `cfg.env`'s environment; with its sampling defaults checked against what the trainer can
-    reproduce. A 0.4 taskset's EnvServer is started here (`close_env` stops it)."""
+    reproduce. A 0.4 taskset's EnvServer is started here (`close_rollouts` stops it)."""
     if env is None and cfg.envs:
         env = load_mixture(cfg.envs, lambda entry: _load_one(cfg, entry))
     elif env is None:
@@ -43,9 +43,10 @@ def _load_one(cfg: Config, entry: EnvConfig | MixtureEnvConfig) -> Any:
     """One environment: a 0.4 taskset through its EnvServer, or a classic verifiers one."""
     import verifiers as vf
 
-    server = getattr(entry, "env_server", None) or cfg.env_server
+    mixed = isinstance(entry, MixtureEnvConfig)
+    server = entry.env_server if mixed else cfg.env_server
     if server.enabled:
-        label = entry.label if isinstance(entry, MixtureEnvConfig) else server.taskset
+        label = entry.label if mixed else server.taskset
         out = Path(cfg.output_dir) / "env_server" / label
         return load_env_server(server, cfg.model.name, cfg.sampling.temperature, out)
     return vf.load_environment(entry.id, **entry.args)
