@@ -1,9 +1,10 @@
 """Reading JSONL files (one JSON value per line) with errors that name the file and line.
 
 Every JSONL this project reads goes through `iter_jsonl`: vf-eval's results.jsonl
-(`rlvr.eval.vf_eval.iter_results`), a run's metrics.jsonl (`rlvr.eval.plots.read_metrics`) and
-prompt files (`rlvr.eval.predict.read_prompts`). Each caller checks the shape of its own lines
-and raises its own error type, so the messages stay those of the file kind being read.
+(`rlvr.eval.vf_eval.iter_results`), a run's metrics.jsonl (`rlvr.eval.plots.read_metrics`),
+prompt files (`rlvr.eval.predict.read_prompts`) and 0.4 task rows (`rlvr.envserver.rows`).
+Each caller checks the shape of its own lines and raises its own error type, so the messages
+stay those of the file kind being read.
 """
 
 from __future__ import annotations

@@ -57,8 +57,11 @@ def task_dataset(rows: list[dict]) -> Dataset:
     return Dataset.from_list([task_row(row, i) for i, row in enumerate(rows)])
 
 
-def run_request(row: dict, base_url: str, tokenizer: str, model: str, args: dict) -> dict:
-    """The `run` request of one rollout of `row` (RunRequest in verifiers 0.4's serve types)."""
+def run_request(
+    row: dict, base_url: str, tokenizer: str, model: str, args: dict, mark: str
+) -> dict:
+    """The `run` request of one rollout of `row` (RunRequest in verifiers 0.4's serve types),
+    its model calls marked `mark` for the bridge."""
     sampling = {key: args[key] for key in SAMPLING_KEYS if args.get(key) is not None}
     return {
         "task_data": json.loads(row["info"]["task_data"]),
@@ -67,6 +70,7 @@ def run_request(row: dict, base_url: str, tokenizer: str, model: str, args: dict
             "base_url": base_url,
             "api_key_var": API_KEY_VAR,
             "renderer_model_name": tokenizer,
+            "headers": {ROLLOUT_HEADER: mark},
         },
         "model": model,
         "sampling": sampling,
@@ -168,10 +172,8 @@ class EnvServerEnv(vf.Environment):
         self, input: dict, client: Any, model: str, sampling_args: dict | None = None, **_: Any
     ) -> dict:
         mark = uuid.uuid4().hex
-        request = run_request(
-            input, self._bridge(upstream_of(client)), self.tokenizer, model, sampling_args or {}
-        )
-        request["client"]["headers"] = {ROLLOUT_HEADER: mark}
+        url = self._bridge(upstream_of(client))
+        request = run_request(input, url, self.tokenizer, model, sampling_args or {}, mark)
         self.attempts[mark] = (asyncio.get_running_loop(), getattr(client, "attempt", None))
         try:
             episode = await self._client().run(request, self.cfg.episode_timeout_s)

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import zmq
 
-from rlvr.server.lifetime import dies_with
+from rlvr.envserver.wire import pack, unpack
+from rlvr.server.lifetime import dies_with, stop_group
 
 SERVE_CODE = """
 import functools, json, logging, os, sys
@@ -104,11 +104,11 @@ def health(address: str, timeout_s: float = 2.0) -> bool:
     try:
         sock.connect(address)
         request_id = uuid.uuid4().hex.encode()
-        sock.send_multipart([request_id, b"health", msgpack.packb({})])
+        sock.send_multipart([request_id, b"health", pack({})])
         if not sock.poll(int(timeout_s * 1000)):
             return False
         rid, kind, payload = sock.recv_multipart()
-        reply = msgpack.unpackb(payload, raw=False)
+        reply = unpack(payload)
         return rid == request_id and kind == b"reply" and bool(reply.get("success"))
     finally:
         sock.close()
@@ -216,10 +216,7 @@ class EnvServerProcess:
             return
         pgid = self.proc.pid
         episodes = descendants(pgid)  # 0.4 runs each episode's programs in a session of its own
-        signal_group(pgid, signal.SIGTERM)
-        if not self._group_gone_within(pgid, self.stop_grace_s):
-            signal_group(pgid, signal.SIGKILL)
-            self._group_gone_within(pgid, KILL_WAIT_S)
+        stop_group(pgid, self.stop_grace_s, reap=self.proc.poll, kill_wait_s=KILL_WAIT_S)
         for pid in episodes:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -227,38 +224,11 @@ class EnvServerProcess:
         self.proc = None
         self.address = None
 
-    def _group_gone_within(self, pgid: int, seconds: float) -> bool:
-        """Whether group `pgid` empties within `seconds` (the leader reaped as it exits)."""
-        assert self.proc is not None
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self.proc.poll()
-            if not group_exists(pgid):
-                return True
-            time.sleep(0.05)
-        return False
-
     def __enter__(self) -> EnvServerProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def group_exists(pgid: int) -> bool:
-    """Whether any process (a zombie included) is still in group `pgid`."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def descendants(pid: int) -> list[int]:

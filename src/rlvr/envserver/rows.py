@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from rlvr.data.jsonl import iter_jsonl
+
 EXPORT_CODE = """
 import itertools, json, sys
 from verifiers.v1.utils.loaders import load_taskset, taskset_config_type
@@ -49,5 +51,4 @@ def export_rows(
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """The `task_data` dicts of a rows JSONL file, in file order."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [row for _, row in iter_jsonl(path)]

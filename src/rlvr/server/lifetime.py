@@ -48,19 +48,39 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def stop_group(pgid: int, grace_s: float = GRACE_S) -> None:
-    """SIGTERM process group `pgid`, then SIGKILL it if anything is left after `grace_s`."""
+def stop_group(
+    pgid: int,
+    grace_s: float = GRACE_S,
+    reap: Callable[[], object] | None = None,
+    kill_wait_s: float = 0.0,
+) -> None:
+    """SIGTERM process group `pgid`, then SIGKILL it if anything is left after `grace_s`, then
+    wait up to `kill_wait_s` for the killed to go. A caller that is the leader's parent passes
+    `reap` (its Popen's `poll`), so the leader's zombie does not keep the group alive."""
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + grace_s
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    if group_gone_within(pgid, grace_s, reap):
+        return
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        return
+    group_gone_within(pgid, kill_wait_s, reap)
+
+
+def group_gone_within(pgid: int, seconds: float, reap: Callable[[], object] | None) -> bool:
+    """Whether process group `pgid` empties within `seconds`, calling `reap` at each look."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if reap is not None:
+            reap()
+        if not group_alive(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def start_watchdog(pgid: int) -> subprocess.Popen:
