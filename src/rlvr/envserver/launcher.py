@@ -22,6 +22,7 @@ import zmq
 
 from rlvr.envserver.wire import pack, unpack
 from rlvr.server.lifetime import dies_with, stop_group
+from rlvr.server.process import log_tail
 
 SERVE_CODE = """
 import functools, json, logging, os, sys
@@ -204,10 +205,7 @@ class EnvServerProcess:
         )
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def stop(self) -> None:
         """SIGTERM the whole group, SIGKILL it after `stop_grace_s`, and SIGKILL every process

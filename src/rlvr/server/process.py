@@ -123,10 +123,7 @@ class VLLMServer:
         raise TimeoutError(f"vf-vllm not ready after {self.ready_timeout}s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def kill(self) -> None:
         """SIGKILL the whole tree at once, as a crash of its host would end it."""
@@ -162,3 +159,11 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a server's log, or "(no log)" where it cannot be read."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
