@@ -154,7 +154,7 @@ class RolloutWorker:
         yield
         self.clock.advance(version)
         if self._version_event is not None:
-            self._loop.call_soon_threadsafe(self._version_event.set)
+            self._call_in_loop(self._version_event.set)
         release(self.clock.in_use())
 
     def get(self, step: int, timeout_s: float | None = None) -> StepBatch:
@@ -190,8 +190,18 @@ class RolloutWorker:
     def close(self) -> None:
         if self._thread.is_alive():
             if self._task is not None:
-                self._loop.call_soon_threadsafe(self._task.cancel)
+                self._call_in_loop(self._task.cancel)
             self._thread.join(timeout=60)
+
+    def _call_in_loop(self, callback: Callable[[], Any]) -> None:
+        """Run `callback` on the worker's loop; nothing when the loop has already closed (the
+        thread is ending: a failure of its own, or the last step, closed it between our check
+        and this call), so that the failure the thread raised is what the caller sees."""
+        try:
+            self._loop.call_soon_threadsafe(callback)
+        except RuntimeError:
+            if not self._loop.is_closed():
+                raise
 
     # -- worker thread ----------------------------------------------------------------
 

@@ -105,12 +105,17 @@ def checked(source: Iterable[tuple[str, torch.Tensor]], metas: list[ParamMeta]):
 def load_atomically(model: torch.nn.Module, model_config, weights: list) -> None:
     """Load complete weights through vLLM's layerwise reload (handles fused and processed
     layers). Called only once every byte is local, so a failed transfer never leaves layers
-    half-reloaded (they sit on the meta device until complete)."""
+    half-reloaded (they sit on the meta device until complete). Layers that share a tied
+    parameter are processed again afterwards: the reload rebuilds only the kernels of layers that
+    received weights, and a tied output layer receives none (it is the embedding)."""
     from vllm.model_executor.model_loader.reload import (
         finalize_layerwise_reload,
         initialize_layerwise_reload,
     )
 
+    from rlvr.server.held_weights import reprocess_shared
+
     initialize_layerwise_reload(model)
     model.load_weights(weights)
     finalize_layerwise_reload(model, model_config)
+    reprocess_shared(model)

@@ -1,6 +1,7 @@
 """Methods vf-vllm adds to every vLLM worker (`--worker-extension-cls`), reached through the
 dev-mode `/collective_rpc` route: where the workers run, storing adapter files sent by a trainer
-on another host, and whether a weight update is open.
+on another host, whether a weight update is open, and the fingerprints of the weights the
+worker's layers compute with (the exact check of every push).
 Design: docs/architecture.md#vf-vllms-worker-extension.
 """
 
@@ -32,6 +33,17 @@ class WorkerExtension:
     def rlvr_weight_update_state(self) -> dict[str, bool]:
         """A mapping, not a bare bool: the RPC route turns other values into strings."""
         return {"active": bool(getattr(self, "_weight_update_active", False))}
+
+    def rlvr_weight_fingerprints(self) -> dict[str, Any]:
+        """Every parameter's dtype and fingerprint as this worker's layers compute with it
+        (rlvr.server.held_weights)."""
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        from rlvr.server.held_weights import held_fingerprints
+
+        replica = getattr(self.parallel_config, "data_parallel_index", 0)
+        model = self.model_runner.get_model()
+        return held_fingerprints(model, get_tensor_model_parallel_world_size(), replica)
 
     def rlvr_store_adapter(self, payload: str) -> dict[str, str]:
         """Write one adapter version (`{"run", "version", "files": {name: base64}}`) to this

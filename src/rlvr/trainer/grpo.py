@@ -37,6 +37,7 @@ from rlvr.trainer.memory import GIB, Budget, fit_policy, peak_bytes, reset_peak,
 from rlvr.trainer.metrics import Laps, RunLogger, step_line
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 from rlvr.trainer.push_probes import Pushed, PushProbes
+from rlvr.weight_sync.fingerprint import verified_metrics
 from rlvr.trainer.rollout_setup import close_rollouts, load_env, start_worker
 from rlvr.trainer.step import Trained, has_gradient, micro_batch_loss
 from rlvr.trainer.train_batch import build_train_batch
@@ -348,7 +349,8 @@ class Trainer:
         with self._publishing(version):
             if initial or self.cfg.server.push_weights:
                 seconds = self.weights.push(version)
-                pushed = Pushed(seconds, self.probes.check(self.model, self.accelerator, version))
+                probed = self.probes.check(self.model, self.accelerator, version, initial)
+                pushed = Pushed(seconds, {**verified_metrics(self.weights.verified), **probed})
         return pushed
 
     def _publishing(self, version: int) -> contextlib.AbstractContextManager:

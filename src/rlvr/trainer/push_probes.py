@@ -61,23 +61,30 @@ class PushProbes:
         """Each server's probe state by URL, for the checkpoint."""
         return {url: p.state() for url, p in zip(self.urls, self.connection.probes, strict=False)}
 
-    def check(self, model: torch.nn.Module, accelerator: Any, version: int) -> dict[str, float]:
-        """The probe of the push of `version` on every server that took it (see
+    def check(
+        self, model: torch.nn.Module, accelerator: Any, version: int, initial: bool = False
+    ) -> dict[str, float]:
+        """The probe of the push of `version` on every server that took it and needs it (see
         rlvr.weight_sync.probe): every rank runs the forward, the main process asks each
         server (twice at a server's first push, for its noise), and every rank checks the
         main process's scores, so all ranks agree. A server that fails is taken out of
         rotation (with one server, its error stops the run); a returning server that passes
-        is admitted."""
+        is admitted. Where the exact check covers a server's pushes, its probe checks the
+        model only: afresh at the initial push (start or resume) and when it returns."""
         probes, weights = self.connection.probes, self.connection.weights
         if not probes:
             return {}
-        for i in weights.returned:  # connected afresh: calibrated afresh
+        exact = {i for i, v in weights.verified.items() if v is not None}
+        for i in weights.returned + sorted(exact if initial else ()):  # calibrated afresh
             probes[i] = self.connection.new_probe()
+        targets = [i for i in weights.pushed if not probes[i].calibrated or i not in exact]
+        if not targets:
+            return {}
         ids = probes[0].ids
         mine = trainer_logprobs(model, ids, accelerator.device)
         scores = None
         if accelerator.is_main_process:
-            scores = mine, {i: self._served_scores(i, version) for i in weights.pushed}
+            scores = mine, {i: self._served_scores(i, version) for i in targets}
         trainer, served = weights.agree(scores)
         checked: dict[int, dict[str, float]] = {}
         for i, answer in served.items():

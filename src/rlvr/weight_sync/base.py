@@ -19,6 +19,13 @@ class WeightPush(ABC):
     def push(self, version: int) -> float:
         """Send the current weights as weight `version`; returns the seconds it took."""
 
+    verified: Any = None
+    """The last push's exact check (`rlvr.weight_sync.fingerprint.Verified`) where one ran."""
+
+    def failed_check(self, version: int) -> Exception | None:
+        """Why the last push's exact check failed, or None (also where none ran)."""
+        return None
+
     @abstractmethod
     def served_name(self, version: int) -> str:
         """The model name a rollout requests to be served weight `version`."""

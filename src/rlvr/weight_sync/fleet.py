@@ -14,6 +14,7 @@ from typing import Any
 from rlvr.rollouts.servers import Server, ServerPool
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.control import ServerControl
+from rlvr.weight_sync.probe import WeightsNotServedError
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,14 @@ class FleetPush(WeightPush):
         self.returned: list[int] = []
         """Servers connected afresh by the last push: admitted once their probe passes."""
         self.seconds: dict[int, float] = {}
+        self.verified: dict[int, Any] = {}
+        """Each server's exact check of the last push (`Verified`), where one ran."""
 
     def push(self, version: int) -> float:
         """Push `version` to every live server and every returning one; returns the seconds
-        it took in all. A server whose push fails is marked down (on rank 0)."""
+        it took in all. A server whose push fails is marked down (on rank 0); one whose exact
+        check fails is pushed again once, then taken out (with one server, the error stops
+        the run)."""
         plan = self.agree(self._plan() if self.rank == 0 else None)
         returned = [i for i in plan.returning if self._reconnect(i)]
         returned = self.agree(returned if self.rank == 0 else None)
@@ -69,11 +74,36 @@ class FleetPush(WeightPush):
                 self.seconds[i] = self.pushes[i].push(version)
             except Exception as e:  # a server gone mid-push: the others go on
                 self._take_out(server, f"the push of weight version {version} failed: {e}")
+        self._repair(version)
         self.pushed = self.agree(sorted(self.seconds) if self.rank == 0 else None)
         self.returned = [i for i in returned if i in self.pushed]
         if self.rank == 0 and not self.pushed:
             self.pool.check_any_left()
         return sum(self.seconds.values())
+
+    def _repair(self, version: int) -> None:
+        """Push once more to every server whose exact check failed (all ranks together); one
+        that still fails leaves rotation, named with what it does not hold."""
+        failing = [i for i in self.seconds if self.pushes[i].failed_check(version)]
+        for i in self.agree(failing if self.rank == 0 else None):
+            log.warning(
+                "%s failed the exact check of weight version %d: pushing it again (%s)",
+                self.pool.servers[i].describe(),
+                version,
+                self.pushes[i].failed_check(version),
+            )
+            self.seconds[i] += self.pushes[i].push(version)
+        errors = {}
+        for i in failing:
+            if (error := self.pushes[i].failed_check(version)) is not None:
+                errors[i] = str(error)
+        for i, error in self.agree(errors if self.rank == 0 else None).items():
+            if len(self.pool.servers) == 1:
+                raise WeightsNotServedError(f"{error} (after a second push too)")
+            self.seconds.pop(i, None)
+            self._take_out(self.pool.servers[i], f"failed the exact check twice: {error}")
+        verified = {i: self.pushes[i].verified for i in self.seconds}
+        self.verified = self.agree(verified if self.rank == 0 else None)
 
     def _plan(self) -> PushPlan:
         """Rank 0's targets: the servers up, and the down ones that answer again."""

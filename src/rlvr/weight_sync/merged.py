@@ -21,6 +21,8 @@ from vllm.distributed.weight_transfer.base import (
 
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.control import ServerControl, server_host
+from rlvr.weight_sync.exact_check import ExactCheck
+from rlvr.weight_sync.fingerprint import Verified, aliases
 from rlvr.weight_sync.rendezvous import LOOPBACK, Meeting, plan_meeting, with_deadline
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,13 @@ class _Adapted(WeightSource):
         return iter(self.inner)
 
 
+def tied_names(source: Any) -> dict[str, str]:
+    """A source's tied parameters: other name -> the name it streams under."""
+    if isinstance(source, torch.nn.Module):
+        return aliases(source)
+    return dict(getattr(source, "tied", {}))
+
+
 def as_weight_source(source: Any) -> WeightSource:
     """What vLLM's trainer engines take: a module's parameters, or any of our sources."""
     if isinstance(source, WeightSource):
@@ -143,6 +152,10 @@ class MergedPush(WeightPush):
         self.engine: TrainerWeightTransferEngine | None = None
         self.meeting: Meeting | None = None
         """Where the gloo/nccl rendezvous took place (rank 0; None for shm/ipc)."""
+        self.check: ExactCheck | None = None
+        """The exact check of every push (rank 0; None where the server cannot be checked)."""
+        self.verified: Verified | None = None
+        """The last push's exact check (rank 0)."""
 
     def resolve(self) -> str:
         """The transfer this trainer uses (asked of the server when `auto` on a CUDA trainer
@@ -161,6 +174,7 @@ class MergedPush(WeightPush):
         from rlvr.server.plugin import register
 
         register()
+        tied = tied_names(source)
         source = as_weight_source(source)
         if self.rank != 0:
             if backend is None:
@@ -173,6 +187,10 @@ class MergedPush(WeightPush):
             return
         self.backend = backend or self.resolve()
         self.control.resume()
+        names = [m.name for m in source.metadata()]
+        self.check = ExactCheck.start(self.control, names, tied)
+        if self.check is not None:
+            source = self.check.tap(source)
         if self.backend in ("shm", "gloo"):
             self._end_abandoned_update()
         meeting = None
@@ -211,10 +229,12 @@ class MergedPush(WeightPush):
 
     def push(self, version: int) -> float:
         """Send the current weights as weight `version` (served under `served_model`, like
-        every version); returns the seconds the server was paused."""
+        every version) and, on rank 0, check exactly what the server holds (`verified`: the
+        caller decides what a mismatch costs); returns the seconds of the push and check."""
         if self.engine is None:
             raise RuntimeError("MergedPush.push() before connect()")
         start = time.perf_counter()
+        self.verified = None
         if self.rank == 0:
             self.control.pause()
             try:
@@ -222,9 +242,17 @@ class MergedPush(WeightPush):
                 self.control.reset_prefix_cache()
             finally:
                 self.control.resume()
+            if self.check is not None:
+                self.verified = self.check.verify()
         else:
             self.engine.send_weights()
         return time.perf_counter() - start
+
+    def failed_check(self, version: int) -> Exception | None:
+        """Why the last push's exact check failed (rank 0), or None."""
+        if self.check is None or self.verified is None or not self.verified.failed:
+            return None
+        return self.check.error(version, self.verified)
 
     def served_name(self, version: int) -> str:
         """`served_model`, whatever the version: the server holds only the newest weights."""

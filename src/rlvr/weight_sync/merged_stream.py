@@ -16,6 +16,7 @@ import torch
 from rlvr.model.quantization import dequantized_weight, is_quantized_layer
 from rlvr.model.zero3 import zero3_gather
 from rlvr.reasoning_vocab.mapping import trained_rows_params, with_trained_rows
+from rlvr.weight_sync.fingerprint import aliases
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -130,6 +131,12 @@ class MergedWeightSource:
         self.dtype = dtype
         self.with_adapters = with_adapters
         self.entries = self._plan(base_model(model))
+        self.tied = {
+            hf_name(alias): hf_name(name)
+            for alias, name in aliases(base_model(model)).items()
+            if hf_name(alias) and hf_name(name)
+        }
+        """A tied parameter's other names -> the name it streams under (the exact check)."""
 
     @staticmethod
     def _plan(model: torch.nn.Module) -> list[_Entry]:

@@ -1,0 +1,98 @@
+"""What a vf-vllm worker's layers compute with, as fingerprints (rlvr.weight_sync.fingerprint),
+and the one repair a reload needs: layers that share a tied parameter are processed again.
+
+On the CPU vLLM packs each linear layer's weight into a kernel (oneDNN or sgl) and empties the
+parameter, so the parameter alone says nothing; `record_kernel_inputs` fingerprints a layer's
+parameters at the moment its kernel is built from them (`patch_cpu_gemm_dispatch`), and a layer
+whose kernel was not rebuilt by a push keeps the fingerprint of what it still computes with.
+Design: docs/weight-transfer.md#the-exact-check.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from rlvr.weight_sync.fingerprint import Fingerprint, fingerprint, to_wire
+
+KERNEL_PRINTS = "_rlvr_kernel_prints"
+"""A layer's attribute: its parameters' (dtype, fingerprint) when its kernel was last built."""
+
+
+def record_kernel_inputs(layer: torch.nn.Module) -> None:
+    """Fingerprint `layer`'s own parameters as its kernel is about to be built from them."""
+    setattr(
+        layer,
+        KERNEL_PRINTS,
+        {
+            name: (str(p.dtype).removeprefix("torch."), fingerprint(p))
+            for name, p in layer._parameters.items()
+            if p is not None and not p.is_meta
+        },
+    )
+
+
+def patch_cpu_gemm_dispatch() -> None:
+    """Make vLLM's CPU linear-kernel dispatch record its inputs first (idempotent)."""
+    from vllm.model_executor.layers import utils
+
+    original = getattr(utils.dispatch_cpu_unquantized_gemm, "rlvr_original", None)
+    original = original or utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        record_kernel_inputs(layer)
+        original(layer, remove_weight)
+
+    dispatch.rlvr_original = original
+    utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
+def reprocess_shared(model: torch.nn.Module) -> int:
+    """Process again every layer that shares a parameter with another (a tied output layer and
+    the embedding): vLLM's layerwise reload processes only layers that received weights, so
+    the other keeps a kernel built from the old values. Returns how many were processed."""
+    owners: dict[int, list[torch.nn.Module]] = defaultdict(list)
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None:
+                owners[id(param)].append(module)
+    done: set[int] = set()
+    for modules in owners.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            method = getattr(module, "quant_method", None)
+            if id(module) in done or method is None:
+                continue
+            method.process_weights_after_loading(module)
+            done.add(id(module))
+    return len(done)
+
+
+def held_fingerprints(model: torch.nn.Module, tp_size: int, replica: int) -> dict[str, Any]:
+    """This worker's report: every parameter's dtype and fingerprint under vLLM's names (a
+    tied parameter under each of its names; LoRA wrappers' `base_layer` left out of the name),
+    which of them are tensor-parallel shards, the model's fused-module map and its replica."""
+    prints: dict[str, tuple[str, Fingerprint]] = {}
+    sharded: list[str] = []
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        recorded = getattr(module, KERNEL_PRINTS, {})
+        prefix = module_name.replace(".base_layer", "")
+        for name, param in module._parameters.items():
+            if param is None:
+                continue
+            full = f"{prefix}.{name}" if prefix else name
+            dtype = str(param.dtype).removeprefix("torch.")
+            prints[full] = recorded.get(name) or (dtype, fingerprint(param))
+            split = getattr(param, "output_dim", None) is not None or hasattr(param, "input_dim")
+            if tp_size > 1 and split and "Replicated" not in type(module).__name__:
+                sharded.append(full)
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    return {
+        "params": to_wire(prints),
+        "sharded": sharded,
+        "packed": {k: list(v) for k, v in packed.items()},
+        "replica": replica,
+    }
