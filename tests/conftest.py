@@ -87,6 +87,31 @@ def tiny_server(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def bf16_server(request, tiny_model_dir, tmp_path_factory):
+    """A server whose weights and log-probabilities are bfloat16: vf-vllm with --dtype
+    bfloat16 where vLLM's CPU backend runs it, else the float32 `tiny_server` with rounding
+    (`rounded`: the probe's tests apply `round_to_bf16`; the exact check's skip). Shared by
+    the push probe's and the exact check's tests."""
+    from rlvr.server.process import VLLMServer
+
+    flags = [f if f != "float32" else "bfloat16" for f in EXACT_FLAGS]
+    log = tmp_path_factory.mktemp("tiny-bf16-server") / "vf-vllm.log"
+    server = VLLMServer(str(tiny_model_dir), extra_args=flags, log_path=log, ready_timeout=600)
+    try:
+        server.start()
+    except (RuntimeError, TimeoutError) as e:
+        print(f"vf-vllm did not start in bfloat16, rounding a float32 server instead: {e}")
+        fallback = request.getfixturevalue("tiny_server")
+        # log-probabilities rounded to bf16 are ~7x noisier than a bf16 server's (measured:
+        # noise 1.2e-2 against 1.65e-3): steps that clear it in one push need a larger lr
+        yield SimpleNamespace(server=fallback, rounded=True, broken_lr=1.5e-2)
+        return
+    server.model_dir = tiny_model_dir
+    yield SimpleNamespace(server=server, rounded=False, broken_lr=2e-3)
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def smollm2_server(tmp_path_factory):
     """A real vf-vllm on the embedded SmolLM2-135M-Instruct (converted once into the cache)."""
     from rlvr.model.names import ensure_embedded_model

@@ -55,6 +55,15 @@ def measured(history: list[dict], key: str) -> list[float]:
     return values
 
 
+def assert_push_checked(metrics: dict) -> None:
+    """A step's push passed its check: the exact check (every parameter held as sent) where it
+    ran, else the push probe (the adapter pushes)."""
+    if "push/verified_params" in metrics:
+        assert metrics["push/verified_params"] > 0 and metrics["push/failed_params"] == 0, metrics
+    else:
+        assert metrics["push/probe_kl"] < 1e-6, metrics
+
+
 def target_id(model_dir) -> int:
     return AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("42")
 

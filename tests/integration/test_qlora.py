@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import config, measured, restore_base_weights, target_id
+from support import assert_push_checked, config, measured, restore_base_weights, target_id
 from toy_env import target_share_env
 from transformers import AutoTokenizer
 
@@ -87,8 +87,9 @@ def test_qlora_trains_on_cpu(restored, quantization, extra, tmp_path, capsys):
     assert ("pushed the dequantized" in printed) == (way == "adapter")
     assert len(history) == 2
     for h in history:
-        for key in ("reward/mean", "loss/total", "grad_norm", "push/probe_kl"):
+        for key in ("reward/mean", "loss/total", "grad_norm"):
             assert math.isfinite(h[key]), (key, h)
+        assert_push_checked(h)
     assert all(kl < 1e-3 for kl in measured(history, "mismatch_kl"))
     assert lora_b_norm(out / "final") > 0  # the adapter moved from its zero start
     assert (out / "final" / "base_quantization.json").is_file()
@@ -123,8 +124,8 @@ def test_qlora_sampler_matches_trainer(restored, extra, tmp_path, monkeypatch, c
         print(f"\nQLoRA mismatch-KL: plain {plain:.3g} nf4 {fixed} naive {naive_kl} ({refused})")
     bound = max(10 * plain, 1e-9)
     assert all(kl <= bound for kl in fixed), (plain, fixed)
-    for h in (adapter[0], merged[0]):  # and the probe after the step passed
-        assert h["push/probe_kl"] < 1e-6, h
+    for h in (adapter[0], merged[0]):  # and the check after the step passed
+        assert_push_checked(h)
     if refused is None:
         assert naive_kl > 1e3 * max(fixed) and naive_kl > 1e-6, (naive_kl, fixed)
     else:

@@ -116,9 +116,10 @@ def test_a_group_stays_on_one_server(tiny_server, second_server, tmp_path):
 
 @integration
 def test_every_server_serves_every_version(tiny_server, second_server, tmp_path, monkeypatch):
-    """After each push both servers' probes pass; a server that misses the push of version 2
-    fails its probe and is taken out (step 3 runs on the other one), and at the next push,
-    answering again, it is given the current weights and comes back."""
+    """After each push both servers pass the exact check; a server that misses the push of
+    version 2 is not checked by it (no push ran), fails its probe and is taken out (step 3
+    runs on the other one), and at the next push, answering again, it is given the current
+    weights and comes back."""
     push = MergedPush.push
 
     def misses_version_2(self, version):
@@ -129,9 +130,12 @@ def test_every_server_serves_every_version(tiny_server, second_server, tmp_path,
     monkeypatch.setattr(MergedPush, "push", misses_version_2)
     cfg = on_servers(config(tiny_server, tmp_path, "max_steps=4"), tiny_server, second_server)
     history = Trainer(cfg, env=target_share_env(EVERY_OTHER_ID)).run()
-    for step in (0, 2, 3):  # pushes of versions 1, 3, 4: both servers serve them
-        assert history[step]["push/0/probe_kl"] < 1e-3 and history[step]["push/1/probe_kl"] < 1e-3
+    for step in (0, 2, 3):  # pushes of versions 1, 3, 4: both servers hold them exactly
+        for i in (0, 1):
+            assert history[step][f"push/{i}/failed_params"] == 0, (step, i)
+            assert history[step][f"push/{i}/verified_params"] > 0, (step, i)
     assert "push/1/probe_kl" not in history[1], "the stale server's probe did not fail"
+    assert history[2]["push/1/probe_kl"] < 1e-6, "the returning server's model was not probed"
     assert history[2]["servers/1/up"] == 0 and history[2]["servers/1/groups"] == 0
     assert history[2]["servers/0/groups"] == 4
     assert history[3]["servers/1/up"] == 1 and history[3]["servers/1/groups"] > 0

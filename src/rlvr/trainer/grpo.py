@@ -37,11 +37,11 @@ from rlvr.trainer.memory import GIB, Budget, fit_policy, peak_bytes, reset_peak,
 from rlvr.trainer.metrics import Laps, RunLogger, step_line
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 from rlvr.trainer.push_probes import Pushed, PushProbes
-from rlvr.weight_sync.fingerprint import verified_metrics
 from rlvr.trainer.rollout_setup import close_rollouts, load_env, start_worker
 from rlvr.trainer.step import Trained, has_gradient, micro_batch_loss
 from rlvr.trainer.train_batch import build_train_batch
 from rlvr.weight_sync.connect import Connection, connect
+from rlvr.weight_sync.fingerprint import verified_metrics
 
 if TYPE_CHECKING:
     from accelerate import Accelerator

@@ -240,6 +240,7 @@ def merged_push(cfg: Config, url: str, rank: int) -> MergedPush:
         transfer_host=server.transfer_host,
         transfer_port=server.transfer_port,
         rank=rank,
+        exact_check=server.exact_check,
     )
 
 

@@ -77,15 +77,15 @@ class ExactCheck:
         """`source`, fingerprinting each tensor as the transfer reads it."""
         return _Tapped(source, self.expected)
 
-    def verify(self) -> Verified:
-        """Compare every replica of the server with the last push (raises nothing: `failed`
-        lists the mismatches)."""
+    def verify(self, version: int) -> Verified:
+        """Compare every replica of the server with the push of `version` that just ran
+        (raises nothing: `failed` lists the mismatches)."""
         start = time.perf_counter()
         failed = []
         for replica in served_weights(self.control):
             failed += mismatches(self.expected.prints, replica)
         seconds = time.perf_counter() - start
-        return Verified(seconds, len(self.expected.prints), failed)
+        return Verified(version, seconds, len(self.expected.prints), failed)
 
     def error(self, version: int, verified: Verified) -> WeightsNotServedError:
         """The error naming the server and what it does not hold as sent."""

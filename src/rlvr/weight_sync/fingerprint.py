@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -100,7 +101,7 @@ class Expected:
         """Of the Hugging Face `names`, those the server holds under no name of its own."""
         return [n for n in names if self.served.server_name(n) not in self.served.dtypes]
 
-    def tap(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def tap(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, Any]]:
         """Pass the stream through unchanged, fingerprinting each tensor on the way."""
         self.prints = {}
         for name, tensor in tensors:
@@ -152,8 +153,9 @@ def aliases(model: torch.nn.Module) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Verified:
-    """One server's exact check of one push."""
+    """One server's exact check of the push of weight `version`."""
 
+    version: int
     seconds: float
     params: int
     failed: list[Mismatch]

@@ -136,6 +136,7 @@ class MergedPush(WeightPush):
         transfer_port: int = 0,
         chunk_bytes: int = 256 * 1024 * 1024,
         rank: int = 0,
+        exact_check: bool = True,
     ):
         check_backend(backend)
         self.control = ServerControl(base_url, api_key=api_key, timeout_s=timeout_s)
@@ -152,8 +153,9 @@ class MergedPush(WeightPush):
         self.engine: TrainerWeightTransferEngine | None = None
         self.meeting: Meeting | None = None
         """Where the gloo/nccl rendezvous took place (rank 0; None for shm/ipc)."""
+        self.exact_check = exact_check
         self.check: ExactCheck | None = None
-        """The exact check of every push (rank 0; None where the server cannot be checked)."""
+        """The exact check of every push (rank 0; None where it is off or impossible)."""
         self.verified: Verified | None = None
         """The last push's exact check (rank 0)."""
 
@@ -187,8 +189,9 @@ class MergedPush(WeightPush):
             return
         self.backend = backend or self.resolve()
         self.control.resume()
-        names = [m.name for m in source.metadata()]
-        self.check = ExactCheck.start(self.control, names, tied)
+        if self.exact_check:
+            names = [m.name for m in source.metadata()]
+            self.check = ExactCheck.start(self.control, names, tied)
         if self.check is not None:
             source = self.check.tap(source)
         if self.backend in ("shm", "gloo"):
@@ -243,14 +246,17 @@ class MergedPush(WeightPush):
             finally:
                 self.control.resume()
             if self.check is not None:
-                self.verified = self.check.verify()
+                self.verified = self.check.verify(version)
         else:
             self.engine.send_weights()
         return time.perf_counter() - start
 
     def failed_check(self, version: int) -> Exception | None:
-        """Why the last push's exact check failed (rank 0), or None."""
-        if self.check is None or self.verified is None or not self.verified.failed:
+        """Why the exact check of the push of `version` failed (rank 0), or None."""
+        verified = self.verified
+        if self.check is None or verified is None or verified.version != version:
+            return None
+        if not verified.failed:
             return None
         return self.check.error(version, self.verified)
 

@@ -1,0 +1,161 @@
+"""The exact check of every merged push, against real vf-vllm servers on the CPU: what the
+server's layers compute with is what was sent, to the bit, at float32 and bfloat16, at any step
+size; and a tied output layer is served as the embedding that was pushed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+from support import restore_base_weights, server_logprobs, trainer_logprobs
+from transformers import AutoModelForCausalLM
+
+import rlvr.server.cpu_engine as cpu_engine
+from rlvr.weight_sync.merged import MergedPush
+from rlvr.weight_sync.merged_stream import MergedWeightSource
+
+pytestmark = pytest.mark.integration
+
+LAYER = "model.layers.1."
+DTYPES = ["float32", "bfloat16"]
+
+
+@pytest.fixture
+def served(request, tiny_server, bf16_server):
+    """The tiny model's server at the test's dtype, holding the base weights again after."""
+    if request.param == "float32":
+        server = tiny_server
+    elif bf16_server.rounded:
+        pytest.skip("vLLM's CPU backend does not run bfloat16 here (the fixture says why)")
+    else:
+        server = bf16_server.server
+    restore_base_weights(server)
+    yield server
+    restore_base_weights(server)
+
+
+def in_transit(monkeypatch, change: Callable[[str, torch.Tensor], torch.Tensor]) -> None:
+    """Make the shm transfer send `change(name, tensor)` instead of each tensor, after the
+    exact check has fingerprinted what the trainer meant to send (a lossy transfer)."""
+    checked = cpu_engine.checked
+
+    def lossy(source, metas):
+        for meta, tensor in zip(metas, checked(source, metas), strict=True):
+            yield change(meta.name, tensor)
+
+    monkeypatch.setattr(cpu_engine, "checked", lossy)
+
+
+@torch.no_grad()
+def optimizer_like_step(model: torch.nn.Module, lr: float, seed: int) -> None:
+    """Move every parameter by lr per element, as Adam's first steps do (sign of a gradient)."""
+    generator = torch.Generator().manual_seed(seed)
+    for param in model.parameters():
+        param.add_(torch.randn(param.shape, generator=generator).sign() * lr)
+
+
+def connected(server, model: torch.nn.Module) -> MergedPush:
+    push = MergedPush(server.base_url, server.model, backend="shm")
+    push.connect(MergedWeightSource(model))
+    assert push.check is not None, "the server was not checked exactly"
+    return push
+
+
+@pytest.mark.parametrize("served", DTYPES, indirect=True)
+def test_verification_catches_one_changed_element(served, monkeypatch):
+    """The trainer moves one element of one layer and the transfer loses that change: the
+    check names that parameter and no other; a complete push passes."""
+    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32)
+    name = f"{LAYER}mlp.down_proj.weight"
+    weight = model.get_parameter(name)
+    old = weight[3, 5].item()
+    with torch.no_grad():
+        weight[3, 5] += abs(old) * 0.02 + 1e-3  # a change a bfloat16 server holds too
+
+    def lose_it(tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor_name != name:
+            return tensor
+        tensor = tensor.clone()
+        tensor[3, 5] = old
+        return tensor
+
+    with connected(served, model) as push:
+        push.push(1)
+        assert push.verified.failed == [] and push.verified.params > 0
+        in_transit(monkeypatch, lose_it)
+        push.push(2)
+    failed = push.verified.failed
+    assert [m.name for m in failed] == [name], [m.describe() for m in failed]
+    assert failed[0].sent.bits != failed[0].served.bits
+    assert name in str(push.failed_check(2)) and push.failed_check(1) is None
+
+
+@pytest.mark.parametrize("lr", [1e-5, 1e-7])
+@pytest.mark.parametrize("served", DTYPES, indirect=True)
+def test_verification_catches_a_skipped_layer_at_any_dtype(served, lr, monkeypatch):
+    """A step of `lr` on every weight, pushed with one layer left at its old values: the
+    check names parameters of that layer only (the ones whose served values the step moved),
+    at float32 and bfloat16, at lr 1e-5 and 1e-7."""
+    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer_like_step(model, lr, seed=1)
+    in_transit(monkeypatch, lambda n, t: before[n] if n.startswith(LAYER) else t)
+    with connected(served, model) as push:
+        push.push(1)
+    failed = [m.name for m in push.verified.failed]
+    assert failed and all(n.startswith(LAYER) for n in failed), failed
+    assert any("mlp" in n for n in failed) and any("self_attn" in n for n in failed), failed
+
+
+def cosine_with_a_spike(pushes: int, peak: float, spike_at: int) -> list[float]:
+    """lr per push: cosine from `peak` to exactly 0, ten times higher at `spike_at`."""
+    lrs = [peak * 0.5 * (1 + math.cos(math.pi * t / (pushes - 1))) for t in range(pushes)]
+    lrs[spike_at] *= 10
+    return lrs
+
+
+@pytest.mark.parametrize("served", DTYPES, indirect=True)
+def test_verification_has_no_false_alarm_over_a_schedule(served):
+    """30 complete pushes over a cosine schedule down to lr 0, with a 10x spike: every one
+    passes, at float32 and bfloat16."""
+    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32)
+    lrs = cosine_with_a_spike(30, 1e-5, spike_at=20)
+    assert lrs[-1] == pytest.approx(0, abs=1e-20)
+    with connected(served, model) as push:
+        for version, lr in enumerate(lrs, start=1):
+            optimizer_like_step(model, lr, seed=version)
+            push.push(version)
+            failed = [m.describe() for m in push.verified.failed]
+            assert not failed, (version, lr, failed)
+
+
+def test_full_finetune_of_tied_embeddings_is_served(smollm2_server):
+    """SmolLM2 ties its output layer to its embedding: after a push that moves the embedding,
+    the server's log-probabilities equal the trainer's to the initial offset (the output
+    layer moved with the embedding), and the exact check passes, the output layer included."""
+    from rlvr.model.names import ensure_embedded_model
+
+    model = AutoModelForCausalLM.from_pretrained(ensure_embedded_model(), dtype=torch.float32)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids = list(range(100, 164))
+    try:
+        with connected(smollm2_server, model) as push:
+            push.push(1)
+            offset = (server_logprobs(smollm2_server, ids) - trainer_logprobs(model, ids)).abs()
+            before = trainer_logprobs(model, ids)
+            with torch.no_grad():
+                embedding = model.model.embed_tokens.weight
+                generator = torch.Generator().manual_seed(0)
+                embedding.add_(torch.randn(embedding.shape, generator=generator).sign() * 1e-3)
+            push.push(2)
+            assert push.verified.failed == [], [m.describe() for m in push.verified.failed]
+            assert "lm_head.weight" in push.check.expected.prints
+        after = trainer_logprobs(model, ids)
+        served = server_logprobs(smollm2_server, ids)
+        moved = (after - before).abs().max().item()
+        assert moved > 100 * offset.max().item(), (moved, offset.max())  # the step shows
+        assert (served - after).abs().max().item() <= 3 * offset.max().item() + 1e-6
+    finally:
+        restore_base_weights(smollm2_server)
