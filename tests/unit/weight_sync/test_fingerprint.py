@@ -1,0 +1,102 @@
+"""Fingerprints: exact across fusing, sharding, padding and summation order; one changed element
+or a swapped dtype is seen; replicas and shards are added up as the server holds them."""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.weight_sync.fingerprint import (
+    Expected,
+    Fingerprint,
+    ServedWeights,
+    Verified,
+    aliases,
+    fingerprint,
+    mismatches,
+    to_wire,
+    verified_metrics,
+)
+
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+
+
+def test_bit_sums_add_across_fused_and_padded_tensors():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(8, 4), torch.randn(2, 4), torch.randn(2, 4)
+    fused = torch.cat([q, k, v, torch.zeros(3, 4)])  # with padded rows
+    parts = fingerprint(q) + fingerprint(k) + fingerprint(v)
+    assert fingerprint(fused).bits == parts.bits
+    assert fingerprint(fused.flip(0)).bits == parts.bits  # any order
+
+
+def test_one_changed_element_is_seen_at_every_dtype():
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(64, 64).to(dtype)
+        y = x.clone()
+        y[5, 7] = torch.nextafter(y[5, 7].float(), torch.tensor(10.0)).to(dtype)
+        if y[5, 7] == x[5, 7]:  # the float32 step rounded away: take the dtype's own step
+            y[5, 7] = (x[5, 7].float() * 1.01 + 1e-3).to(dtype)
+        assert fingerprint(x).bits != fingerprint(y).bits, dtype
+
+
+def test_expected_maps_names_casts_and_expects_tied_aliases():
+    served = ServedWeights(
+        dtypes={
+            "layers.0.qkv_proj.weight": torch.bfloat16,
+            "embed.weight": torch.float32,
+            "lm_head.weight": torch.float32,
+        },
+        prints={},
+        packed=PACKED,
+    )
+    expected = Expected(served, {"lm_head.weight": "embed.weight"})
+    torch.manual_seed(0)
+    sent = {f"layers.0.{p}.weight": torch.randn(4, 4) for p in ("q_proj", "k_proj", "v_proj")}
+    sent["embed.weight"] = torch.randn(10, 4)
+    assert expected.unknown([*sent, "layers.0.o_proj.weight"]) == ["layers.0.o_proj.weight"]
+    streamed = list(expected.tap(iter(sent.items())))
+    assert [n for n, _ in streamed] == list(sent)  # unchanged stream
+    qkv = torch.cat([sent[f"layers.0.{p}.weight"] for p in ("q_proj", "k_proj", "v_proj")])
+    assert expected.prints["layers.0.qkv_proj.weight"].bits == fingerprint(qkv.bfloat16()).bits
+    assert expected.prints["lm_head.weight"] == expected.prints["embed.weight"]
+    held = ServedWeights(served.dtypes, dict(expected.prints), PACKED)
+    assert mismatches(expected.prints, held) == []
+    stale = dict(expected.prints, **{"lm_head.weight": Fingerprint(1)})
+    assert [m.name for m in mismatches(expected.prints, ServedWeights({}, stale))] == [
+        "lm_head.weight"
+    ]
+    gone = {k: v for k, v in expected.prints.items() if k != "embed.weight"}
+    assert [m.served for m in mismatches(expected.prints, ServedWeights({}, gone))] == [None]
+
+
+def test_shards_add_and_replicated_parameters_count_once():
+    torch.manual_seed(0)
+    w, norm = torch.randn(8, 4), torch.randn(4)
+    shards = [w[:4], w[4:]]
+
+    def answer(shard):
+        prints = {"w": ("float32", fingerprint(shard)), "norm": ("float32", fingerprint(norm))}
+        return {"params": to_wire(prints), "sharded": ["w"], "packed": {}}
+
+    held = ServedWeights.from_answers([answer(s) for s in shards])
+    assert held.prints["w"].bits == fingerprint(w).bits
+    assert held.prints["norm"].bits == fingerprint(norm).bits
+    assert held.dtypes == {"w": torch.float32, "norm": torch.float32}
+
+
+def test_aliases_name_tied_parameters():
+    model = torch.nn.Module()
+    model.embed = torch.nn.Embedding(10, 4)
+    model.head = torch.nn.Linear(4, 10, bias=False)
+    assert aliases(model) == {}
+    model.head.weight = model.embed.weight
+    assert aliases(model) == {"head.weight": "embed.weight"}
+
+
+def test_verified_metrics_per_server_and_totals():
+    checks = {0: Verified(1, 0.5, 10, []), 1: Verified(1, 0.25, 10, [object()]), 2: None}
+    metrics = verified_metrics(checks)
+    assert metrics["push/0/failed_params"] == 0 and metrics["push/1/failed_params"] == 1
+    assert metrics["push/verify_seconds"] == 0.75 and metrics["push/verified_params"] == 20
+    assert "push/2/verified_params" not in metrics
