@@ -86,12 +86,12 @@ def tiny_server(tiny_model_dir, tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def bf16_server(request, tiny_model_dir, tmp_path_factory):
     """A server whose weights and log-probabilities are bfloat16: vf-vllm with --dtype
     bfloat16 where vLLM's CPU backend runs it, else the float32 `tiny_server` with rounding
     (`rounded`: the probe's tests apply `round_to_bf16`; the exact check's skip). Shared by
-    the push probe's and the exact check's tests."""
+    the push probe's and the exact check's tests, one per module (its memory is freed after)."""
     from rlvr.server.process import VLLMServer
 
     flags = [f if f != "float32" else "bfloat16" for f in EXACT_FLAGS]

@@ -89,7 +89,8 @@ def test_two_hosts_gloo_training_pushes_arrive(remote_tp_server, tmp_path):
 def pushes_arrive(server, backend: str, device: str = "cpu") -> None:
     """Perturb a trainer copy of the server's model twice; after each push the served
     log-probabilities are the trainer's (each tensor-parallel worker takes its shard of the
-    whole stream), and differ from the previous push's."""
+    whole stream), and differ from the previous push's; the exact check adds the workers'
+    shards up to what was sent."""
     from transformers import AutoModelForCausalLM
 
     from rlvr.weight_sync.merged import MergedPush
@@ -106,6 +107,8 @@ def pushes_arrive(server, backend: str, device: str = "cpu") -> None:
                 for p in model.parameters():
                     p.add_(0.05 * torch.randn_like(p))
             sync.push(version)
+            assert sync.check is not None, "the tensor-parallel server was not checked exactly"
+            assert sync.verified.failed == [], [m.describe() for m in sync.verified.failed]
             served = server_logprobs(server, ids)
             assert (served - trainer_logprobs(model.cpu(), ids)).abs().max() < 1e-4
             model.to(device)

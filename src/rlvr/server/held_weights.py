@@ -71,6 +71,25 @@ def reprocess_shared(model: torch.nn.Module) -> int:
     return len(done)
 
 
+def is_shard(module: torch.nn.Module, name: str) -> bool:
+    """Whether the parameter `name` of `module` holds one tensor-parallel rank's part: the
+    weights (and column-parallel biases) of vLLM's parallel linear layers, the vocabulary's
+    rows; a row-parallel layer's bias, a replicated layer's weights and norms are whole. Decided
+    by layer type, not by the parameter: on a CPU a packed layer's parameter is emptied."""
+    from vllm.model_executor.layers.linear import (
+        LinearBase,
+        ReplicatedLinear,
+        RowParallelLinear,
+    )
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    if isinstance(module, VocabParallelEmbedding):
+        return True
+    if not isinstance(module, LinearBase) or isinstance(module, ReplicatedLinear):
+        return False
+    return name == "weight" or not isinstance(module, RowParallelLinear)
+
+
 def held_fingerprints(model: torch.nn.Module, tp_size: int, replica: int) -> dict[str, Any]:
     """This worker's report: every parameter's dtype and fingerprint under vLLM's names (a
     tied parameter under each of its names; LoRA wrappers' `base_layer` left out of the name),
@@ -86,8 +105,7 @@ def held_fingerprints(model: torch.nn.Module, tp_size: int, replica: int) -> dic
             full = f"{prefix}.{name}" if prefix else name
             dtype = str(param.dtype).removeprefix("torch.")
             prints[full] = recorded.get(name) or (dtype, fingerprint(param))
-            split = getattr(param, "output_dim", None) is not None or hasattr(param, "input_dim")
-            if tp_size > 1 and split and "Replicated" not in type(module).__name__:
+            if tp_size > 1 and is_shard(module, name):
                 sharded.append(full)
     packed = getattr(model, "packed_modules_mapping", None) or {}
     return {

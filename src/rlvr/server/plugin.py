@@ -2,8 +2,9 @@
 
 It is vLLM's general plugin (entry point group `vllm.general_plugins`), so our `cpu`
 weight-transfer engine exists on CPU workers, the reasoning-vocabulary tokenizer mode is known
-(`rlvr.reasoning_vocab.vllm`), the CPU-only idle-spin cap below is in place in the worker, and the
-CPU's linear kernels record what they were built from (`rlvr.server.held_weights`)."""
+(`rlvr.reasoning_vocab.vllm`), the CPU-only idle-spin cap below is in place in the worker, the
+CPU's linear kernels record what they were built from (`rlvr.server.held_weights`), and its LoRA
+logits path takes prompt log-probability rows (`rlvr.server.lora_logits`)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ DEFAULT_CPU_IDLE_SPIN_S = 0.005
 
 
 def register() -> None:
-    """Register our weight-transfer engines and tokenizer mode; on a CPU cap idle spinning and
-    fingerprint what each linear kernel is built from."""
+    """Register our weight-transfer engines and tokenizer mode; on a CPU cap idle spinning,
+    fingerprint what each linear kernel is built from and let LoRA score prompts."""
     from vllm.distributed.weight_transfer.factory import (
         WeightTransferEngineFactory,
         WeightTransferTrainerFactory,
@@ -45,8 +46,10 @@ def register() -> None:
     if current_platform.is_cpu():
         cap_idle_spin(float(os.environ.get(IDLE_SPIN_ENV, DEFAULT_CPU_IDLE_SPIN_S)))
         from rlvr.server.held_weights import patch_cpu_gemm_dispatch
+        from rlvr.server.lora_logits import patch_cpu_lora_logits
 
         patch_cpu_gemm_dispatch()
+        patch_cpu_lora_logits()
 
 
 def register_reasoning_vocab_tokenizer() -> None:
