@@ -93,9 +93,11 @@ def is_shard(module: torch.nn.Module, name: str) -> bool:
 def held_fingerprints(model: torch.nn.Module, tp_size: int, replica: int) -> dict[str, Any]:
     """This worker's report: every parameter's dtype and fingerprint under vLLM's names (a
     tied parameter under each of its names; LoRA wrappers' `base_layer` left out of the name),
-    which of them are tensor-parallel shards, the model's fused-module map and its replica."""
+    which of them are tensor-parallel shards, which cannot be added up (key-value heads vLLM
+    copies across ranks), the model's fused-module map and its replica."""
     prints: dict[str, tuple[str, Fingerprint]] = {}
     sharded: list[str] = []
+    unchecked: list[str] = []
     for module_name, module in model.named_modules(remove_duplicate=False):
         recorded = getattr(module, KERNEL_PRINTS, {})
         prefix = module_name.replace(".base_layer", "")
@@ -107,10 +109,13 @@ def held_fingerprints(model: torch.nn.Module, tp_size: int, replica: int) -> dic
             prints[full] = recorded.get(name) or (dtype, fingerprint(param))
             if tp_size > 1 and is_shard(module, name):
                 sharded.append(full)
+            if getattr(module, "num_kv_head_replicas", 1) > 1:  # heads copied across ranks
+                unchecked.append(full)
     packed = getattr(model, "packed_modules_mapping", None) or {}
     return {
         "params": to_wire(prints),
         "sharded": sharded,
+        "unchecked": unchecked,
         "packed": {k: list(v) for k, v in packed.items()},
         "replica": replica,
     }

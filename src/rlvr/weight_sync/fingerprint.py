@@ -63,6 +63,8 @@ class ServedWeights:
     dtypes: dict[str, torch.dtype]
     prints: dict[str, Fingerprint]
     packed: dict[str, list[str]] = field(default_factory=dict)
+    unchecked: frozenset[str] = frozenset()
+    """Parameters whose shards do not add up to what was sent (replicated key-value heads)."""
 
     @classmethod
     def from_answers(cls, answers: list[dict]) -> ServedWeights:
@@ -70,6 +72,7 @@ class ServedWeights:
         worker holds whole, such as a norm, counts once)."""
         dtypes: dict[str, torch.dtype] = {}
         prints: dict[str, Fingerprint] = {}
+        unchecked = frozenset(n for a in answers for n in a.get("unchecked", []))
         for answer in answers:
             sharded = set(answer.get("sharded", []))
             for name, (dtype, bits, total, squares) in answer["params"].items():
@@ -78,7 +81,8 @@ class ServedWeights:
                     continue
                 prints[name] = prints[name] + p if name in prints else p
                 dtypes[name] = getattr(torch, dtype)
-        return cls(dtypes, prints, dict(answers[0].get("packed", {})) if answers else {})
+        packed = dict(answers[0].get("packed", {})) if answers else {}
+        return cls(dtypes, prints, packed, unchecked)
 
     def server_name(self, hf_name: str) -> str:
         """The server's parameter holding the Hugging Face parameter `hf_name`."""
@@ -135,7 +139,8 @@ def mismatches(expected: dict[str, Fingerprint], served: ServedWeights) -> list[
     return [
         Mismatch(name, sent, served.prints.get(name))
         for name, sent in expected.items()
-        if served.prints.get(name) is None or served.prints[name].bits != sent.bits
+        if name not in served.unchecked
+        and (served.prints.get(name) is None or served.prints[name].bits != sent.bits)
     ]
 
 

@@ -100,3 +100,13 @@ def test_verified_metrics_per_server_and_totals():
     assert metrics["push/0/failed_params"] == 0 and metrics["push/1/failed_params"] == 1
     assert metrics["push/verify_seconds"] == 0.75 and metrics["push/verified_params"] == 20
     assert "push/2/verified_params" not in metrics
+
+
+def test_replicated_key_value_heads_are_not_judged():
+    prints = {"qkv": ("float32", Fingerprint(5)), "o": ("float32", Fingerprint(7))}
+    answer = {"params": to_wire(prints), "sharded": ["qkv", "o"], "unchecked": ["qkv"]}
+    held = ServedWeights.from_answers([answer, answer])
+    assert held.unchecked == {"qkv"}
+    sent = {"qkv": Fingerprint(5), "o": Fingerprint(14)}
+    assert mismatches(sent, held) == []
+    assert [m.name for m in mismatches({**sent, "o": Fingerprint(7)}, held)] == ["o"]
