@@ -63,8 +63,9 @@ class ServerConfig:
     then taken out, named with what differs (see rlvr.weight_sync.exact_check). Where it
     covers a server, the push probe checks only the model: at start, resume and return."""
     push_probe: bool = True
-    """After every push, score a fixed token sequence on the server (prompt log-probabilities
-    of the name rollouts will request) and with the trainer's just-pushed weights, and check
+    """After a push (every push only where `exact_check` does not cover the server; else the
+    initial push and a returning server's), score a fixed token sequence on the server (prompt
+    log-probabilities of the name rollouts will request) and with the trainer's weights, and check
     that the server's scores made the trainer's move (`push/probe_*`): it sees a server that
     does not serve what was pushed (stale or partly updated weights), which mismatch-KL cannot
     tell from policy lag at async_level >= 1."""
