@@ -92,10 +92,14 @@ class FleetPush(WeightPush):
                 version,
                 self.pushes[i].failed_check(version),
             )
-            self.seconds[i] += self.pushes[i].push(version)
+            try:
+                self.seconds[i] += self.pushes[i].push(version)
+            except Exception as e:  # gone mid-push: out, as in `push`
+                self.seconds.pop(i, None)
+                self._take_out(self.pool.servers[i], f"the second push failed: {e}")
         errors = {}
         for i in failing:
-            if (error := self.pushes[i].failed_check(version)) is not None:
+            if i in self.seconds and (error := self.pushes[i].failed_check(version)):
                 errors[i] = str(error)
         for i, error in self.agree(errors if self.rank == 0 else None).items():
             if len(self.pool.servers) == 1:

@@ -10,7 +10,9 @@ from rlvr.rollouts.servers import NoServerLeftError, ServerPool
 from rlvr.weight_sync import connect
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.connect import ServerWay, check_same_push, check_same_serving
+from rlvr.weight_sync.fingerprint import Verified
 from rlvr.weight_sync.fleet import FleetPush
+from rlvr.weight_sync.probe import WeightsNotServedError
 
 URLS = ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1", "http://127.0.0.1:8003/v1"]
 
@@ -110,3 +112,40 @@ def test_servers_that_serve_differently_are_refused(monkeypatch):
         check_same_serving(cfg, URLS)
     prints[URLS[2]]["max_model_len"] = 4096
     check_same_serving(cfg, URLS)
+
+
+class Checked(Recorded):
+    """A push whose exact check fails for its first `bad` pushes."""
+
+    def __init__(self, bad: int = 0):
+        super().__init__()
+        self.bad = bad
+
+    def push(self, version: int) -> float:
+        seconds = super().push(version)
+        failed = ["lm_head.weight"] if len(self.pushed) <= self.bad else []
+        self.verified = Verified(version, 0.1, 10, failed)
+        return seconds
+
+    def failed_check(self, version: int) -> Exception | None:
+        if self.verified is None or self.verified.version != version or not self.verified.failed:
+            return None
+        return WeightsNotServedError(f"{self.verified.failed} differ")
+
+
+def test_a_failed_exact_check_is_pushed_again_once_then_taken_out():
+    pushes = [Checked(), Checked(bad=1), Checked(bad=2)]
+    weights = fleet(pushes)
+    weights.push(1)
+    assert [p.pushed for p in pushes] == [[1], [1, 1], [1, 1]]
+    assert weights.pushed == [0, 1], "the server that failed twice took the version"
+    assert [s.up for s in weights.pool.servers] == [True, True, False]
+    assert "failed the exact check twice" in weights.pool.servers[2].last_answer
+    assert sorted(weights.verified) == [0, 1]
+    assert all(not v.failed for v in weights.verified.values())
+
+
+def test_one_server_failing_the_exact_check_twice_stops_the_run():
+    weights = fleet([Checked(bad=2)])
+    with pytest.raises(WeightsNotServedError, match="lm_head.weight.*after a second push too"):
+        weights.push(1)
