@@ -49,26 +49,33 @@ def patch_cpu_gemm_dispatch() -> None:
     utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
-def reprocess_shared(model: torch.nn.Module) -> int:
+def kernel_records(model: torch.nn.Module) -> dict[int, Any]:
+    """The kernel record each layer holds now (kept alive, compared by identity), to tell after
+    a reload which layers it rebuilt."""
+    return {id(m): getattr(m, KERNEL_PRINTS, None) for m in model.modules()}
+
+
+def reprocess_shared(model: torch.nn.Module, before: dict[int, Any]) -> int:
     """Process again every layer that shares a parameter with another (a tied output layer and
-    the embedding): vLLM's layerwise reload processes only layers that received weights, so
-    the other keeps a kernel built from the old values. Returns how many were processed."""
+    the embedding) and that the reload did not rebuild (its kernel record is the one it held
+    `before`): vLLM's layerwise reload processes only layers that received weights, so the
+    other keeps a kernel built from the old values. Returns how many were processed."""
     owners: dict[int, list[torch.nn.Module]] = defaultdict(list)
     for module in model.modules():
         for param in module._parameters.values():
             if param is not None:
                 owners[id(param)].append(module)
-    done: set[int] = set()
-    for modules in owners.values():
-        if len(modules) < 2:
-            continue
-        for module in modules:
-            method = getattr(module, "quant_method", None)
-            if id(module) in done or method is None:
-                continue
-            method.process_weights_after_loading(module)
-            done.add(id(module))
-    return len(done)
+    stale = {
+        id(module): module
+        for modules in owners.values()
+        if len(modules) > 1
+        for module in modules
+        if getattr(module, KERNEL_PRINTS, None) is before.get(id(module))
+        and getattr(module, "quant_method", None) is not None
+    }
+    for module in stale.values():
+        module.quant_method.process_weights_after_loading(module)
+    return len(stale)
 
 
 def is_shard(module: torch.nn.Module, name: str) -> bool:

@@ -113,9 +113,10 @@ def load_atomically(model: torch.nn.Module, model_config, weights: list) -> None
         initialize_layerwise_reload,
     )
 
-    from rlvr.server.held_weights import reprocess_shared
+    from rlvr.server.held_weights import kernel_records, reprocess_shared
 
+    before = kernel_records(model)
     initialize_layerwise_reload(model)
     model.load_weights(weights)
     finalize_layerwise_reload(model, model_config)
-    reprocess_shared(model)
+    reprocess_shared(model, before)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -84,11 +85,14 @@ class ServedWeights:
         packed = dict(answers[0].get("packed", {})) if answers else {}
         return cls(dtypes, prints, packed, unchecked)
 
+    @cached_property
+    def fused(self) -> dict[str, str]:
+        """A Hugging Face module name -> the fused vLLM module holding it."""
+        return {part: whole for whole, parts in self.packed.items() for part in parts}
+
     def server_name(self, hf_name: str) -> str:
         """The server's parameter holding the Hugging Face parameter `hf_name`."""
-        fused = {part: whole for whole, parts in self.packed.items() for part in parts}
-        parts = hf_name.split(".")
-        return ".".join(fused.get(p, p) for p in parts)
+        return ".".join(self.fused.get(p, p) for p in hf_name.split("."))
 
 
 class Expected:

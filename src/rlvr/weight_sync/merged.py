@@ -256,9 +256,7 @@ class MergedPush(WeightPush):
         verified = self.verified
         if self.check is None or verified is None or verified.version != version:
             return None
-        if not verified.failed:
-            return None
-        return self.check.error(version, self.verified)
+        return self.check.error(version, verified) if verified.failed else None
 
     def served_name(self, version: int) -> str:
         """`served_model`, whatever the version: the server holds only the newest weights."""
