@@ -96,7 +96,7 @@ def split_rows(
 
 def make_demonstrations(cfg: Any, train: Path, args: argparse.Namespace) -> list[Path]:
     """`rlvr-demos` with the scripted hop searcher on the training rows, once per seed."""
-    from rlvr.data.demonstrations import main as demos
+    from rlvr.eval.demonstrations import main as demos
 
     files = []
     for seed in range(args.demo_seeds):

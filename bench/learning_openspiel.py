@@ -118,7 +118,7 @@ def eval_sets(args: argparse.Namespace) -> tuple[EvalSet, ...]:
 def make_demonstrations(cfg: Any, out: Path, games: int) -> list[Path]:
     """`rlvr-demos` on the first `games` training games (openings of up to `SFT_RANDOM_STEPS`
     random moves); the won ones, as SFT rows."""
-    from rlvr.data.demonstrations import main as demos
+    from rlvr.eval.demonstrations import main as demos
 
     path = out / "data" / "demos.jsonl"
     env_args = {

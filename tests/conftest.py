@@ -150,6 +150,7 @@ def tiny_lora_server(tiny_model_dir, tiny_adapter_dir, tmp_path_factory):
             model_dir=tiny_model_dir,
             adapter_dir=tiny_adapter_dir,
             sampling_args=TINY_SAMPLING,
+            log=log,
         )
 
 

@@ -22,7 +22,7 @@ from vf_musique.scripted import (
     read_book,
 )
 
-from rlvr.data.demonstrations import main as demos
+from rlvr.eval.demonstrations import main as demos
 from rlvr.scripted import Policy, ScriptedClient
 
 

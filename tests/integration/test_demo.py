@@ -26,11 +26,12 @@ def test_make_demo_runs_every_stage_and_reports_before_and_after(tmp_path):
             "-m",
             "rlvr.demo",
             "--eval-examples",
-            "4",
+            "2",
             "--train-steps",
             "2",
             "--output-dir",
             str(tmp_path),
+            "batch.batch_size=16",  # 2 problems x 8 rollouts a step: every stage, less of it
         ],
         capture_output=True,
         text=True,
@@ -41,7 +42,7 @@ def test_make_demo_runs_every_stage_and_reports_before_and_after(tmp_path):
     assert "answers changed after the push" in out and "restored exactly: True" in out
     for stage in ("base", "warm_start", "trained"):
         run = load_run(tmp_path / "eval" / stage, stage)
-        assert len(run.rollouts) == 4 * 4  # 4 held-out problems x 4 rollouts
+        assert len(run.rollouts) == 2 * 4  # 2 held-out problems x 4 rollouts
     assert (tmp_path / "warm_start" / "final" / "adapter_config.json").is_file()
     steps = [
         json.loads(line) for line in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()

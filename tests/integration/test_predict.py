@@ -101,8 +101,10 @@ def test_predict_with_an_adapter_answers_as_the_merged_model(tiny_lora_server, t
         "-S",
         json.dumps(tiny_lora_server.sampling_args),  # min_tokens: no empty answers
     )
-    assert "2 rows, 0 errored; written to" in proc.stderr
     lines = read_jsonl(out)
+    server_log = "\n".join(tiny_lora_server.log.read_text().splitlines()[-40:])
+    errors = [line["error"] for line in lines]
+    assert "2 rows, 0 errored; written to" in proc.stderr, f"{errors}\n{server_log}"
     assert [line["input"]["id"] for line in lines] == ["a", "b"]
     assert all("reward" not in line for line in lines)
 

@@ -3,9 +3,10 @@ the READMEs so the two cannot drift, runs on the shared SmolLM2 server with a sm
 and saves its results; single-turn replies stay within the environment's default max_tokens,
 which vf-eval would otherwise leave unbounded (the lines pass no -t).
 
-The lines run as written except: -m/-b/-k point at the test server, -n is SMALL_N, the data
-root `../shared/data` is the suite's (RLVR_SHARED_DATA), and -o keeps results in tmp_path.
-Lines that differ only in those collapse into one run."""
+The lines run as written except: -m/-b/-k point at the test server, -n and -r are SMALL_N and
+SMALL_R (one rollout shows the line runs; the environment tests check the eval tables' own
+defaults), the data root `../shared/data` is the suite's (RLVR_SHARED_DATA), and -o keeps
+results in tmp_path. Lines that differ only in those collapse into one run."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ READMES = [ROOT / "README.md", *sorted(ROOT.glob("environments/vf_*/README.md"))
 QUICKSTART = re.compile(r"^## Quickstart.*?$(.*?)^## ", re.MULTILINE | re.DOTALL)
 BASH_BLOCK = re.compile(r"^```bash$(.*?)^```$", re.MULTILINE | re.DOTALL)
 DATA_ROOT = "../shared/data"
-SMALL_N = "2"
+SMALL_N = "1"
+SMALL_R = "1"
 API_KEY_VAR = "RLVR_README_KEY"
 SINGLE_TURN = {"vf-deepscaler", "vf-planner"}
 # Without a data file these read the Hub (vf-deepscaler falls back to generated problems).
@@ -45,10 +47,16 @@ def quickstart_lines(readme: Path) -> list[str]:
 
 
 def normalized(line: str) -> tuple[str, ...]:
-    """The command's arguments with the server, key and -n replaced (the README's data root
+    """The command's arguments with the server, key, -n and -r replaced (the README's data root
     kept, to be swapped at run time), so lines that differ only there compare equal."""
     args = shlex.split(line, comments=True)
-    replace = {"-m": "{model}", "-b": "{base_url}", "-k": API_KEY_VAR, "-n": SMALL_N}
+    replace = {
+        "-m": "{model}",
+        "-b": "{base_url}",
+        "-k": API_KEY_VAR,
+        "-n": SMALL_N,
+        "-r": SMALL_R,
+    }
     out, i = [], 0
     while i < len(args):
         if args[i] in replace:
@@ -57,8 +65,9 @@ def normalized(line: str) -> tuple[str, ...]:
         else:
             out.append(args[i])
             i += 1
-    if "-n" not in out:
-        out += ["-n", SMALL_N]
+    for flag in ("-n", "-r"):
+        if flag not in out:
+            out += [flag, replace[flag]]
     return tuple(out)
 
 
@@ -104,7 +113,8 @@ def test_readme_quickstart_vf_eval_line_runs(args, smollm2_server, shared_data, 
     (results,) = find_results(tmp_path)
     rows = [row for _, row in iter_results(results)]
     metadata = json.loads((results.parent / "metadata.json").read_text())
-    assert len(rows) == int(SMALL_N) * metadata["rollouts_per_example"]
+    assert metadata["rollouts_per_example"] == int(SMALL_R)
+    assert len(rows) == int(SMALL_N) * int(SMALL_R)
     assert metadata["sampling_args"].get("max_tokens") is None  # no -t: the env's default
     if env_id in SINGLE_TURN:
         default = importlib.import_module(env_id.replace("-", "_")).DEFAULT_SAMPLING_ARGS

@@ -18,7 +18,7 @@ rules a model plays by:
 - where the system prompt allows "unanswerable" (MuSiQue-Full) and a hop's paragraph is not
   found after the retry, it stops there and declines, citing the hops it could answer.
 
-`factory(seed)(messages)` returns the next turn's tool calls, as `rlvr.data.demonstrations`
+`factory(seed)(messages)` returns the next turn's tool calls, as `rlvr.eval.demonstrations`
 expects of a policy factory.
 """
 

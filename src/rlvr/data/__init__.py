@@ -1,1 +1,1 @@
-"""Data files: SFT rows, exports of rollouts as chat JSONL, the JSONL reader."""
+"""Data the trainers read: SFT rows and the arithmetic task of `make demo`."""

@@ -44,7 +44,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def solver(seed: int) -> Policy:
-    """A policy factory (rlvr.data.demonstrations): the policy answers the last question with
+    """A policy factory (rlvr.eval.demonstrations): the policy answers the last question with
     its working and the boxed result, `7 + 5 = \\boxed{12}`, the form the recipe's system
     prompt shows. A prompt without such a question is an error: that rollout is not kept."""
     del seed  # deterministic: one right answer

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from rlvr.data.jsonl import iter_jsonl
+from rlvr.jsonl import iter_jsonl
 
 EXPORT_CODE = """
 import itertools, json, sys

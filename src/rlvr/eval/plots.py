@@ -19,9 +19,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from rlvr.atomic import atomic_write_bytes
-from rlvr.data.jsonl import iter_jsonl
 from rlvr.eval.stats import LEVEL, Estimate
 from rlvr.finite import finite_number
+from rlvr.jsonl import iter_jsonl
 
 # What a training run's curves show by default: how the reward moves, how far the policy has
 # drifted from the reference, whether sampler and trainer agree, and what a step costs.

@@ -19,7 +19,7 @@ from typing import Any
 
 from rlvr.atomic import atomic_write_text
 from rlvr.config.cli import json_object, positive_int
-from rlvr.data.jsonl import iter_jsonl
+from rlvr.jsonl import iter_jsonl
 from rlvr.rollouts.client import make_client
 from rlvr.server.serve_model import serve
 

@@ -19,7 +19,7 @@ from statistics import fmean
 from typing import Any
 
 from rlvr.atomic import atomic_write_text
-from rlvr.data.export import export_chat_jsonl
+from rlvr.eval.export import export_chat_jsonl
 from rlvr.eval.stats import Estimate, clustered_mean, mean_with_ci
 from rlvr.eval.vf_eval import ResultsError, Rollout, Run, errored, load_run
 from rlvr.finite import metric_means

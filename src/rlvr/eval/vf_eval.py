@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlvr.data.jsonl import iter_jsonl
 from rlvr.finite import finite_number
+from rlvr.jsonl import iter_jsonl
 
 # The vf-eval installed with this interpreter (the project's venv), not whichever is on PATH.
 VF_EVAL = Path(sys.executable).parent / "vf-eval"

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from rlvr.data.arithmetic import arithmetic_splits, solver, write_jsonl
-from rlvr.data.demonstrations import parse_args, run
+from rlvr.eval.demonstrations import parse_args, run
 
 SYSTEM = "Answer with the result in \\boxed{}, like this: 2 + 2 = \\boxed{4}"
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rlvr.data.export import export_chat_jsonl
+from rlvr.eval.export import export_chat_jsonl
 from rlvr.eval.report import (
     build_report,
     metric_difference,

@@ -1,4 +1,4 @@
-"""Demonstrations (rlvr.data.demonstrations, `rlvr-demos`): real environment rows played through
+"""Demonstrations (rlvr.eval.demonstrations, `rlvr-demos`): real environment rows played through
 `env.generate` with scripted policies, no server. The filter drops what it should, the rows it
 writes are what SFT reads (loss on the assistant turns only, the environment's system prompt and
 tools kept), and a bad `--policy` says what is wrong with it.
@@ -16,7 +16,8 @@ from support import masked_runs
 from transformers import AutoTokenizer
 
 from rlvr.config import SFTDataConfig
-from rlvr.data.demonstrations import (
+from rlvr.data.sft_rows import assistant_mask, read_conversations, tokenize
+from rlvr.eval.demonstrations import (
     PolicyError,
     load_policy_factory,
     main,
@@ -26,8 +27,7 @@ from rlvr.data.demonstrations import (
     scripted_policy,
     write_demonstrations,
 )
-from rlvr.data.export import Requirement, parse_requirement
-from rlvr.data.sft_rows import assistant_mask, read_conversations, tokenize
+from rlvr.eval.export import Requirement, parse_requirement
 from rlvr.eval.vf_eval import ResultsError
 from rlvr.scripted import ScriptedClient
 

@@ -1,7 +1,7 @@
 """Demonstrations from any environment (`rlvr-demos`, scripts/demonstrations.py): play its rows
 through its own rollout loop with a policy (a Python policy factory `module:function`, or an
 OpenAI-compatible model), keep the rollouts that ran without error, reached `--min-reward` and
-meet every `--require`, and write them as SFT chat rows through `rlvr.data.export`.
+meet every `--require`, and write them as SFT chat rows through `rlvr.eval.export`.
 Design: docs/training.md#demonstrations-for-a-warm-start.
 """
 
@@ -19,7 +19,7 @@ from statistics import fmean
 from typing import Any
 
 from rlvr.config.cli import json_object, positive_int
-from rlvr.data.export import Requirement, export_rollouts, parse_requirement
+from rlvr.eval.export import Requirement, export_rollouts, parse_requirement
 from rlvr.eval.predict import environment_rows, generate_saved
 from rlvr.scripted import Policy
 
