@@ -2,7 +2,7 @@
 # Both set up .venv first (idempotent, about a second when nothing changed).
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint bench mutants
+.PHONY: setup demo test check lint bench mutants
 setup:
 	@bash scripts/setup.sh
 
@@ -11,6 +11,10 @@ demo: setup
 
 test: setup
 	@$(PY) -m pytest
+
+# the inner loop (docs/development.md): lint, then the tests that start no server and are not slow
+check: lint
+	@$(PY) -m pytest -q -m "not integration and not slow"
 
 # the loss path's wrong formulas (tests/unit/trainer/mutants.py) against its whole test files
 mutants: setup

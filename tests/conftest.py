@@ -171,3 +171,25 @@ def gate(rv_model_dir):
     from rlvr.reasoning_vocab.mapping import ReasoningVocab, load_tokenizer
 
     return ThinkGate.from_tokenizer(ReasoningVocab.load(rv_model_dir), load_tokenizer(rv_model_dir))
+
+
+# ---- the duration budget (tests/budget.py) -------------------------------------------------------
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up each test's setup and call time."""
+    if report.when in ("setup", "call"):
+        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Name the tests over the budget that tests/budget.py does not list."""
+    from budget import BUDGET_S, over_budget
+
+    late = over_budget(_durations)
+    if late:
+        terminalreporter.section(f"over the {BUDGET_S:.0f} s budget, not in tests/budget.py")
+        for nodeid, seconds in late:
+            terminalreporter.line(f"{seconds:7.1f}s {nodeid}")

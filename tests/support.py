@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -255,3 +256,17 @@ def masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
         elif m:
             runs.append([token])
     return runs
+
+
+def in_transit(monkeypatch, change: Callable[[str, torch.Tensor], torch.Tensor]) -> None:
+    """Make the shm transfer send `change(name, tensor)` instead of each tensor, after the
+    exact check has fingerprinted what the trainer meant to send (a lossy transfer)."""
+    import rlvr.server.cpu_engine as cpu_engine
+
+    checked = cpu_engine.checked
+
+    def lossy(source, metas):
+        for meta, tensor in zip(metas, checked(source, metas), strict=True):
+            yield change(meta.name, tensor)
+
+    monkeypatch.setattr(cpu_engine, "checked", lossy)

@@ -163,6 +163,7 @@ def dev_env(dev_path: Path):
 # --- the scripted decomposition agent scores 1 -------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retriever", ["bm25", "golden", "hybrid"])
 def test_decomposition_agent_scores_one_on_fixture(fixture_path, fixture_rows, retriever):
     env = load_environment(data_files=str(fixture_path), dataset_config="full", retriever=retriever)
@@ -1100,6 +1101,7 @@ def backing_rules(out: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+@pytest.mark.slow
 def test_musique_slice_shotgun_does_not_pay(dev_rows, dev_env, tmp_path):
     """The 200 dev rows as answerable/unanswerable pairs (the twin loses its first hop, or its
     last): a policy that searches every 2-5 word slice of the question and declines everywhere
@@ -1295,6 +1297,7 @@ def committed_baseline(
     return sum((r + g) / 2 for r, g in played["other"]) / len(played["other"])
 
 
+@pytest.mark.slow
 def test_musique_sentence_answers_are_paid(dev_rows, fixture_rows, tmp_path):
     """Correct answers in the sentences models write (`sentence_answers`: "The answer is X.",
     "Final answer: X", "Answer: X", "X (per the documents)", X with a source or an explanation
@@ -1333,6 +1336,7 @@ def test_musique_sentence_answers_are_paid(dev_rows, fixture_rows, tmp_path):
         assert judge_answer(hedge, ["Stanley"], nowhere)[0] is None, hedge
 
 
+@pytest.mark.slow
 def test_musique_date_and_number_notations_are_paid(dev_rows, fixture_rows, tmp_path):
     """Dates, years and numbers in other notations (`notation_answers`: ISO 1895-03-14, US
     3/14/1895, "Mar. 14, 1895", "14th of March 1895", 14.03.1895; "AD 1895", "1895 CE";
@@ -1474,6 +1478,7 @@ def first_missing(row: dict[str, Any]) -> int:
     return next((i for i, s in enumerate(steps) if s.get("paragraph_support_idx") is None), 0)
 
 
+@pytest.mark.slow
 def test_musique_reasoned_refusals_are_paid(dev_rows, fixture_rows, fixture_path, tmp_path):
     """Refusals that give their reason (`REASONED_REFUSALS`: "Not enough information in the
     documents to answer.", "I could not find this information in the documents.", ...; and
@@ -1537,6 +1542,7 @@ def test_musique_reasoned_refusals_are_paid(dev_rows, fixture_rows, fixture_path
         assert not is_refusal(hedged), hedged
 
 
+@pytest.mark.slow
 def test_musique_two_name_hedge_does_not_pay(dev_rows, fixture_rows, tmp_path):
     """Naming a second candidate beside the gold, "G, D" or "G (D)" (D a name a document
     holds beside the gold: `other_candidates`; a region only where the gold is a region, as a

@@ -543,6 +543,7 @@ def corpus_table(outcomes: dict[str, list[dict]]) -> dict[str, dict[str, float]]
     return table
 
 
+@pytest.mark.slow
 def test_planner_honest_styles_are_paid(corpus_env, server, script, corpus):
     """Honest decompositions of 60 GSM8K test rows the other tests do not use, written by rules
     from each problem and its reference steps in eight styles (planner_corpus.py), are paid:
@@ -636,6 +637,7 @@ def exploit_table(outcomes: dict[str, list[dict]], names) -> dict[str, dict[str,
     return table
 
 
+@pytest.mark.slow
 def test_planner_delegated_decomposition_does_not_pay(audit_outcomes, audit_corpus):
     """The issue's template (the whole problem verbatim with "What is the first quantity you need
     to compute? Reply with that number only.", and a plan text the same for every row) and its
@@ -702,6 +704,7 @@ def test_planner_collector_and_list_styles_are_paid(corpus_env, server, script, 
     assert whole >= 3 and labelled >= 3
 
 
+@pytest.mark.slow
 def test_planner_rules_hold_for_both_workers(audit_outcomes, audit_corpus):
     """The rules read what the plan states and ask their counterfactuals with the subproblems'
     numbers masked (pipeline.masked), so they do not depend on how the worker combines: with a

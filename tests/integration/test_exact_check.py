@@ -5,16 +5,25 @@ size; and a tied output layer is served as the embedding that was pushed."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import pytest
 import torch
-from support import restore_base_weights, server_logprobs, trainer_logprobs
+from support import (
+    config,
+    in_transit,
+    restore_base_weights,
+    server_logprobs,
+    target_id,
+    trainer_logprobs,
+)
+from toy_env import target_share_env
 from transformers import AutoModelForCausalLM
 
-import rlvr.server.cpu_engine as cpu_engine
+from rlvr.trainer.checkpoint import list_checkpoints
+from rlvr.trainer.grpo import Trainer
 from rlvr.weight_sync.merged import MergedPush
 from rlvr.weight_sync.merged_stream import MergedWeightSource
+from rlvr.weight_sync.probe import WeightsNotServedError
 
 pytestmark = pytest.mark.integration
 
@@ -34,18 +43,6 @@ def served(request, tiny_server, bf16_server):
     restore_base_weights(server)
     yield server
     restore_base_weights(server)
-
-
-def in_transit(monkeypatch, change: Callable[[str, torch.Tensor], torch.Tensor]) -> None:
-    """Make the shm transfer send `change(name, tensor)` instead of each tensor, after the
-    exact check has fingerprinted what the trainer meant to send (a lossy transfer)."""
-    checked = cpu_engine.checked
-
-    def lossy(source, metas):
-        for meta, tensor in zip(metas, checked(source, metas), strict=True):
-            yield change(meta.name, tensor)
-
-    monkeypatch.setattr(cpu_engine, "checked", lossy)
 
 
 @torch.no_grad()
@@ -131,10 +128,11 @@ def test_verification_has_no_false_alarm_over_a_schedule(served):
             assert not failed, (version, lr, failed)
 
 
-def test_full_finetune_of_tied_embeddings_is_served(smollm2_server):
+def test_full_finetune_of_tied_embeddings_is_served(smollm2_server, tmp_path):
     """SmolLM2 ties its output layer to its embedding: after a push that moves the embedding,
     the server's log-probabilities equal the trainer's to the initial offset (the output
-    layer moved with the embedding), and the exact check passes, the output layer included."""
+    layer moved with the embedding), and the exact check passes, the output layer included;
+    two GRPO steps of a full fine-tune pass it at every push."""
     from rlvr.model.names import ensure_embedded_model
 
     model = AutoModelForCausalLM.from_pretrained(ensure_embedded_model(), dtype=torch.float32)
@@ -157,5 +155,51 @@ def test_full_finetune_of_tied_embeddings_is_served(smollm2_server):
         moved = (after - before).abs().max().item()
         assert moved > 100 * offset.max().item(), (moved, offset.max())  # the step shows
         assert (served - after).abs().max().item() <= 3 * offset.max().item() + 1e-6
+        cfg = config(
+            smollm2_server,
+            tmp_path,
+            "max_steps=2",
+            "lora.enabled=false",
+            "optim.lr=1e-5",
+            "batch.batch_size=8",
+            "batch.rollouts_per_example=4",
+            "batch.micro_batch_size=4",
+        )
+        env = target_share_env(target_id(smollm2_server.model_dir))
+        for step in Trainer(cfg, env=env).run():
+            assert step["push/failed_params"] == 0 and step["push/verified_params"] > 0, step
     finally:
         restore_base_weights(smollm2_server)
+
+
+def test_one_server_that_never_holds_a_push_stops_the_run_after_saving(
+    tiny_server, tmp_path, monkeypatch
+):
+    """With one server, a push whose exact check fails again after the second push stops the
+    run with the error naming the parameter, and the step it trained is saved first (a resume
+    pushes it again): nothing trained is lost."""
+    lossy = {"on": False}
+
+    def one_element_off(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if not (lossy["on"] and name.startswith(LAYER + "mlp.down_proj")):
+            return tensor
+        changed = tensor.clone()
+        changed.view(-1)[0] += 1
+        return changed
+
+    in_transit(monkeypatch, one_element_off)
+    push = Trainer.push_weights
+
+    def push_weights(self, version, initial=False):
+        lossy["on"] = version >= 1
+        return push(self, version, initial)
+
+    monkeypatch.setattr(Trainer, "push_weights", push_weights)
+    cfg = config(tiny_server, tmp_path, "max_steps=3")
+    env = target_share_env(target_id(tiny_server.model_dir))
+    try:
+        with pytest.raises(WeightsNotServedError, match="down_proj.*after a second push too"):
+            Trainer(cfg, env=env).run()
+    finally:
+        restore_base_weights(tiny_server)
+    assert [c.name for c in list_checkpoints(tmp_path)] == ["step_000001"]

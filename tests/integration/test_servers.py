@@ -15,6 +15,7 @@ from support import (
     ADAPTER_TARGETS,
     chat_requests,
     config,
+    in_transit,
     recording_proxy,
     restore_base_weights,
     target_id,
@@ -139,6 +140,44 @@ def test_every_server_serves_every_version(tiny_server, second_server, tmp_path,
     assert history[2]["servers/1/up"] == 0 and history[2]["servers/1/groups"] == 0
     assert history[2]["servers/0/groups"] == 4
     assert history[3]["servers/1/up"] == 1 and history[3]["servers/1/groups"] > 0
+
+
+@integration
+def test_stale_server_is_never_readmitted(tiny_server, second_server, tmp_path, monkeypatch):
+    """The second server stops holding what it is pushed at version 2 (every transfer to it
+    arrives one element off, so it answers but serves other weights) until version 5: it leaves
+    rotation at the push of version 2, after the second try; at each later push it answers, is
+    connected afresh and pushed the whole current version, fails the exact check again and
+    stays out; the first push it holds exactly (version 5) brings it back."""
+    stale = {"on": False}
+
+    def one_element_off(name: str, tensor):
+        if not (stale["on"] and name.endswith("mlp.down_proj.weight")):
+            return tensor
+        changed = tensor.clone()
+        changed.view(-1)[0] += 1
+        return changed
+
+    in_transit(monkeypatch, one_element_off)
+    push = MergedPush.push
+
+    def push_to(self, version):
+        stale["on"] = 2 <= version < 5 and self.base_url == second_server.base_url
+        try:
+            return push(self, version)
+        finally:
+            stale["on"] = False
+
+    monkeypatch.setattr(MergedPush, "push", push_to)
+    cfg = on_servers(config(tiny_server, tmp_path, "max_steps=6"), tiny_server, second_server)
+    history = Trainer(cfg, env=target_share_env(EVERY_OTHER_ID)).run()
+    restore_base_weights(second_server)
+    assert history[0]["servers/1/groups"] > 0  # step 1, before it went stale
+    for step in (2, 3, 4):  # after the pushes of versions 2, 3 and 4
+        assert history[step]["servers/1/up"] == 0, step
+        assert history[step]["servers/1/groups"] == 0, step
+        assert history[step]["servers/0/groups"] == 4, step
+    assert history[5]["servers/1/up"] == 1 and history[5]["servers/1/groups"] > 0
 
 
 @pytest.fixture(scope="module")

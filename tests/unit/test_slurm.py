@@ -293,6 +293,7 @@ def test_slurm_rejects_a_bad_trainer_option_before_starting_anything(slurm):
     assert not of(calls, "srun")
 
 
+@pytest.mark.slow
 def test_slurm_server_that_dies_stops_the_job_with_its_log(slurm, tmp_path):
     bin_dir = tmp_path / "bin"
     (bin_dir / "curl").write_text("#!/bin/sh\nexit 7\n")  # never ready

@@ -34,7 +34,13 @@ from rlvr.trainer.cores import pin_to_cores
 from rlvr.trainer.logprobs import sequence_scores, token_logprobs
 from rlvr.trainer.loss import StepStats, merge_ranks, step_normaliser, summarise
 from rlvr.trainer.memory import GIB, Budget, fit_policy, peak_bytes, reset_peak, split_cost
-from rlvr.trainer.metrics import Laps, RunLogger, step_line
+from rlvr.trainer.metrics import (
+    Laps,
+    RunLogger,
+    mismatch_warning,
+    split_warning,
+    step_line,
+)
 from rlvr.trainer.optimizer import Optimization, make_accelerator
 from rlvr.trainer.push_probes import Pushed, PushProbes
 from rlvr.trainer.rollout_setup import close_rollouts, load_env, start_worker
@@ -42,6 +48,7 @@ from rlvr.trainer.step import Trained, has_gradient, micro_batch_loss
 from rlvr.trainer.train_batch import build_train_batch
 from rlvr.weight_sync.connect import Connection, connect
 from rlvr.weight_sync.fingerprint import verified_metrics
+from rlvr.weight_sync.probe import WeightsNotServedError
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -341,17 +348,22 @@ class Trainer:
             return sequence_scores(model, mb, temperature, mask_logits=mask_logits).logprobs
 
     def push_weights(self, version: int, initial: bool = False) -> Pushed:
-        """Publish the current weights as weight `version`: push them to vf-vllm (all ranks
-        take part; skipped after the initial push with `server.push_weights=false`) and probe
-        that the server serves them, inside the worker's `publishing`, which fixes every
-        batch's policy version (see `RolloutWorker`), also across resumes."""
-        pushed = Pushed()
-        with self._publishing(version):
-            if initial or self.cfg.server.push_weights:
+        """Publish the current weights as weight `version`: push them to vf-vllm (all ranks;
+        skipped after the initial push with `server.push_weights=false`) and probe them, inside
+        the worker's `publishing`, which fixes every batch's policy version (`RolloutWorker`).
+        A push no server holds after a second try stops the run, the trained step saved."""
+        if not (initial or self.cfg.server.push_weights):
+            return Pushed()
+        seconds = None
+        try:
+            with self._publishing(version):
                 seconds = self.weights.push(version)
                 probed = self.probes.check(self.model, self.accelerator, version, initial)
-                pushed = Pushed(seconds, {**verified_metrics(self.weights.verified), **probed})
-        return pushed
+        except WeightsNotServedError:
+            if seconds is None and not initial:  # the push's exact check: every rank is here
+                self.save(version)
+            raise
+        return Pushed(seconds, {**verified_metrics(self.weights.verified), **probed})
 
     def _publishing(self, version: int) -> contextlib.AbstractContextManager:
         """The worker's publishing of `version` (see `RolloutWorker.publishing`); nothing to
@@ -362,26 +374,13 @@ class Trainer:
 
     def _report(self, step: int, metrics: dict[str, float], table: list[dict[str, Any]]) -> None:
         logger = self.logger
-        kl, lag = metrics.get("mismatch_kl", 0.0), metrics["rollouts/policy_lag"]
-        if kl > self.cfg.logging.mismatch_kl_warn and lag == 0:
-            # Only a batch sampled by the weights it trains measures what the sampler and the
-            # trainer disagree on; with lag it also measures how far the policy moved since,
-            # and the push probe (push/probe_kl) checks the pushes instead.
-            logger.warn(
-                f"step {step}: mismatch-KL {kl:.3g} between vf-vllm's sampling logprobs and "
-                f"the trainer's exceeds {self.cfg.logging.mismatch_kl_warn:g} on a batch "
-                "sampled by the weights it trains: the server samples differently from what "
-                "the trainer computes (sampling settings, precision) or weights did not arrive"
-            )
-        split = metrics.get("ratio/split_rollout_frac", 0.0)
-        if split > 0 and not self._warned_split:
+        mismatch = mismatch_warning(step, metrics, self.cfg.logging.mismatch_kl_warn)
+        if mismatch:
+            logger.warn(mismatch)
+        split = split_warning(step, metrics)
+        if split and not self._warned_split:
             self._warned_split = True
-            logger.warn(
-                f"step {step}: {split:.1%} of the loss tokens belong to rollouts whose samples "
-                "landed in different micro-batches or ranks, where each part takes its own "
-                "sequence-level (GSPO or MIS) ratio (docs/training.md#loss-choices): "
-                "set rollouts.token_in=true or raise batch.micro_batch_tokens"
-            )
+            logger.warn(split)
         logger.log(step, metrics)
         if not self.cfg.logging.progress_bar:
             logger.print(step_line(step, self.cfg.max_steps, metrics))

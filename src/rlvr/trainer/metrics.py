@@ -193,3 +193,32 @@ class RunLogger:
             self.bar.close()
         if self.run is not None:
             self.run.finish()
+
+
+def mismatch_warning(step: int, metrics: dict[str, float], limit: float) -> str | None:
+    """The warning when a batch sampled by the weights it trains has a mismatch-KL over `limit`.
+
+    Only such a batch (policy lag 0) measures what the sampler and the trainer disagree on;
+    with lag it also measures how far the policy moved since, and the push checks cover it."""
+    kl = metrics.get("mismatch_kl", 0.0)
+    if not (kl > limit and metrics["rollouts/policy_lag"] == 0):
+        return None
+    return (
+        f"step {step}: mismatch-KL {kl:.3g} between vf-vllm's sampling logprobs and the "
+        f"trainer's exceeds {limit:g} on a batch sampled by the weights it trains: the server "
+        "samples differently from what the trainer computes (sampling settings, precision) or "
+        "weights did not arrive"
+    )
+
+
+def split_warning(step: int, metrics: dict[str, float]) -> str | None:
+    """The warning when loss tokens belong to rollouts split across micro-batches or ranks."""
+    split = metrics.get("ratio/split_rollout_frac", 0.0)
+    if split <= 0:
+        return None
+    return (
+        f"step {step}: {split:.1%} of the loss tokens belong to rollouts whose samples landed "
+        "in different micro-batches or ranks, where each part takes its own sequence-level "
+        "(GSPO or MIS) ratio (docs/training.md#loss-choices): set rollouts.token_in=true or "
+        "raise batch.micro_batch_tokens"
+    )

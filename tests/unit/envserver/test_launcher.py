@@ -75,6 +75,7 @@ def test_a_missing_venv_is_a_clear_error(tmp_path) -> None:
         EnvServerProcess(EnvServerSpec("t"), venv=tmp_path / "nowhere").start()
 
 
+@pytest.mark.slow
 def test_stop_leaves_no_process_of_the_group(side_venv, tmp_path) -> None:
     spec = EnvServerSpec("vf04-reverse-text", workers=2, max_concurrent=4)
     with EnvServerProcess(spec, venv=side_venv, log_path=tmp_path / "server.log") as server:

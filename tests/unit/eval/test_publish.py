@@ -91,6 +91,7 @@ def card_parts(card: str) -> tuple[dict, str]:
     return yaml.safe_load(metadata), body
 
 
+@pytest.mark.slow
 def test_publish_dry_run_writes_the_card_and_files_it_would_push(
     grpo_run: Path, eval_report: Path, tiny_model_dir: Path, tmp_path: Path
 ):
@@ -147,6 +148,7 @@ def test_publish_dry_run_writes_the_card_and_files_it_would_push(
     assert config["env"]["id"] == "vf-deepscaler" and config["max_steps"] == 6
 
 
+@pytest.mark.slow
 def test_publish_without_network_or_token_fails_before_merging(grpo_run: Path, tmp_path: Path):
     out = tmp_path / "merged"
     offline = merge(

@@ -40,6 +40,7 @@ def test_port_in_use_is_reported(tiny_model_dir):
     assert f"port {port}" in result.stderr and "already in use" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_port_taken_before_the_launcher_binds_it_is_replaced_unless_it_was_asked_for(tmp_path):
     """VLLMServer picks a free port, which another process may take before the launcher starts:
     it tries a fresh one. The missing model makes the retry fail fast, after the port check."""

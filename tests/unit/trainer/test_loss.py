@@ -518,6 +518,7 @@ def step_gradient(
         "loss.aggregation=constant",
     ],
 )
+@pytest.mark.slow
 def test_loss_normalisation_is_invariant_to_micro_batch_split_and_ranks(aggregation):
     """Every aggregation gives the single-batch gradient however the step's samples are cut
     into micro-batches and spread over ranks, rollouts split over both included."""

@@ -63,6 +63,7 @@ def _flat_delta(before, after) -> torch.Tensor:
     return torch.cat([(after[n] - before[n]).flatten() for n in before])
 
 
+@pytest.mark.slow
 def test_bf16_full_finetune_updates_like_float32(tiny_model_dir):
     before32, after32, _ = _train(tiny_model_dir, "float32")
     before16, after16, policy = _train(tiny_model_dir, "bfloat16")

@@ -169,6 +169,7 @@ def test_long_examples_are_truncated_or_dropped_and_counted(tiny_model_dir):
 # ---- the loss ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_loss_normalisation_ignores_the_micro_batch_and_rank_split(tiny_model_dir, shared_data):
     """The gradient of one step is the same for 1 micro-batch, 8 micro-batches of one
     sequence, and 2 ranks x 3 micro-batches (DDP averages the ranks' gradients)."""
@@ -264,6 +265,7 @@ def test_two_ranks_take_the_same_steps_as_one(tiny_model_dir, shared_data, tmp_p
 # ---- learning, outputs, resume ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sft_learns_gsm8k_and_leaves_a_complete_run(tiny_model_dir, shared_data, tmp_path):
     out = tmp_path / "run"
     cfg = sft_config(
@@ -429,6 +431,7 @@ def test_sft_defaults_survive_a_partial_section():
     assert load_config(cls=SFTConfig, overrides=["data.train_files=[x]"]).optim.lr == 1e-4
 
 
+@pytest.mark.slow
 def test_script_runs_from_the_command_line_and_reports_bad_input(tiny_model_dir, tmp_path):
     """`python scripts/sft.py --config ... key=value`: a two-step run of the example config on
     the tiny model, and the launcher's one-line errors."""

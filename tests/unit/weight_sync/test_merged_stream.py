@@ -104,6 +104,7 @@ def test_hf_names():
     assert hf_name("lm_head.original_module.weight") is None
 
 
+@pytest.mark.slow
 def test_merge_adapter_script(tmp_path):
     base_dir = tmp_path / "base"
     model = tiny_model()
