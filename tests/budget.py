@@ -1,5 +1,7 @@
-"""The suite's duration budget: a test (setup and call together) over BUDGET_S on the 2-core
-CI machine is shortened, or listed in LONG with the reason it needs the time.
+"""The suite's duration budget: a test whose call takes over BUDGET_S on the 2-core CI machine
+is shortened, or listed in LONG with the reason it needs the time. Fixture set-ups (a server
+start, about 45-65 s) fall on whichever test first asks for the fixture and are shared, so
+they are left to `--durations`.
 
 The check reports and never fails a test: a failure that depends on the machine's speed would
 be a timing-dependent test. At the end of a run, pytest's summary names every test over the
@@ -34,9 +36,6 @@ LONG: dict[tuple[str, str], str] = {
     ),
     ("integration/test_qlora.py", "test_qlora_sampler_matches_trainer"): (
         "SmolLM2 quantized to 4 bits, trained and pushed, compared with the server"
-    ),
-    ("integration/test_envserver.py", "test_envserver_traces_are_what_vllm_generated"): (
-        "its setup builds the verifiers 0.4 side venv once for the session (pip)"
     ),
 }
 

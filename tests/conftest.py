@@ -179,9 +179,10 @@ _durations: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Add up each test's setup and call time."""
-    if report.when in ("setup", "call"):
-        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    """Record each test's call time (a shared fixture's set-up falls on whichever test asks for
+    it first: `--durations` shows set-ups)."""
+    if report.when == "call":
+        _durations[report.nodeid] = report.duration
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

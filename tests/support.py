@@ -270,3 +270,17 @@ def in_transit(monkeypatch, change: Callable[[str, torch.Tensor], torch.Tensor])
             yield change(meta.name, tensor)
 
     monkeypatch.setattr(cpu_engine, "checked", lossy)
+
+
+def one_element_off_while(monkeypatch, on: Callable[[], bool], name: str) -> None:
+    """Make the shm transfer send the tensor `name` with one element off (+1) while `on()`:
+    a server that answers but does not hold what it was pushed."""
+
+    def change(sent: str, tensor: torch.Tensor) -> torch.Tensor:
+        if sent != name or not on():
+            return tensor
+        changed = tensor.clone()
+        changed.view(-1)[0] += 1
+        return changed
+
+    in_transit(monkeypatch, change)

@@ -11,6 +11,7 @@ import torch
 from support import (
     config,
     in_transit,
+    one_element_off_while,
     restore_base_weights,
     server_logprobs,
     target_id,
@@ -179,15 +180,7 @@ def test_one_server_that_never_holds_a_push_stops_the_run_after_saving(
     run with the error naming the parameter, and the step it trained is saved first (a resume
     pushes it again): nothing trained is lost."""
     lossy = {"on": False}
-
-    def one_element_off(name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if not (lossy["on"] and name.startswith(LAYER + "mlp.down_proj")):
-            return tensor
-        changed = tensor.clone()
-        changed.view(-1)[0] += 1
-        return changed
-
-    in_transit(monkeypatch, one_element_off)
+    one_element_off_while(monkeypatch, lambda: lossy["on"], LAYER + "mlp.down_proj.weight")
     push = Trainer.push_weights
 
     def push_weights(self, version, initial=False):

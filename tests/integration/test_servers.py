@@ -15,7 +15,7 @@ from support import (
     ADAPTER_TARGETS,
     chat_requests,
     config,
-    in_transit,
+    one_element_off_while,
     recording_proxy,
     restore_base_weights,
     target_id,
@@ -150,15 +150,7 @@ def test_stale_server_is_never_readmitted(tiny_server, second_server, tmp_path, 
     connected afresh and pushed the whole current version, fails the exact check again and
     stays out; the first push it holds exactly (version 5) brings it back."""
     stale = {"on": False}
-
-    def one_element_off(name: str, tensor):
-        if not (stale["on"] and name.endswith("mlp.down_proj.weight")):
-            return tensor
-        changed = tensor.clone()
-        changed.view(-1)[0] += 1
-        return changed
-
-    in_transit(monkeypatch, one_element_off)
+    one_element_off_while(monkeypatch, lambda: stale["on"], "model.layers.1.mlp.down_proj.weight")
     push = MergedPush.push
 
     def push_to(self, version):
