@@ -8,19 +8,27 @@ The rules that keep the legality reward honest:
   *different* legal move makes the reply a hedge, which is illegal (listing moves is not a move),
   while empty tags (`<move></move>` when the format is mentioned) and repeats of the same move
   are not;
-- the tag's content must name one legal move as a whole, never by substring: its id, its exact
-  text, or the listed line `id: text` (both parts naming the same move); failing those, the text
-  with letter case and spaces ignored and surrounding quotes, backticks or `**` removed, when that
-  names exactly one legal move; letter case is ignored only between texts written in one case,
-  since in a mixed-case notation case is meaning (so `A1` is `a1` in hex, while `a1` never
-  matches `a10`, `a1 a2 a3` matches nothing, and chess's `bxc4`, a pawn capture, never becomes
-  the legal bishop move `Bxc4`, nor `Bxc4` the legal pawn capture `bxc4`);
+- the tag's content must name one legal move as a whole, never by substring: its id or its exact
+  text; failing those, the text with letter case and spaces ignored and surrounding quotes,
+  backticks or `**` removed, when that names exactly one legal move; letter case is ignored only
+  between texts written in one case, since in a mixed-case notation case is meaning (so `A1` is
+  `a1` in hex, while `a1` never matches `a10`, `a1 a2 a3` matches nothing, and chess's `bxc4`, a
+  pawn capture, never becomes the legal bishop move `Bxc4`, nor `Bxc4` the legal pawn capture
+  `bxc4`);
+- failing that, the one move is read from the package around it: markdown (`**`, backticks),
+  quotes, a leading label (`Move:`, `Action:`, `Final answer:`, `I play`, `id 12`) and trailing
+  punctuation (`12.`) are dropped; the id and the text together (`12 (e4)`, `e4 (id 12)`,
+  `12: e4`, `12 - e4`, `1=Call`) and a JSON object's `id`/`move`/`action` values
+  (`{"id": 12, "move": "e4"}`) must each name the same legal move: two different moves
+  (`12 (e5)` where 12 is e4, `e4 or d4`, `{"id": 12, "move": "d4"}`) name none, and a part is
+  never split again (`0: 0: b2` names none);
 - a tag's content over `MAX_MOVE_CHARS` names no move (no move text is that long, and reading
   stays linear in the reply).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +39,18 @@ from .replies import last_reply_text, strip_reasoning
 
 MOVE_TAG = re.compile(r"<move>(.*?)</move>", re.DOTALL | re.IGNORECASE)
 _WRAPPING = re.compile(r"^(?:\*\*|[`\"'])+|(?:\*\*|[`\"'])+$")
-_LISTED_LINE = re.compile(r"^(\d+)\s*:\s*(.+)$", re.DOTALL)
+_MARKDOWN = re.compile(r"\*\*|`")  # a single `*` is kept: breakthrough marks captures `a1b2*`
+_QUOTES = re.compile(r"^[\"'“”‘’]+|[\"'“”‘’]+$")
+_LABEL = re.compile(
+    r"^(?:(?:my|final|the)\s+)?(?:move|action|answer|choice|play)\s*[:=]\s*"
+    r"|^i(?:\s+will|['’]ll)?\s+(?:play|choose|pick)\b\s*:?\s*"
+    r"|^id\s*[:=#]?\s*(?=\d)",
+    re.IGNORECASE,
+)
+_TRAILING = re.compile(r"[.,;!?]+$")
+_SEPARATED = re.compile(r"^(.+?)\s*(?::|=|\s[-–—]\s)\s*(.+)$", re.DOTALL)
+_FENCE = re.compile(r"^\s*`+\s*(?:json\b)?|`+\s*$", re.IGNORECASE)
+_JSON_KEYS = ("id", "move", "action")
 
 MAX_MOVE_CHARS = 200
 NO_ANSWER = "no <move>...</move> tag outside your reasoning"
@@ -89,23 +108,71 @@ class _Loose:
         return next(iter(actions)) if len(actions) == 1 else None  # a lone None is None too
 
 
-def _match(
-    move: str,
-    lookup: Mapping[str, int],
-    loose: _Loose,
-    listed: bool = True,
-) -> int | None:
-    """The legal action `move` names, or None; `listed`: the `id: text` form is allowed (once:
-    its text part is matched without it)."""
+def _unwrapped(text: str) -> str:
+    """`text` without markdown (`**`, backticks), quotes, a leading label and end punctuation."""
+    text = _QUOTES.sub("", _MARKDOWN.sub("", text).strip()).strip()
+    text = _TRAILING.sub("", _LABEL.sub("", text, count=1)).strip()
+    return _QUOTES.sub("", text).strip()
+
+
+def _named(text: str, lookup: Mapping[str, int], loose: _Loose) -> int | None:
+    """The legal action `text` names as it is or unwrapped (`_unwrapped`), exactly or loosely."""
+    for form in (text.strip(), _unwrapped(text)):
+        action = lookup[form] if form in lookup else loose.named(form)
+        if action is not None:
+            return action
+    return None
+
+
+def _opening(text: str) -> int:
+    """Index of the `(` that closes with the final character of `text`, or -1 if none does."""
+    depth = 0
+    for index in range(len(text) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(text[index], 0)
+        if depth == 0:
+            return index
+    return -1
+
+
+def _pair(text: str) -> list[str]:
+    """`A (B)` or `A: B` / `A = B` / `A - B` as [A, B] (the id and the text, in either order),
+    else [text]; the `(` of an aside follows a space (`x(1,1)` is one text, not `x` and `1,1`)."""
+    start = _opening(text) if text.endswith(")") else -1
+    if start > 0 and text[start - 1].isspace():
+        return [text[:start], text[start + 1 : -1]]
+    line = _SEPARATED.match(text)
+    return [line[1], line[2]] if line else [text]
+
+
+def _json_values(text: str) -> list[str] | None:
+    """The `id`/`move`/`action` values of a JSON object (a code fence allowed), as strings
+    ("" for a value that is neither a string nor an integer); None if `text` is no JSON object."""
+    try:
+        data = json.loads(_FENCE.sub("", text))
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    values = [value for key, value in data.items() if key.casefold() in _JSON_KEYS]
+    return [
+        str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
+        for value in values
+    ]
+
+
+def _match(move: str, lookup: Mapping[str, int], loose: _Loose) -> int | None:
+    """The legal action `move` names as a whole, else the one action that every part of its
+    package names (module docstring); None if it names none or different ones."""
     if len(move) > MAX_MOVE_CHARS:
         return None
-    if move in lookup:
-        return lookup[move]
-    if listed and (line := _LISTED_LINE.match(move)):
-        by_id = lookup.get(line[1])
-        by_text = _match(line[2].strip(), lookup, loose, listed=False)
-        return by_id if by_id is not None and by_id == by_text else None
-    return loose.named(move)
+    action = _named(move, lookup, loose)
+    if action is not None:
+        return action
+    parts = _json_values(move)
+    if parts is None:
+        parts = _pair(_unwrapped(move))
+    named = {_named(part, lookup, loose) for part in parts}
+    return next(iter(named)) if len(named) == 1 else None  # a lone None is None too
 
 
 def match_move(move: str | None, lookup: Mapping[str, int]) -> int | None:
