@@ -105,6 +105,7 @@ def wheels(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", ENVIRONMENTS)
 def test_wheel_install_ships_the_table_and_the_shared_modules(env_id, wheels, tmp_path):
     """Installed from its wheel into a fresh directory, the package has the table where vf-eval

@@ -176,6 +176,7 @@ def test_decomposition_agent_scores_one_on_fixture(fixture_path, fixture_rows, r
         assert out["reward"] == 1.0, out["info"]["id"]
 
 
+@pytest.mark.slow
 def test_decomposition_agent_on_200_dev_rows(dev_env, dev_rows):
     """Gold answers score EM/F1 1 everywhere; the reward is exactly the documented formula,
     1.0 wherever the sub-question searches surfaced every supporting paragraph."""
@@ -398,6 +399,7 @@ def without_hops_from(row: dict[str, Any], first_missing: int) -> dict[str, Any]
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("missing", ["first", "last"])
 def test_question_searches_never_back_unanswerable_on_200_dev_rows(dev_rows, tmp_path, missing):
     """The 200 dev rows (unseen by the rule's design), each made unanswerable by removing its
@@ -456,6 +458,7 @@ def test_a_missing_hop_counts_only_a_focused_search(full_env):
     assert not focused_for(empty, "who is it", "it")
 
 
+@pytest.mark.slow
 def test_showing_everything_scores_below_a_precise_agent(dev_env, dev_rows):
     """The same agent (one search per hop, gold answer, citing the supporting paragraphs it saw)
     with top_n=3 and with top_n=10: showing ~every paragraph lowers the retrieval term below the
@@ -923,6 +926,7 @@ def answerable_rows(dev_rows, fixture_rows) -> dict[str, dict[str, Any]]:
     return {q: row for q, row in rows.items() if row.get("answerable", True)}
 
 
+@pytest.mark.slow
 def test_musique_natural_answers_are_paid(dev_rows, fixture_rows, tmp_path):
     """Correct answers as people write them (`answer_variants`: a preposition, a qualifier
     after a comma or in brackets, a fuller name, thousands separators and units, the other date
@@ -1400,6 +1404,7 @@ def test_musique_date_and_number_notations_are_paid(dev_rows, fixture_rows, tmp_
         assert matching_gold(answer, [gold], nowhere) is None, answer
 
 
+@pytest.mark.slow
 def test_musique_units_countries_and_full_names_are_paid(dev_rows, fixture_rows, tmp_path):
     """Measures with their unit abbreviated or spelled another way ("1,400 m" and "1,400
     meters" for "1,400 metres"; `measure_rows`: a measure the documents write made the gold),

@@ -78,6 +78,7 @@ def test_hop_searcher_scores_at_least_0_9_with_valid_tool_calls_on_fixture(share
             assert (m["said_unanswerable"], m["unanswerable_earned"]) == (1.0, 1.0)
 
 
+@pytest.mark.slow
 def test_hop_searcher_on_200_dev_rows(shared_data):
     """The 200 dev rows: the right answer everywhere, the
     supporting paragraphs it was shown cited, no tool error."""

@@ -241,6 +241,7 @@ def run_plan(env, server, script, question: str, reply: str, tokens: int | None 
 # --- honest decompositions against degenerate plans --------------------------------------------
 
 
+@pytest.mark.slow
 def test_honest_decompositions_outscore_degenerate_plans(env, server, script, rows):
     """On five GSM8K problems every honest decomposition scores above each degenerate plan the
     issue measured (copied sentences, [problem, "What is the answer?"], paraphrased sentences)
@@ -438,6 +439,7 @@ def assert_none_pays(env, server, script, rows, strategies) -> None:
         print(f"{index:>3} {name:<36} {reward:6.3f}")
 
 
+@pytest.mark.slow
 def test_planner_dictated_answer_does_not_pay(env, server, script, rows):
     """A planner that solved the problem itself and dictates the answer to the combination step
     (in digits, words, other phrasing or as arithmetic), or splits the answer's computation into
@@ -448,6 +450,7 @@ def test_planner_dictated_answer_does_not_pay(env, server, script, rows):
     assert_none_pays(env, server, script, rows, dictated_plans)
 
 
+@pytest.mark.slow
 def test_planner_problem_in_plan_does_not_pay(env, server, script, rows):
     """The problem handed to the combination step through `plan` (verbatim, paraphrased, with
     its numbers spelled out, beside honest subproblems or a trivial one) earns no more than
@@ -663,6 +666,7 @@ def test_planner_delegated_decomposition_does_not_pay(audit_outcomes, audit_corp
     assert len(outcomes["delegated, last operand neutral"]) >= 0.5 * len(audit_corpus)
 
 
+@pytest.mark.slow
 def test_planner_collector_and_list_styles_are_paid(corpus_env, server, script, audit_corpus):
     """Honest plans are not cut by their wording: a subproblem that copies the sentence holding
     the problem's numbers and restates one of them ("collect the given fact ...") earns nothing
@@ -768,6 +772,7 @@ def hidden_direct_solves(index: int, row: dict) -> dict[str, str]:
 UNDO_SCALING = "Divide the first result by 10."
 
 
+@pytest.mark.slow
 def test_planner_hidden_direct_solve_does_not_pay(env, server, script, rows):
     """The whole problem handed to one subproblem with "give your final answer multiplied by
     10", one arithmetic step beside it and a plan that divides by 10 reaches the right answer
@@ -814,6 +819,7 @@ def roman(n: int) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_planner_conditional_dictation_does_not_pay(env, server, script, rows):
     """A dictated answer behind "if no solved parts are listed, say you cannot tell", in digits,
     words, Roman numerals or as arithmetic, scores 0: the rule reads the number in every
@@ -977,6 +983,7 @@ def test_worker_http_errors_score_zero_without_crashing(env, server, script, row
     assert "worker call failed" in out["planner"]["worker_error"]
 
 
+@pytest.mark.slow
 def test_worker_timeouts_score_zero(env, server, script, rows):
     script.subproblem_delay = 2 * WORKER_TIMEOUT_S
     out = run_plan(env, server, script, rows[3]["question"], plan_json(["slow part", "other part"]))
@@ -1096,6 +1103,7 @@ def test_bad_arguments_are_named(gsm8k_file, kwargs):
         load_environment(data_files=str(gsm8k_file), max_examples=1, **kwargs)
 
 
+@pytest.mark.slow
 def test_without_network_the_error_says_how_to_pass_a_file():
     code = "from vf_planner import load_environment; load_environment(split='test')"
     offline = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -54,6 +54,7 @@ def test_a_missed_startup_deadline_names_the_log_and_leaves_nothing(tmp_path) ->
     assert server.proc is None
 
 
+@pytest.mark.slow
 def test_stop_kills_a_group_that_ignores_sigterm(tmp_path) -> None:
     # The leader and its child both ignore SIGTERM, so only the SIGKILL after the grace ends them.
     pidfile = tmp_path / "pid"
@@ -105,6 +106,7 @@ def pgid_of(pid: int) -> int | None:
         return None
 
 
+@pytest.mark.slow
 def test_a_bad_taskset_id_is_a_clear_error(side_venv, tmp_path) -> None:
     server = EnvServerProcess(
         EnvServerSpec("no-such-taskset"), venv=side_venv, log_path=tmp_path / "server.log"

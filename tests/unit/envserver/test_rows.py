@@ -7,6 +7,7 @@ import pytest
 from rlvr.envserver.rows import export_rows, read_rows
 
 
+@pytest.mark.slow
 def test_export_writes_the_tasksets_rows_as_wire_task_data(side_venv, tmp_path) -> None:
     out = tmp_path / "rows.jsonl"
     rows = export_rows(
@@ -17,6 +18,7 @@ def test_export_writes_the_tasksets_rows_as_wire_task_data(side_venv, tmp_path) 
     assert all(row["prompt"] == row["text"] for row in rows)
 
 
+@pytest.mark.slow
 def test_export_failure_carries_the_side_error(side_venv, tmp_path) -> None:
     with pytest.raises(RuntimeError, match="no-such-taskset"):
         export_rows("no-such-taskset", tmp_path / "rows.jsonl", venv=side_venv)

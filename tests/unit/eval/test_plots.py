@@ -122,6 +122,7 @@ def test_sweep_plots_bars_with_ci_and_pass_at_k(tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ba.png", "bars.png", "pass.png"]
 
 
+@pytest.mark.slow
 def test_sweep_plots_plot_run_cli(tmp_path: Path):
     run = tmp_path / "run"
     run.mkdir()

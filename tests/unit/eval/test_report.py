@@ -312,6 +312,7 @@ def test_directories_without_exactly_one_run_are_refused(tmp_path: Path):
         load_run(tmp_path / "two", "x")
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line_without_a_traceback(tmp_path: Path):
     write_run(tmp_path / "run", [{"example_id": 0}])
     for args in [[tmp_path / "nothing-here"], [tmp_path / "run"]]:

@@ -235,6 +235,7 @@ def test_sweep_pools_seeds_by_prompt(fake_vf_eval, tmp_path):
     assert diff.paired_examples == 3
 
 
+@pytest.mark.slow
 def test_sweep_report_only_needs_the_directory(fake_vf_eval, tmp_path):
     out = tmp_path / "sweep"
     run_sweep(make_sweep(), out, base_url=UNREACHABLE, progress=False)
@@ -259,6 +260,7 @@ def test_sweep_report_only_needs_the_directory(fake_vf_eval, tmp_path):
 # ---- the real vf-eval ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sweep_records_models_whose_server_does_not_start(fake_vf_eval, tmp_path):
     """Without --base-url each model gets its own vf-vllm; one that cannot be served fails its
     cells with the reason and the next model is still tried."""

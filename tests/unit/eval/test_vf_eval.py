@@ -26,6 +26,7 @@ def fake_vf_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> 
     monkeypatch.setattr(vf_eval, "VF_EVAL", script)
 
 
+@pytest.mark.slow
 def test_unknown_environment_raises_with_vf_evals_error(tmp_path: Path):
     """The real vf-eval accepts every flag run_vf_eval builds, then fails on the env id."""
     with pytest.raises(RuntimeError, match="failed with exit code") as err:

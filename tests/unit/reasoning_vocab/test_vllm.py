@@ -37,6 +37,7 @@ def expected_logits(gate, logits, inside, temperature):
     return gate.gate_logits(logits / temperature, torch.tensor(inside)) * temperature
 
 
+@pytest.mark.slow
 def test_reasoning_vocab_processor_v1_interface_tracks_each_request(vllm_config, gate):
     """The CPU build's runner: requests enter, move and leave the persistent batch; output
     ids grow in the runner's own lists, which the processor reads."""

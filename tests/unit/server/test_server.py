@@ -16,6 +16,7 @@ def run_launcher(*args: str, timeout: float = 300) -> subprocess.CompletedProces
     return subprocess.run([VF_VLLM, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_vf_vllm_on_path_is_ours_not_verifiers_shim():
     result = run_launcher("--help", timeout=60)
     assert result.returncode == 0
@@ -23,6 +24,7 @@ def test_vf_vllm_on_path_is_ours_not_verifiers_shim():
     assert "--weight-transfer-backend" in result.stdout
 
 
+@pytest.mark.slow
 def test_missing_model_path_fails_fast_with_a_clear_error(tmp_path):
     result = run_launcher("--model", str(tmp_path / "no-such-model"), timeout=60)
     assert result.returncode == 2
@@ -30,6 +32,7 @@ def test_missing_model_path_fails_fast_with_a_clear_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_port_in_use_is_reported(tiny_model_dir):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

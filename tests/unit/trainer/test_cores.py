@@ -33,6 +33,7 @@ print(os.sched_getaffinity(0) == original)
 """
 
 
+@pytest.mark.slow
 def test_every_thread_moves_to_the_cores_and_torch_uses_as_many_threads():
     done = subprocess.run([sys.executable, "-c", PINNED], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

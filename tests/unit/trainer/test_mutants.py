@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from .mutants import MUTANTS, verdicts
 
 
+@pytest.mark.slow
 def test_loss_mutants_die():
     """Each mutant, applied to a copy of src/, fails the tests that guard its formula (clip
     bounds swapped, the sequence mask on the arithmetic mean, seq_mean_token_mean over every

@@ -208,6 +208,7 @@ def test_loss_normalisation_ignores_the_micro_batch_and_rank_split(tiny_model_di
         assert torch.allclose(grad, reference, rtol=1e-4, atol=1e-7), (world, micro)
 
 
+@pytest.mark.slow
 def test_trainer_steps_do_not_depend_on_micro_batch_size(tiny_model_dir, shared_data, tmp_path):
     """Full fine-tuning, two steps with micro-batches of 1 and of 8: same losses, gradient
     norms and weights. The final full model loads as a plain Hugging Face model."""

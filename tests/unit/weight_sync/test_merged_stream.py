@@ -141,6 +141,7 @@ def test_merge_adapter_script(tmp_path):
     assert bad.returncode != 0 and "not a PEFT adapter" in bad.stderr
 
 
+@pytest.mark.slow
 def test_policy_and_merging_need_no_vllm():
     """SFT and adapter merging run on hosts without vLLM (training-only GPU boxes)."""
     code = (
