@@ -106,7 +106,9 @@ def build_tiny_adapter(
 ) -> Path:
     """Write a LoRA adapter for the model at `model_dir` (with its tokenizer) to `out_dir`,
     atomically, and return it. A fresh adapter's B matrices are zero (it changes nothing);
-    these are random, so serving or merging the adapter visibly changes what the model says."""
+    these are random, so serving or merging the adapter visibly changes what the model says.
+    Every matrix is drawn from `seed` (peft draws A from the global generator, which would make
+    the adapter depend on whatever ran before in the process)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -120,8 +122,9 @@ def build_tiny_adapter(
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+            if "lora_" in name:
+                scale = 0.5 if "lora_B" in name else param.shape[-1] ** -0.5
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
     with atomic_directory(out) as tmp:
         peft.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(tmp)
