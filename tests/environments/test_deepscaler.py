@@ -240,6 +240,60 @@ def test_deepscaler_answer_letter_forms_match(env, rows):
     assert {52, 457, 590, 644, 722} <= set(unpaid)  # the data's label errors stay unpaid
 
 
+OR_FORMS_AND_NUMBER_WORDS = [  # (gold, boxed answer, paid as the bare gold is)
+    ("9, -7", "x = 9 \\text{ or } x = -7", True),
+    ("-7 and 9", "x = 9 \\text{ or } x = -7", True),
+    ("x=9, x=-7", "x = 9 \\text{ or } x = -7", True),
+    ("9, -7", "x = 9 \\text{ and } x = -7", True),
+    ("9, -7", "9 \\text{ or } -7", True),
+    ("-3 \\text{ and } 5", "x = 5 \\quad\\text{or}\\quad x = -3", True),
+    ("2, 3, or 4", "4 \\text{ or } 2 \\text{ or } 3", True),
+    ("13", "\\text{thirteen}", True),
+    ("13", "\\text{Thirteen}", True),
+    ("13", "13 \\text{ (thirteen)}", True),
+    ("13", "\\text{13 (thirteen)}", True),
+    ("21", "\\text{twenty-one}", True),
+    ("40", "\\text{forty}", True),
+    ("100", "\\text{one hundred}", True),
+    ("1:3", "1 \\text{ to } 3", True),
+    ("1:3", "1 \\text{ : } 3", True),
+    ("9, -7", "x = 9 \\text{ or } x = 7", False),  # a wrong value
+    ("9, -7", "x = 9 \\text{ or } x = -7 \\text{ or } x = 5", False),  # an extra value
+    ("2, 3, or 4", "2 \\text{ or } 3", False),  # a missing value
+    ("9, -7", " \\text{ or } ".join(str(k) for k in range(-10, 11)), False),  # every candidate
+    ("13", "\\text{fourteen}", False),
+    ("13", "\\text{thirty}", False),
+    ("13", "13 \\text{ (fourteen)}", False),  # digits and a name: two numbers
+    ("13", "14 \\text{ (thirteen)}", False),
+    ("13", "13 \\text{ or } 14", False),  # one-value gold: a hedge
+    ("13", "x = 13 \\text{ or } x = 14", False),
+    ("13", "\\text{thirteen or fourteen}", False),
+    ("1/3", "1 \\text{ to } 3", False),  # a fraction gold is no ratio
+    ("\\frac{1}{3}", "1 \\text{ : } 3", False),
+    ("1:3", "3 \\text{ to } 1", False),
+]
+
+
+def test_deepscaler_or_forms_and_number_words_match(env):
+    """Values joined by "or"/"and" (``x = 9 \\text{ or } x = -7``) are paid as the bare gold
+    when their set is the gold's (``9, -7``, ``-7 and 9``, ``x=9, x=-7``) in any order; a number
+    spelled in words (``\\text{Thirteen}``, ``13 \\text{ (thirteen)}``) is paid as its digits; and
+    ``1 \\text{ to } 3`` as the ratio ``1:3``. A different value set, another number's name,
+    a one-value gold offered with another value, and a fraction gold for a ratio stay 0."""
+    bare = rewards(env, [(f"\\boxed{{{gold}}}", gold) for gold, _, _ in OR_FORMS_AND_NUMBER_WORDS])
+    assert bare == [1.0] * len(OR_FORMS_AND_NUMBER_WORDS)
+    cases = [(f"So $\\boxed{{{form}}}$.", gold) for gold, form, _ in OR_FORMS_AND_NUMBER_WORDS]
+    scores = rewards(env, cases)
+    wrong = [
+        (gold, form, score)
+        for (gold, form, paid), score, expected in zip(
+            OR_FORMS_AND_NUMBER_WORDS, scores, bare, strict=True
+        )
+        if score != (expected if paid else 0.0)
+    ]
+    assert wrong == []
+
+
 def test_huge_expression_scores_zero_at_once(env):
     huge = "+".join(["1"] * 50_000)
     started = time.perf_counter()

@@ -15,6 +15,12 @@ problem asks for a percent (``asks_percent``). There, gold ``25`` (or ``25\\%``)
 So no single answer is paid for two values (``50\\%`` no longer matches both gold 50 and gold
 0.5 in one problem), and an honest percent in any of its forms is paid.
 
+Words: a number spelled out (``\\text{Thirteen}``, ``13 \\text{ (thirteen)}``) is its digits,
+and digits beside another number's name (``13 \\text{ (fourteen)}``) are a list of both. Values
+joined by "or"/"and" (``x = 9 \\text{ or } x = -7``) are compared as a set with a gold that lists
+values (``9, -7``, ``-7 and 9``); with a one-value gold they are a hedge and score 0. ``1
+\\text{ to } 3`` is the ratio ``1:3`` where the gold is a ratio written with a colon.
+
 Angles keep their unit: a degree gold accepts the number with or without a degree sign, not
 its value in radians. Every rule is a linear-time regular expression on a short string (the
 prediction is at most 2,000 characters), and the module uses the standard library only: the
@@ -94,6 +100,27 @@ _ANSWER_LABEL = re.compile(
 """``\\text{Answer: }`` (``\\textbf{The answer is}``, a bare ``Answer:``) before the value."""
 _ALTERNATIVE = re.compile(r"(?<![A-Za-z])(?:or|either)(?![A-Za-z])", re.IGNORECASE)
 """Words that offer alternatives ("26 or 27"); ``\\lor`` and "for" do not match."""
+_NUMBER_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+    " fifteen sixteen seventeen eighteen nineteen"
+).split()
+_NUMBER_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+_NAME_BESIDE_DIGITS = re.compile(
+    rf"(\d+){_SPACING}(?:{_TEXT_COMMAND}\{{\s*\(([A-Za-z\s-]+)\)\s*\}}"
+    rf"|\(\s*{_TEXT_COMMAND}\{{([A-Za-z\s-]+)\}}\s*\)|\(([A-Za-z\s-]+)\))"
+)
+"""Digits and a name in parentheses: ``13 \\text{ (thirteen)}``, ``13\\ (\\text{thirteen})``."""
+_LIST_WORD = r"(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])"
+_LIST_SEPARATOR = re.compile(
+    rf",(?!\d{{3}}(?!\d))|{_LABEL_TEXT}\{{\s*{_LIST_WORD}\s*\}}|{_LIST_WORD}", re.IGNORECASE
+)
+"""Between listed values: a comma (not a thousands separator), "or", "and" (bare or in text)."""
+_SPACING_COMMAND = re.compile(r"\\q?quad(?![A-Za-z])|\\[,;:! ]|~")
+_VARIABLE = re.compile(r"^[A-Za-z]\s*=\s*")
+_NOT_LISTED = re.compile(r"[()\[\]:]|\\[{}]")
+"""A tuple, an interval, a set, a ratio or a time: not one listed number."""
+_RATIO_WORD = re.compile(rf"(?<=[\d}}]){_SPACING}{_TEXT_COMMAND}\{{\s*(?:to|:)\s*\}}")
+"""``\\text{ to }`` or ``\\text{ : }`` between the terms of a ratio."""
 
 
 def asks_percent(question: str) -> bool:
@@ -110,8 +137,7 @@ def canonical(answer: str) -> str:
     degree signs, ordinal suffixes, thin-space separators, dollar words, repeating decimals, a
     final period, set-builder braces, and one-variable inequalities (written as the interval
     they denote). Percent signs stay."""
-    text = _unwrap(answer.strip().strip("$").strip())  # \text{5 cm}, \text{(C) 40}
-    text = _unwrap(strip_labels(text))  # \textbf{(D)}\ \text{245 yd.}
+    text = _spelled_out(_unwrapped(answer))  # \text{thirteen}, 13 \text{ (thirteen)}
     if _SPACED_GROUPS.fullmatch(text):  # 1 000 000
         text = text.replace(" ", "")
     text = _REPEATING.sub(_repeating_fraction, text)
@@ -122,6 +148,12 @@ def canonical(answer: str) -> str:
     text = _THIN_SEPARATOR.sub("", text)
     text = _FINAL_PERIOD.sub("", _strip_units(text))
     return _as_interval(_set_condition(text))
+
+
+def _unwrapped(answer: str) -> str:
+    """``answer`` without dollar signs, a label or choice letter (``strip_labels``) and a
+    ``\\text{}`` around the whole (``\\text{5 cm}``, ``\\textbf{(D)}\\ \\text{245 yd.}``)."""
+    return _unwrap(strip_labels(_unwrap(answer.strip().strip("$").strip())))
 
 
 def _unwrap(text: str) -> str:
@@ -151,6 +183,45 @@ def labelled(answer: str) -> bool:
     """Whether ``answer`` carries an answer label or a choice letter beside its value."""
     text = _unwrap(answer.strip().strip("$").strip())
     return strip_labels(text) != text
+
+
+def _number_name(n: int) -> str:
+    """The English name of ``0 <= n < 1000``, words one space apart ("two hundred twenty one")."""
+    if n < 20:
+        return _NUMBER_ONES[n]
+    if n < 100:
+        return _NUMBER_TENS[n // 10 - 2] + (f" {_NUMBER_ONES[n % 10]}" if n % 10 else "")
+    return f"{_NUMBER_ONES[n // 100]} hundred" + (f" {_number_name(n % 100)}" if n % 100 else "")
+
+
+_NUMBER_NAMES = {_number_name(n): n for n in range(1000)}
+
+
+def _named_number(words: str) -> int | None:
+    """The number ``words`` name ("Thirteen", "twenty-one", "a hundred and five"), or None."""
+    names = [word for word in re.split(r"[\s-]+", words.strip().lower()) if word != "and"]
+    if names[:2] == ["a", "hundred"]:
+        names[0] = "one"
+    return _NUMBER_NAMES.get(" ".join(names))
+
+
+def _spelled_out(text: str) -> str:
+    """``thirteen`` and ``13 \\text{ (thirteen)}`` -> ``13``; digits beside another number's
+    name (``13 \\text{ (fourteen)}``) -> both as a list (``13, 14``), which equals no single
+    value; anything else unchanged."""
+    if (number := _named_number(text)) is not None:
+        return str(number)
+    beside = _NAME_BESIDE_DIGITS.fullmatch(text)
+    named = _named_number(next(filter(None, beside.groups()[1:]))) if beside else None
+    if beside is None or named is None:
+        return text
+    return beside[1] if int(beside[1]) == named else f"{beside[1]}, {named}"
+
+
+def _spells_number(answer: str) -> bool:
+    """Whether ``answer`` names a number in words (``\\text{thirteen}``, ``13 (thirteen)``)."""
+    text = _unwrapped(answer)
+    return _spelled_out(text) != text
 
 
 def _repeating_fraction(match: re.Match[str]) -> str:
@@ -215,17 +286,53 @@ def _is_bound(value: str) -> bool:
     return bool(value) and not re.search(r"[A-Za-z]", _BOUND_COMMANDS.sub("", value))
 
 
+def _listed_values(answer: str) -> list[str]:
+    """The values ``answer`` lists (``x = 9 \\text{ or } x = -7`` -> ``["9", "-7"]``), each a
+    number without letters or brackets; [] when it lists fewer than two, or anything else."""
+    parts = _LIST_SEPARATOR.split(_SPACING_COMMAND.sub(" ", answer))
+    values = [value for part in parts if (value := _VARIABLE.sub("", part.strip()))]
+    plain = all(
+        _is_bound(value) and not _NOT_LISTED.search(value) and value.count("{") == value.count("}")
+        for value in values
+    )
+    return values if plain and len(values) > 1 else []
+
+
+def _value_sets(gold: str, prediction: str) -> list[tuple[str, str]]:
+    """For values joined by "or"/"and" and a gold that lists values: the pair of their sets
+    (``\\{9, -7\\}``), equal when the values are, in any order; [] otherwise."""
+    if not re.search(_LIST_WORD, prediction, re.IGNORECASE):
+        return []
+    gold_values, values = _listed_values(canonical(gold)), _listed_values(canonical(prediction))
+    if not (gold_values and values):
+        return []
+    return [(f"\\{{{', '.join(gold_values)}\\}}", f"\\{{{', '.join(values)}\\}}")]
+
+
+def _ratio_words(gold: str, prediction: str) -> str:
+    """``prediction`` with ``1 \\text{ to } 3`` or ``1 \\text{ : } 3`` written ``1: 3`` where the
+    gold is a ratio with a colon (``1:3``); unchanged elsewhere (a gold ``1/3`` is no ratio)."""
+    terms = re.split(r"(?<!\\):", canonical(gold))
+    if len(terms) == 2 and all(_is_bound(term.strip()) for term in terms):
+        return _RATIO_WORD.sub(":", prediction)
+    return prediction
+
+
 def readings(gold: str, prediction: str, percent_question: bool = False) -> list[tuple[str, str]]:
     """The (gold, prediction) pairs to compare, in canonical form; the answer is right when any
-    pair is equal. More than one pair only where a bare number may be a percent (module doc).
+    pair is equal. More than one pair only where a bare number may be a percent (module doc);
+    values joined by "or"/"and" against a gold listing values: their sets (``_value_sets``).
     No pair for a hedge: the prediction offers alternatives ("a or b") that the gold does not."""
+    prediction = _ratio_words(gold, prediction)
+    if sets := _value_sets(gold, prediction):
+        return sets
     if _ALTERNATIVE.search(prediction) and not _ALTERNATIVE.search(gold):
         return []
     gold_value, gold_percent = split_percent(canonical(gold))
     value, percent = split_percent(canonical(prediction))
     if not (gold_percent or percent or percent_question):
-        if labelled(prediction):  # math-verify reads "(C) 40" as the product c*40
-            return [(gold_value, value)]
+        if labelled(prediction) or _spells_number(prediction):
+            return [(gold_value, value)]  # as written: "(C) 40" is c*40, "13 (fourteen)" is 13
         return list(dict.fromkeys([(gold, prediction), (gold_value, value)]))
     if gold_percent or percent_question:
         pairs = [(gold_value, value)]
