@@ -352,18 +352,18 @@ class Trainer:
         skipped after the initial push with `server.push_weights=false`) and probe them, inside
         the worker's `publishing`, which fixes every batch's policy version (`RolloutWorker`).
         A push no server holds after a second try stops the run, the trained step saved."""
-        if not (initial or self.cfg.server.push_weights):
-            return Pushed()
-        seconds = None
+        seconds, pushed = None, Pushed()
         try:
             with self._publishing(version):
-                seconds = self.weights.push(version)
-                probed = self.probes.check(self.model, self.accelerator, version, initial)
+                if initial or self.cfg.server.push_weights:
+                    seconds = self.weights.push(version)
+                    probed = self.probes.check(self.model, self.accelerator, version, initial)
+                    pushed = Pushed(seconds, {**verified_metrics(self.weights.verified), **probed})
         except WeightsNotServedError:
             if seconds is None and not initial:  # the push's exact check: every rank is here
                 self.save(version)
             raise
-        return Pushed(seconds, {**verified_metrics(self.weights.verified), **probed})
+        return pushed
 
     def _publishing(self, version: int) -> contextlib.AbstractContextManager:
         """The worker's publishing of `version` (see `RolloutWorker.publishing`); nothing to
