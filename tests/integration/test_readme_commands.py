@@ -17,6 +17,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -94,28 +95,66 @@ def test_every_environment_has_a_quickstart_line_that_saves():
         assert "-s" in args, f"saves nothing: {source}"
 
 
-@pytest.mark.parametrize("args", list(COMMANDS), ids=[" ".join(a[1:]) for a in COMMANDS])
-def test_readme_quickstart_vf_eval_line_runs(args, smollm2_server, shared_data, tmp_path):
-    env_id, env_args = args[1], option(args, "-a") or ""
-    if env_id in HUB_ONLY and "data_files" not in env_args:
-        from vf_musique.hub import hub_reachable
+def hub_only(args: tuple[str, ...]) -> bool:
+    """A line that reads the Hugging Face Hub (no data file given) where the Hub is unreachable."""
+    if args[1] not in HUB_ONLY or "data_files" in (option(args, "-a") or ""):
+        return False
+    from vf_musique.hub import hub_reachable
 
-        if not hub_reachable():
-            pytest.skip(f"{COMMANDS[args]}: reads the Hugging Face Hub, which is unreachable")
+    return not hub_reachable()
+
+
+@dataclass
+class Run:
+    """One README line started as a user runs it: results under `out`, its console in `log`
+    (a file, not a pipe: a full pipe would stall the line until its test reads it)."""
+
+    proc: subprocess.Popen
+    out: Path
+
+    @property
+    def log(self) -> Path:
+        return self.out.parent / f"{self.out.name}.log"
+
+
+@pytest.fixture(scope="module")
+def readme_runs(smollm2_server, shared_data, tmp_path_factory):
+    """Every runnable line started at once on the shared server: each line is one rollout, and the
+    server batches them (one stream at a time leaves most of a CPU's decode throughput unused)."""
     server = {"{model}": smollm2_server.model, "{base_url}": smollm2_server.base_url}
-    cmd = [server.get(a, a.replace(DATA_ROOT, str(shared_data))) for a in args]
-    cmd[0] = str(Path(sys.executable).with_name("vf-eval"))
     env = {**os.environ, API_KEY_VAR: "EMPTY"}
-    proc = subprocess.run(
-        [*cmd, "-o", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, f"{COMMANDS[args]}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    (results,) = find_results(tmp_path)
+    runs = {}
+    for args in COMMANDS:
+        if hub_only(args):
+            continue
+        cmd = [server.get(a, a.replace(DATA_ROOT, str(shared_data))) for a in args]
+        cmd[0] = str(Path(sys.executable).with_name("vf-eval"))
+        out = tmp_path_factory.mktemp("readme-line")
+        with open(out.parent / f"{out.name}.log", "w") as log:
+            proc = subprocess.Popen(
+                [*cmd, "-o", str(out)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        runs[args] = Run(proc, out)
+    yield runs
+    for run in runs.values():
+        run.proc.kill()
+        run.proc.wait()
+
+
+@pytest.mark.parametrize("args", list(COMMANDS), ids=[" ".join(a[1:]) for a in COMMANDS])
+def test_readme_quickstart_vf_eval_line_runs(args, readme_runs):
+    if args not in readme_runs:
+        pytest.skip(f"{COMMANDS[args]}: reads the Hugging Face Hub, which is unreachable")
+    run = readme_runs[args]
+    returncode = run.proc.wait(timeout=900)
+    assert returncode == 0, f"{COMMANDS[args]}\n{run.log.read_text()[-6000:]}"
+    (results,) = find_results(run.out)
     rows = [row for _, row in iter_results(results)]
     metadata = json.loads((results.parent / "metadata.json").read_text())
     assert metadata["rollouts_per_example"] == int(SMALL_R)
     assert len(rows) == int(SMALL_N) * int(SMALL_R)
     assert metadata["sampling_args"].get("max_tokens") is None  # no -t: the env's default
+    env_id = args[1]
     if env_id in SINGLE_TURN:
         default = importlib.import_module(env_id.replace("-", "_")).DEFAULT_SAMPLING_ARGS
         assert max(row["token_usage"]["output_tokens"] for row in rows) <= default["max_tokens"]
