@@ -58,7 +58,7 @@ def measured(history: list[dict], key: str) -> list[float]:
 
 def assert_push_checked(metrics: dict) -> None:
     """A step's push passed its check: the exact check (every parameter held as sent) where it
-    ran, else the push probe (the adapter pushes)."""
+    ran, else the push probe (pushes into a quantized model)."""
     if "push/verified_params" in metrics:
         assert metrics["push/verified_params"] > 0 and metrics["push/failed_params"] == 0, metrics
     else:

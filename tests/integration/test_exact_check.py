@@ -196,3 +196,61 @@ def test_one_server_that_never_holds_a_push_stops_the_run_after_saving(
     finally:
         restore_base_weights(tiny_server)
     assert [c.name for c in list_checkpoints(tmp_path)] == ["step_000001"]
+
+
+def adapter_policy(model_dir, quantization: str) -> torch.nn.Module:
+    """The tiny model (4-bit where `quantization` says so, as QLoRA trains it) with a LoRA
+    adapter on q, v and down_proj (alpha / r = 2: vLLM folds that scaling into B)."""
+    from rlvr.config import LoraConfig, ModelConfig
+    from rlvr.model.policy import apply_lora, load_model
+
+    cfg = ModelConfig(name=str(model_dir), quantization=quantization)
+    base = load_model(str(model_dir), cfg, dtype=torch.float32)
+    torch.manual_seed(0)
+    lora = LoraConfig(rank=8, alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
+    return apply_lora(base, lora)
+
+
+@torch.no_grad()
+def train_adapter(model: torch.nn.Module, seed: int) -> None:
+    """Stand in for a step: move every adapter matrix."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+
+
+@pytest.mark.parametrize("quantization", ["none", "nf4"], ids=["lora", "qlora"])
+def test_adapter_push_is_verified(tiny_server, quantization, monkeypatch):
+    """Adapter sync (LoRA, and QLoRA's adapter on its 4-bit base) checks every push exactly
+    against the adapter the server stored: a push passes; one the transfer leaves one lora_B
+    of at its previous values fails, naming that fused matrix and no other; pushing the
+    version again (in place) repairs it."""
+    import rlvr.weight_sync.adapter as adapter_sync
+    from rlvr.weight_sync.control import ServerControl
+
+    model = adapter_policy(tiny_server.model_dir, quantization)
+    dropped = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.default.weight"
+    control = ServerControl(tiny_server.base_url)
+    with adapter_sync.AdapterPush(control, tiny_server.base_url, f"check-{quantization}") as push:
+        push.connect(model)
+        assert push.check is not None, "the server's adapters were not checked exactly"
+        train_adapter(model, seed=1)
+        push.push(1)
+        assert push.failed_check(1) is None and push.verified.failed == []
+        assert push.verified.params == 2 * 2 * 2  # (qkv, down) x (A, B) x 2 layers
+        previous = model.get_parameter(dropped).detach().clone()
+        train_adapter(model, seed=2)
+        save = adapter_sync.save_adapter
+        monkeypatch.setattr(
+            adapter_sync,
+            "save_adapter",
+            lambda model, state, directory: save(model, {**state, dropped: previous}, directory),
+        )
+        push.push(2)
+        error = str(push.failed_check(2))
+        assert "1 of 8 parameters differ" in error, error
+        assert "model.layers.1.self_attn.qkv_proj.lora_b: sent" in error, error
+        monkeypatch.setattr(adapter_sync, "save_adapter", save)
+        push.push(2)
+        assert push.failed_check(2) is None

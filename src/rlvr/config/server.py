@@ -57,8 +57,9 @@ class ServerConfig:
     """Push weights after every optimizer step (the initial weights are pushed regardless).
     Off only for debugging: rollouts then come from the initial weights."""
     exact_check: bool = True
-    """After every merged push, compare a fingerprint of every parameter the server's layers
-    compute with against what was sent, exactly (`push/verify_seconds`,
+    """After every push, compare a fingerprint of every parameter the server's layers compute
+    with (merged pushes) or of every adapter matrix it stored (adapter pushes) against what was
+    sent, exactly (`push/verify_seconds`,
     `push/verified_params`, `push/failed_params`); a server that differs is pushed again once,
     then taken out, named with what differs (see rlvr.weight_sync.exact_check). Where it
     covers a server, the push probe checks only the model: at start, resume and return."""

@@ -126,3 +126,34 @@ def held_fingerprints(model: torch.nn.Module, tp_size: int, replica: int) -> dic
         "packed": {k: list(v) for k, v in packed.items()},
         "replica": replica,
     }
+
+
+def held_adapter_fingerprints(model_runner: Any, replica: int) -> dict[str, Any]:
+    """This worker's report on the newest LoRA adapter it holds (the highest id: the API server
+    numbers adapters as they are loaded): `{module}.lora_a` and `.lora_b` under vLLM's module
+    names (a fused module sums its parts), as vLLM stores them (lora_b with its scaling folded
+    in), the model's fused-module map and the adapter's id; `adapter` None where none is held."""
+    manager = getattr(model_runner, "lora_manager", None)
+    adapters = manager._adapter_manager.list_adapters() if manager is not None else {}
+    packed = getattr(model_runner.get_model(), "packed_modules_mapping", None) or {}
+    report: dict[str, Any] = {
+        "params": {},
+        "packed": {k: list(v) for k, v in packed.items()},
+        "replica": replica,
+        "adapter": max(adapters, default=None),
+    }
+    if not adapters:
+        return report
+    prints: dict[str, tuple[str, Fingerprint]] = {}
+    for module, weights in adapters[report["adapter"]].loras.items():
+        for part in ("lora_a", "lora_b"):
+            held = getattr(weights, part)
+            tensors = [t for t in (held if isinstance(held, list) else [held]) if t is not None]
+            if tensors:
+                dtype = str(tensors[0].dtype).removeprefix("torch.")
+                prints[f"{module}.{part}"] = (
+                    dtype,
+                    sum(map(fingerprint, tensors[1:]), fingerprint(tensors[0])),
+                )
+    report["params"] = to_wire(prints)
+    return report

@@ -45,6 +45,14 @@ class WorkerExtension:
         model = self.model_runner.get_model()
         return held_fingerprints(model, get_tensor_model_parallel_world_size(), replica)
 
+    def rlvr_adapter_fingerprints(self) -> dict[str, Any]:
+        """The newest LoRA adapter this worker holds, as fingerprints (the exact check of an
+        adapter push; rlvr.server.held_weights)."""
+        from rlvr.server.held_weights import held_adapter_fingerprints
+
+        replica = getattr(self.parallel_config, "data_parallel_index", 0)
+        return held_adapter_fingerprints(self.model_runner, replica)
+
     def rlvr_store_adapter(self, payload: str) -> dict[str, str]:
         """Write one adapter version (`{"run", "version", "files": {name: base64}}`) to this
         host's adapter directory and return its path. Workers on one host write the same

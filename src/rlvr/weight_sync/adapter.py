@@ -1,6 +1,7 @@
 """Adapter sync: after each step, push the trained LoRA adapter (megabytes) into vf-vllm, which
 serves it on its own frozen base, instead of the whole merged model. Version v is loaded once
-as `{server.adapter_name}-v{v}` (no pause, no prefix-cache reset); `release` unloads versions
+as `{server.adapter_name}-v{v}` (no pause, no prefix-cache reset), then checked exactly against
+what the server stored (rlvr.weight_sync.exact_check.AdapterCheck); `release` unloads versions
 no batch can still request. `adapter_sync_problem` says why an adapter cannot be served
 (the trainer then falls back to merged pushes).
 Design: docs/weight-transfer.md#lora-adapter-sync.
@@ -26,6 +27,7 @@ from rlvr.atomic import atomic_directory
 from rlvr.model.policy import save_adapter, trainable_state
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.control import ServerControl, ServerError, server_host
+from rlvr.weight_sync.exact_check import AdapterCheck
 from rlvr.weight_sync.rendezvous import LOOPBACK
 from rlvr.weight_sync.vllm_lora import lora_serving_problem
 
@@ -60,6 +62,7 @@ class AdapterPush(WeightPush):
         adapter_name: str,
         rank: int = 0,
         root: Path = ADAPTER_ROOT,
+        exact_check: bool = True,
     ):
         self.control = control
         self.adapter_name = adapter_name
@@ -71,6 +74,9 @@ class AdapterPush(WeightPush):
         """Version -> its files on this host, for every version the server has loaded; read by
         the rollout worker's thread (`served_name`), hence the lock."""
         self._lock = threading.Lock()
+        self.exact_check = exact_check
+        self.check: AdapterCheck | None = None
+        """The exact check of every push (rank 0; None where it is off or impossible)."""
 
     def name(self, version: int) -> str:
         """The name weight `version` is loaded under (when it was pushed)."""
@@ -100,6 +106,8 @@ class AdapterPush(WeightPush):
         if self.rank == 0:
             self.control.resume()
             self._unload_leftovers()
+            if self.exact_check:
+                self.check = AdapterCheck.start(self.control, model)
 
     def _unload_leftovers(self) -> None:
         pattern = re.compile(re.escape(self.adapter_name) + r"-v\d+")
@@ -111,20 +119,30 @@ class AdapterPush(WeightPush):
                 )
 
     def push(self, version: int) -> float:
-        """Write the current adapter and load it as weight `version`; returns the seconds the
-        push took. Nothing is paused: requests of older versions go on with their own
-        adapters."""
+        """Write the current adapter, load it as weight `version` (again, in place, when it is
+        pushed a second time) and check exactly what the server stored (`verified`: the caller
+        decides what a mismatch costs); returns the seconds of the push and check. Nothing is
+        paused: requests of older versions go on with their own adapters."""
         if self.model is None:
             raise RuntimeError("AdapterPush.push() before connect()")
         start = time.perf_counter()
+        self.verified = None
         state = trainable_state(self.model)
         if self.rank != 0:
             return time.perf_counter() - start
-        local, path = self._write(state, version)
-        name = self.name(version)
-        self.control.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+        with self._lock:
+            earlier = self._loaded.get(version)
+        local, path = self._write(state, version, again=earlier is not None)
+        request = {"lora_name": self.name(version), "lora_path": path}
+        self.control.post(
+            "/v1/load_lora_adapter", json={**request, "load_inplace": earlier is not None}
+        )
         with self._lock:
             self._loaded[version] = local
+        if earlier is not None:
+            self._drop_files([earlier])
+        if self.check is not None:
+            self.verified = self.check.verify(version, state)
         return time.perf_counter() - start
 
     def release(self, in_use: Iterable[int]) -> None:
@@ -140,10 +158,13 @@ class AdapterPush(WeightPush):
             self.control.post("/v1/unload_lora_adapter", json={"lora_name": self.name(version)})
         self._drop_files([path for _, path in gone])
 
-    def _write(self, state: dict[str, torch.Tensor], version: int) -> tuple[Path, str]:
+    def _write(
+        self, state: dict[str, torch.Tensor], version: int, again: bool = False
+    ) -> tuple[Path, str]:
         """The adapter of `version`, complete, in a directory the server reads: its path here
-        and as the server sees it."""
-        local = self.directory / f"v{version:06d}"
+        and as the server sees it (`again`: a second push of the version, into a new
+        directory, so that nothing of the first is read)."""
+        local = self.directory / f"v{version:06d}{f'-{uuid.uuid4().hex[:6]}' if again else ''}"
         with atomic_directory(local) as tmp:
             save_adapter(self.model, state, tmp)
         if self.local:

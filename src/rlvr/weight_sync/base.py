@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any, Self
 
+from rlvr.weight_sync.exact_check import not_served
+
 
 class WeightPush(ABC):
     """Sends the trainer's current weights into vf-vllm as numbered versions.
@@ -19,12 +21,19 @@ class WeightPush(ABC):
     def push(self, version: int) -> float:
         """Send the current weights as weight `version`; returns the seconds it took."""
 
+    check: Any = None
+    """The exact check of this server's pushes (`rlvr.weight_sync.exact_check`), where one runs."""
+
     verified: Any = None
     """The last push's exact check (`rlvr.weight_sync.fingerprint.Verified`) where one ran."""
 
     def failed_check(self, version: int) -> Exception | None:
-        """Why the last push's exact check failed, or None (also where none ran)."""
-        return None
+        """Why the exact check of the push of `version` failed (rank 0), or None (also where
+        none ran)."""
+        verified = self.verified
+        if self.check is None or verified is None or verified.version != version:
+            return None
+        return not_served(self.check.control, version, verified) if verified.failed else None
 
     @abstractmethod
     def served_name(self, version: int) -> str:

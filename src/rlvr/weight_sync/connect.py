@@ -192,7 +192,9 @@ def connect_server(
             f"{url}: the server's base model now computes what the trainer's base computes"
         )
     if way.way == "adapter":
-        weights = AdapterPush(merged.control, url, cfg.server.adapter_name, rank)
+        weights = AdapterPush(
+            merged.control, url, cfg.server.adapter_name, rank, exact_check=cfg.server.exact_check
+        )
         weights.connect(model)
         return weights
     merged.connect(MergedWeightSource(model, dtype=compute_dtype), way.way)

@@ -1,8 +1,9 @@
-"""After every merged push, ask the server what its layers compute with and compare it, exactly,
-with what was sent (rlvr.weight_sync.fingerprint); `ExactCheck.start` says why a server cannot
-be checked this way (a quantized model, a server without vf-vllm's worker extension, names it
-does not hold), and the push probe then stays the check. Design:
-docs/weight-transfer.md#the-exact-check.
+"""After every push, ask the server what it holds and compare it, exactly, with what was sent
+(rlvr.weight_sync.fingerprint): the weights its layers compute with after a merged push
+(`ExactCheck`), the adapter it stored after an adapter push (`AdapterCheck`). `start` says why
+a server cannot be checked this way (a quantized model under a merged push, a server without
+vf-vllm's worker extension, names it does not hold), and the push probe then stays the check.
+Design: docs/weight-transfer.md#the-exact-check.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ import torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
 from rlvr.weight_sync.control import ServerControl, ServerError
-from rlvr.weight_sync.fingerprint import Expected, ServedWeights, Verified, mismatches
+from rlvr.weight_sync.fingerprint import (
+    Expected,
+    ServedWeights,
+    Verified,
+    adapter_expected,
+    lora_scalings,
+    mismatches,
+)
 from rlvr.weight_sync.probe import WeightsNotServedError
 
 log = logging.getLogger(__name__)
@@ -24,9 +32,11 @@ SHOWN_MISMATCHES = 5
 """How many mismatched parameters an error names in full (it counts the rest)."""
 
 
-def served_weights(control: ServerControl) -> list[ServedWeights]:
-    """Each data-parallel replica's weights as its workers report them."""
-    answers = control.worker_rpc("rlvr_weight_fingerprints")
+def served_weights(
+    control: ServerControl, report: str = "rlvr_weight_fingerprints"
+) -> list[ServedWeights]:
+    """Each data-parallel replica's weights as its workers `report` them."""
+    answers = control.worker_rpc(report)
     if not answers or not all(isinstance(a, dict) and "params" in a for a in answers):
         raise ServerError(f"the server's workers did not report fingerprints: {answers!r:.300}")
     replicas = sorted({a.get("replica", 0) for a in answers})
@@ -53,25 +63,16 @@ class ExactCheck:
         model = control.vllm_config().get("model_config") or {}
         if isinstance(model, dict) and model.get("quantization"):
             why = f"it serves a {model['quantization']}-quantized model (weights transformed)"
-            return cls._unavailable(control, why)
+            return unavailable(control, why)
         try:
             layout = served_weights(control)[0]
         except ServerError as e:
-            return cls._unavailable(control, f"it does not report its weights ({e})")
+            return unavailable(control, f"it does not report its weights ({e})")
         check = cls(control, layout, tied)
         unknown = check.expected.unknown(names)
         if unknown:
-            return cls._unavailable(control, f"it holds no parameter for {unknown[:5]}")
+            return unavailable(control, f"it holds no parameter for {unknown[:5]}")
         return check
-
-    @staticmethod
-    def _unavailable(control: ServerControl, why: str) -> None:
-        log.warning(
-            "no exact check of pushes into %s: %s; the push probe checks them instead",
-            control.root,
-            why,
-        )
-        return None
 
     def tap(self, source: WeightSource) -> WeightSource:
         """`source`, fingerprinting each tensor as the transfer reads it."""
@@ -87,15 +88,56 @@ class ExactCheck:
         seconds = time.perf_counter() - start
         return Verified(version, seconds, len(self.expected.prints), failed)
 
-    def error(self, version: int, verified: Verified) -> WeightsNotServedError:
-        """The error naming the server and what it does not hold as sent."""
-        shown = "; ".join(m.describe() for m in verified.failed[:SHOWN_MISMATCHES])
-        more = len(verified.failed) - SHOWN_MISMATCHES
-        return WeightsNotServedError(
-            f"{self.control.root} does not hold weight version {version} as pushed: "
-            f"{len(verified.failed)} of {verified.params} parameters differ. {shown}"
-            + (f"; and {more} more" if more > 0 else "")
-        )
+
+class AdapterCheck:
+    """The exact check of adapter pushes into one server: after each load, the newest adapter
+    its workers hold against the trained matrices (`verify`)."""
+
+    def __init__(self, control: ServerControl, scalings: dict[str, float]):
+        self.control = control
+        self.scalings = scalings
+
+    @classmethod
+    def start(cls, control: ServerControl, model: torch.nn.Module) -> AdapterCheck | None:
+        """The check of adapter pushes of the PEFT `model` into the server `control` reaches,
+        or None, logged with the reason, where the server does not report its adapters."""
+        try:
+            served_weights(control, "rlvr_adapter_fingerprints")
+        except ServerError as e:
+            return unavailable(control, f"it does not report its adapters ({e})")
+        return cls(control, lora_scalings(model))
+
+    def verify(self, version: int, state: dict[str, torch.Tensor]) -> Verified:
+        """Compare every replica's newest adapter with `state`, the trained tensors the push
+        of `version` just loaded (raises nothing: `failed` lists the mismatches)."""
+        start = time.perf_counter()
+        failed, params = [], 0
+        for replica in served_weights(self.control, "rlvr_adapter_fingerprints"):
+            expected = adapter_expected(state, self.scalings, replica)
+            failed += mismatches(expected, replica)
+            params = len(expected)
+        return Verified(version, time.perf_counter() - start, params, failed)
+
+
+def unavailable(control: ServerControl, why: str) -> None:
+    """No exact check of `control`'s server, logged with `why`."""
+    log.warning(
+        "no exact check of pushes into %s: %s; the push probe checks them instead",
+        control.root,
+        why,
+    )
+    return None
+
+
+def not_served(control: ServerControl, version: int, verified: Verified) -> WeightsNotServedError:
+    """The error naming the server and the parameters it does not hold as pushed."""
+    shown = "; ".join(m.describe() for m in verified.failed[:SHOWN_MISMATCHES])
+    more = len(verified.failed) - SHOWN_MISMATCHES
+    return WeightsNotServedError(
+        f"{control.root} does not hold weight version {version} as pushed: "
+        f"{len(verified.failed)} of {verified.params} parameters differ. {shown}"
+        + (f"; and {more} more" if more > 0 else "")
+    )
 
 
 class _Tapped(WeightSource):

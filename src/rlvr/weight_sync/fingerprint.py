@@ -11,6 +11,7 @@ Design: docs/weight-transfer.md#the-exact-check.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -123,6 +124,43 @@ class Expected:
     def _add(self, name: str, tensor: torch.Tensor) -> None:
         p = fingerprint(tensor.to(self.served.dtypes[name]))
         self.prints[name] = self.prints[name] + p if name in self.prints else p
+
+
+LORA_TENSOR = re.compile(
+    r"(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.default)?\.weight"
+)
+"""A PEFT adapter tensor's name: the module it adapts and which of the two matrices."""
+
+
+def lora_scalings(model: torch.nn.Module) -> dict[str, float]:
+    """Each LoRA layer's scaling (alpha / r, or rsLoRA's), by its PEFT module name."""
+    return {
+        name: module.scaling["default"]
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "scaling", None), dict) and "default" in module.scaling
+    }
+
+
+def adapter_expected(
+    state: dict[str, torch.Tensor], scalings: dict[str, float], served: ServedWeights
+) -> dict[str, Fingerprint]:
+    """The trainer's side of an adapter push's check: each trained LoRA matrix as vLLM stores
+    it (cast to the server's dtype, B then multiplied by its layer's scaling, which vLLM folds
+    into B on loading), summed under the server's fused module names."""
+    prints: dict[str, Fingerprint] = {}
+    for name, tensor in state.items():
+        match = LORA_TENSOR.fullmatch(name)
+        if match is None:
+            continue
+        module, part = match["module"], match["part"].lower()
+        served_name = f"{served.server_name(module)}.lora_{part}"
+        held = tensor.to(served.dtypes.get(served_name, tensor.dtype))
+        scaling = scalings.get(name.split(".lora_")[0], 1.0)
+        if part == "b" and scaling != 1:
+            held = held * scaling
+        p = fingerprint(held)
+        prints[served_name] = prints[served_name] + p if served_name in prints else p
+    return prints
 
 
 @dataclass(frozen=True)

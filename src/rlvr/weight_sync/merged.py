@@ -251,13 +251,6 @@ class MergedPush(WeightPush):
             self.engine.send_weights()
         return time.perf_counter() - start
 
-    def failed_check(self, version: int) -> Exception | None:
-        """Why the exact check of the push of `version` failed (rank 0), or None."""
-        verified = self.verified
-        if self.check is None or verified is None or verified.version != version:
-            return None
-        return self.check.error(version, verified) if verified.failed else None
-
     def served_name(self, version: int) -> str:
         """`served_model`, whatever the version: the server holds only the newest weights."""
         return self.served_model

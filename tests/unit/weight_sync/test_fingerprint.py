@@ -10,6 +10,7 @@ from rlvr.weight_sync.fingerprint import (
     Fingerprint,
     ServedWeights,
     Verified,
+    adapter_expected,
     aliases,
     fingerprint,
     mismatches,
@@ -110,3 +111,43 @@ def test_replicated_key_value_heads_are_not_judged():
     sent = {"qkv": Fingerprint(5), "o": Fingerprint(14)}
     assert mismatches(sent, held) == []
     assert [m.name for m in mismatches({**sent, "o": Fingerprint(7)}, held)] == ["o"]
+
+
+def test_adapter_expected_is_what_vllm_stores():
+    """A PEFT adapter's matrices, fingerprinted as vLLM's LoRA loader stores them (cast to the
+    server's dtype, then B scaled in place by `optimize`): q and v sum into qkv_proj, lora_A
+    is not scaled, and another scaling or a B left unscaled is seen."""
+    from vllm.lora.lora_weights import LoRALayerWeights
+
+    torch.manual_seed(0)
+    prefix = "base_model.model.model.layers.0.self_attn"
+    state = {
+        f"{prefix}.{proj}.lora_{ab}.default.weight": torch.randn(8, 16) * 0.1
+        for proj in ("q_proj", "v_proj")
+        for ab in "AB"
+    }
+    # not 2 and 1/2: on same-shaped parts those exponent shifts cancel in the bit sums
+    scalings = {f"{prefix}.q_proj": 2.0, f"{prefix}.v_proj": 0.25}
+    for dtype in (torch.float32, torch.bfloat16):
+        held = {}
+        for proj in ("q_proj", "v_proj"):
+            weights = LoRALayerWeights(
+                proj,
+                8,
+                16,
+                state[f"{prefix}.{proj}.lora_A.default.weight"].to(dtype, copy=True),
+                state[f"{prefix}.{proj}.lora_B.default.weight"].to(dtype, copy=True),
+                scaling=scalings[f"{prefix}.{proj}"],
+            ).optimize()
+            for part in ("lora_a", "lora_b"):
+                held.setdefault(part, []).append(fingerprint(getattr(weights, part)))
+        name = "model.layers.0.self_attn.qkv_proj"
+        served = ServedWeights(
+            {f"{name}.lora_a": dtype, f"{name}.lora_b": dtype},
+            {f"{name}.{part}": sum(p[1:], p[0]) for part, p in held.items()},
+            PACKED,
+        )
+        assert mismatches(adapter_expected(state, scalings, served), served) == [], dtype
+        for wrong in ({**scalings, f"{prefix}.v_proj": 1.0}, {}):
+            failed = mismatches(adapter_expected(state, wrong, served), served)
+            assert [m.name for m in failed] == [f"{name}.lora_b"], (dtype, wrong)
