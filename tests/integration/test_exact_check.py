@@ -254,3 +254,23 @@ def test_adapter_push_is_verified(tiny_server, quantization, monkeypatch):
         monkeypatch.setattr(adapter_sync, "save_adapter", save)
         push.push(2)
         assert push.failed_check(2) is None
+
+
+def test_resume_onto_other_kernels_passes(tiny_server, bf16_server, tmp_path):
+    """A run stopped on a float32 server resumes onto a bfloat16 one: the same weights computed
+    with other kernels and another dtype. The checkpoint's probe of the old server is not
+    reused: the resume's push is checked exactly at the new server's dtype and probed afresh
+    against its absolute limit, and training goes on."""
+    if bf16_server.rounded:
+        pytest.skip("vLLM's CPU backend does not run bfloat16 here (the fixture says why)")
+    env = target_share_env(target_id(tiny_server.model_dir))
+    try:
+        Trainer(config(tiny_server, tmp_path, "max_steps=2"), env=env).run(stop_after=1)
+        assert [c.name for c in list_checkpoints(tmp_path)] == ["step_000001"]
+        resumed = config(bf16_server.server, tmp_path, "max_steps=2", "checkpoint.resume=auto")
+        (step,) = Trainer(resumed, env=env).run()
+        assert step["step"] == 2
+        assert step["push/failed_params"] == 0 and step["push/verified_params"] > 0, step
+    finally:
+        restore_base_weights(tiny_server)
+        restore_base_weights(bf16_server.server)

@@ -57,6 +57,8 @@ def test_sweep_2x2_on_the_tiny_server(tiny_lora_server, shared_data: Path, tmp_p
         "--out",
         str(out),
         "--no-progress",
+        "--jobs",
+        "4",  # a model's two cells at once on the shared server
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

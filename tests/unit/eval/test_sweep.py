@@ -37,6 +37,15 @@ out, model, n, r = Path(opt("-o")), opt("-m"), int(opt("-n")), int(opt("-r"))
 env_args = json.loads(opt("-a")) if "-a" in args else {}
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps({"model": model, "env_args": env_args}) + "\\n")
+together = int(os.environ.get("FAKE_TOGETHER", "1"))  # wait for this many calls of the model
+for _ in range(600):
+    started = [json.loads(line)["model"] for line in open(os.environ["FAKE_LOG"])]
+    if started.count(model) >= together:
+        break
+    time.sleep(0.1)
+else:
+    print(f"ran alone: {together} calls of {model} never ran at once", file=sys.stderr)
+    sys.exit(1)
 if env_args.get("fail"):
     print("environment exploded", file=sys.stderr)
     sys.exit(1)
@@ -76,7 +85,7 @@ def fake_vf_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Points the sweep at the stand-in vf-eval; returns the log of its calls."""
     script = tmp_path / "vf-eval"
     script.write_text(
-        f"#!{sys.executable}\nimport json, os, sys\nfrom pathlib import Path\n{FAKE_VF_EVAL}"
+        f"#!{sys.executable}\nimport json, os, sys, time\nfrom pathlib import Path\n{FAKE_VF_EVAL}"
     )
     script.chmod(0o755)
     monkeypatch.setattr(vf_eval, "VF_EVAL", script)
@@ -212,6 +221,27 @@ def test_sweep_records_failed_cells_and_reports_the_rest(fake_vf_eval, tmp_path)
     empty = make_sweep(grid=("level=1", "fail=true"))
     with pytest.raises(ResultsError, match="no finished cells"):
         build_sweep_report(empty, tmp_path / "nothing")
+
+
+def test_sweep_jobs_run_a_models_cells_at_once(fake_vf_eval, tmp_path, monkeypatch):
+    """With --jobs 4 each model's four cells run at once (every stand-in call waits until all
+    four of its model have started, so one at a time would fail them all); the numbers are a
+    sequential sweep's, and a failing cell among them is recorded while the others finish."""
+    monkeypatch.setenv("FAKE_TOGETHER", "4")
+    sweep = make_sweep(grid=("level=1,2", "fail=false,true"))
+    result = run_sweep(sweep, tmp_path / "together", base_url=UNREACHABLE, progress=False, jobs=4)
+    assert len(result.ran) == 4 and len(result.failed) == 4
+    assert all("environment exploded" in reason for _, reason in result.failed)
+    monkeypatch.setenv("FAKE_TOGETHER", "1")
+    alone = run_sweep(sweep, tmp_path / "alone", base_url=UNREACHABLE, progress=False)
+    assert [c.label for c in alone.ran] == [c.label for c in result.ran]
+    together = build_sweep_report(sweep, tmp_path / "together")
+    sequential = build_sweep_report(sweep, tmp_path / "alone")
+    for a, b in zip(together.rows, sequential.rows, strict=True):
+        for x, y in zip(a.summaries, b.summaries, strict=True):
+            assert (x is None) == (y is None)  # a failed cell's column is empty in both
+            if x is not None:
+                assert_same(x.reward, y.reward)
 
 
 def test_sweep_pools_seeds_by_prompt(fake_vf_eval, tmp_path):

@@ -12,12 +12,13 @@ import shlex
 import shutil
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlvr.atomic import atomic_directory, atomic_write_text
-from rlvr.config.cli import json_object
+from rlvr.config.cli import json_object, positive_int
 from rlvr.eval.sweep.inputs import (
     CELLS,
     SPEC_FILE,
@@ -113,10 +114,12 @@ def run_sweep(
     server_args: Sequence[str] = (),
     cell_timeout: float | None = None,
     progress: bool = True,
+    jobs: int = 1,
 ) -> SweepRun:
     """Run every unfinished cell, one model (and its own vf-vllm, unless `base_url`) at a
-    time; a failing cell, or a model whose server does not start, is recorded and the sweep
-    goes on."""
+    time, `jobs` of its cells at once (the server batches their requests: one vf-eval seldom
+    fills it); a failing cell, or a model whose server does not start, is recorded and the
+    sweep goes on."""
     from tqdm.auto import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -156,14 +159,21 @@ def run_sweep(
                 ]
                 bar.update(len(pending))
                 continue
-            for cell in pending:
-                bar.set_postfix_str(cell.label)
-                try:
-                    _run_cell(sweep, cell, out, endpoint.base_url, endpoint.model, cell_timeout)
-                    result.ran.append(cell)
-                except Exception as e:  # recorded and reported; the sweep goes on
-                    result.failed.append((cell, f"{type(e).__name__}: {e}"))
-                bar.update(1)
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                running = [
+                    pool.submit(
+                        _run_cell, sweep, cell, out, endpoint.base_url, endpoint.model, cell_timeout
+                    )
+                    for cell in pending
+                ]
+                for cell, future in zip(pending, running, strict=True):
+                    try:
+                        future.result()
+                        result.ran.append(cell)
+                    except Exception as e:  # recorded and reported; the sweep goes on
+                        result.failed.append((cell, f"{type(e).__name__}: {e}"))
+                    bar.set_postfix_str(cell.label)
+                    bar.update(1)
     bar.close()
     return result
 
@@ -228,6 +238,12 @@ def parse_args() -> argparse.Namespace:
         "--server-args", default="", help="extra vf-vllm flags for the servers the sweep starts"
     )
     parser.add_argument("--cell-timeout", type=float, default=None, help="seconds per cell")
+    parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="cells run at once against each model's server (it batches their requests)",
+    )
     parser.add_argument("--threshold", type=float, default=1.0, help="pass@k success bar")
     parser.add_argument(
         "--report-only", action="store_true", help="report on the finished cells of --out"
@@ -244,7 +260,8 @@ def main() -> None:
 
         python scripts/eval_sweep.py ENV --models base=smollm2-135m,trained=outputs/run/final \
             --grid retriever=bm25,hybrid [--seeds 0,1] -n 32 -r 4 [-t 512] --out sweeps/NAME \
-            [--env-args JSON] [--sampling-args JSON] [--server-args "--dtype float32 ..."]
+            [--env-args JSON] [--sampling-args JSON] [--server-args "--dtype float32 ..."] \
+            [--jobs 4]
         python scripts/eval_sweep.py --report-only --out sweeps/NAME [--threshold 1.0]
 
     Installed as `rlvr-eval-sweep`; how it runs: docs/evaluation.md#evaluation-sweeps.
@@ -270,6 +287,7 @@ def main() -> None:
                 server_args=shlex.split(args.server_args),
                 cell_timeout=args.cell_timeout,
                 progress=not args.no_progress,
+                jobs=args.jobs,
             )
             print(
                 f"{len(result.ran)} cells run, {len(result.skipped)} already done, "
