@@ -15,16 +15,20 @@ notation of either:
   and twenty", "eleven thousand nine hundred"), thousands separated by spaces ("273 282");
 - a unit in one spelling: "metre" for metres/meters/metre/meter, "km" for kilometres, "ft" for
   feet, "percent" for "%" and "per cent", "km2" for "square kilometres", ...;
-- hyphens and dashes as spaces ("Hewlett-Packard" = "Hewlett Packard").
+- hyphens and dashes as spaces ("Hewlett-Packard" = "Hewlett Packard");
+- letters without their diacritics ("Björk" = "Bjork", "Kraków" = "Krakow", "Straßburg" =
+  "Strassburg"), as people type a name on a keyboard without accents.
 
-"m" after a number stays "m": it is metres or millions, which only the gold can tell
-(`resolve_units`).
+"m" after a number stays "m": it is metres or millions, and "in" is inches or a preposition,
+which only the gold can tell (`resolve_units`).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
+from functools import lru_cache
 
 from .scoring import normalize_answer
 
@@ -73,6 +77,8 @@ _UNIT_SPELLINGS = {
     "acre": "acre acres",
     "percent": "percent pct",
     "square": "square sq",
+    "mph": "mph",
+    "kmh": "kmh kph",
 }
 _UNITS = {spelling: unit for unit, words in _UNIT_SPELLINGS.items() for spelling in words.split()}
 UNIT_WORDS = frozenset(_UNIT_SPELLINGS) | {"km2", "mi2", "m2", "ft2", "m"}
@@ -80,8 +86,16 @@ UNIT_WORDS = frozenset(_UNIT_SPELLINGS) | {"km2", "mi2", "m2", "ft2", "m"}
 _AREAS = {"km": "km2", "mile": "mi2", "metre": "m2", "ft": "ft2"}
 _AREA_SPELLINGS = {"sqkm": "km2", "sqmi": "mi2", "mi2": "mi2", "km2": "km2", "m2": "m2"}
 # Abbreviations that mean a unit only beside a gold in that unit: "1,400 m" is 1,400 metres
-# against "1,400 metres", and 1,400 million against "1,400 million".
-_AMBIGUOUS_UNITS = {"m": "metre"}
+# against "1,400 metres", and 1,400 million against "1,400 million"; "6.8 in" is 6.8 inches
+# against "6.8 inches".
+_AMBIGUOUS_UNITS = {"m": "metre", "in": "inch"}
+# Speeds written out: "miles per hour" is "mph", "kilometres per hour" is "kmh".
+_SPEEDS = {"mile": "mph", "km": "kmh"}
+# Letters that keep no diacritic when decomposed.
+_PLAIN_LETTERS = str.maketrans(
+    {"ł": "l", "Ł": "L", "ø": "o", "Ø": "O", "ß": "ss", "đ": "d", "Đ": "D", "ı": "i", "æ": "ae",
+     "Æ": "AE", "œ": "oe", "Œ": "OE", "ð": "d", "þ": "th"}
+)  # fmt: skip
 
 
 def _date_words(day: int, month: int, year: str) -> str | None:
@@ -165,6 +179,10 @@ def _units(words: Sequence[str]) -> list[str]:
             i += 2
             continue
         unit = _AREA_SPELLINGS.get(word) or _UNITS.get(word, word)
+        if unit in _SPEEDS and words[i + 1 : i + 3] == ["per", "hour"]:
+            out.append(_SPEEDS[unit])
+            i += 3
+            continue
         if out and out[-1] == "square" and unit in _AREAS:
             out[-1] = _AREAS[unit]
         else:
@@ -206,9 +224,31 @@ def _dates(words: Sequence[str]) -> list[str]:
     return out
 
 
+def without_diacritics(text: str) -> str:
+    """The text with its letters' diacritics dropped ("Björk" -> "Bjork")."""
+    if text.isascii():
+        return text
+    decomposed = unicodedata.normalize("NFKD", text.translate(_PLAIN_LETTERS))
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+
+
 def canonical_tokens(text: str) -> list[str]:
     """Normalised words (SQuAD's normalisation) with dates as day, month, year; numbers as
-    digits; one spelling per unit; hyphens and dashes as spaces (module docstring)."""
+    digits; one spelling per unit; hyphens and dashes as spaces; no diacritics (module
+    docstring)."""
+    return list(_canonical(text)) if len(text) <= MAX_CACHED_CHARS else _words(text)
+
+
+MAX_CACHED_CHARS = 300  # answers and golds: compared again and again; documents: once
+
+
+@lru_cache(maxsize=8192)
+def _canonical(text: str) -> tuple[str, ...]:
+    return tuple(_words(text))
+
+
+def _words(text: str) -> list[str]:
+    text = without_diacritics(text)
     text = _ISO_DATE.sub(_iso, text)
     text = _NUMERIC_DATE.sub(_numeric, text)
     text = _SPACED_THOUSANDS.sub(lambda m: re.sub(r"\D", "", m.group(0)), text)

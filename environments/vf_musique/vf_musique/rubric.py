@@ -19,12 +19,13 @@ saved results (dict messages, tool calls as JSON strings) score the same as fres
   whole question), within a few distinct searches per hop (`hops.few_searches`). No search,
   junk searches, the question searched again and again, with small changes or extra words,
   or a shotgun of question slices back nothing. A refusal is "unanswerable" in any common
-  phrasing (`answers.is_refusal`).
+  phrasing and package (`refusals.is_refusal`).
 
 * EM and F1 use SQuAD normalisation, best over the answer and its aliases; an answer in a form
-  a correct answer takes ("in 2003", "Pittsburgh, Pennsylvania", "1895-03-14", "The answer is
-  Stanley.") is the gold (`answers.judge_answer`); a sentence is scored by the span it commits
-  to, right or wrong.
+  a correct answer takes ("in 2003", "Pittsburgh, Pennsylvania", "1895-03-14") is the gold
+  (`answers.judge_answer`), whatever wraps it ("The answer is probably Stanley [3].",
+  '{"answer": "Stanley"}': `wrappers`); a reply is scored by the answer it commits to, right or
+  wrong, and a refusal beside a guess commits to neither.
 * citation precision and recall count a cited paragraph as right only when it supports the answer
   and a search showed it in this episode: citing a paragraph never shown costs precision, not the
   answer. Citation F1 is their harmonic mean, so citing everything scores lower than citing the
@@ -146,8 +147,8 @@ def answer_scores(
 ) -> tuple[float, float]:
     """Exact match and token F1 of the answer. On an unanswerable row only a refusal (in any
     phrasing) is right; on an answerable row a form of the gold or an alias (`answers`) counts
-    as the gold, anything else gets SQuAD EM and F1, best over the golds. A reply written as a
-    sentence is scored by the span it commits to (`answers.judge_answer`)."""
+    as the gold, anything else gets SQuAD EM and F1, best over the golds. A wrapped reply is
+    scored by the answer it commits to (`answers.judge_answer`)."""
     if not answerable:
         return float(claimed), float(claimed)
     golds = [str(gold) for gold in info.get("answers") or []]
