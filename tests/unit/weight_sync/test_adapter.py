@@ -59,6 +59,11 @@ class _RecordingControl:
     def get(self, path: str) -> dict:
         return {"data": []}  # no adapters left by an earlier trainer
 
+    def worker_rpc(self, method: str, kwargs: dict | None = None) -> list:
+        from rlvr.weight_sync.control import ServerError
+
+        raise ServerError(f"no worker extension here ({method})")  # no exact check: the probe
+
     def post(self, path: str, json: dict) -> dict:
         names = self.loaded if path == "/v1/load_lora_adapter" else self.unloaded
         names.append(json["lora_name"])
