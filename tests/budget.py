@@ -32,7 +32,11 @@ LONG: dict[tuple[str, str], str] = {
         "GRPO through adapter pushes until the reward rises: learning, not only stages"
     ),
     ("integration/test_sweep.py", "test_sweep_2x2_on_the_tiny_server"): (
-        "four vf-eval processes, then the same sweep again to see it resume"
+        "four vf-eval processes (at once: --jobs 4), then the same sweep again to see it resume"
+    ),
+    ("integration/test_readme_commands.py", "test_readme_quickstart_vf_eval_line_runs"): (
+        "every README line starts at once on the shared server; the first to be checked waits "
+        "while all of them share the two cores (the rest are then done)"
     ),
     ("integration/test_qlora.py", "test_qlora_sampler_matches_trainer"): (
         "SmolLM2 quantized to 4 bits, trained and pushed, compared with the server"
