@@ -118,14 +118,19 @@ def held_fingerprints(model: torch.nn.Module, tp_size: int, replica: int) -> dic
                 sharded.append(full)
             if getattr(module, "num_kv_head_replicas", 1) > 1:  # heads copied across ranks
                 unchecked.append(full)
-    packed = getattr(model, "packed_modules_mapping", None) or {}
     return {
         "params": to_wire(prints),
         "sharded": sharded,
         "unchecked": unchecked,
-        "packed": {k: list(v) for k, v in packed.items()},
+        "packed": fused_modules(model),
         "replica": replica,
     }
+
+
+def fused_modules(model: torch.nn.Module) -> dict[str, list[str]]:
+    """vLLM's fused module -> the Hugging Face modules it holds (`packed_modules_mapping`)."""
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    return {k: list(v) for k, v in packed.items()}
 
 
 def held_adapter_fingerprints(model_runner: Any, replica: int) -> dict[str, Any]:
@@ -135,10 +140,9 @@ def held_adapter_fingerprints(model_runner: Any, replica: int) -> dict[str, Any]
     in), the model's fused-module map and the adapter's id; `adapter` None where none is held."""
     manager = getattr(model_runner, "lora_manager", None)
     adapters = manager._adapter_manager.list_adapters() if manager is not None else {}
-    packed = getattr(model_runner.get_model(), "packed_modules_mapping", None) or {}
     report: dict[str, Any] = {
         "params": {},
-        "packed": {k: list(v) for k, v in packed.items()},
+        "packed": fused_modules(model_runner.get_model()),
         "replica": replica,
         "adapter": max(adapters, default=None),
     }
