@@ -9,12 +9,16 @@ setup:
 demo: setup
 	@$(PY) -m rlvr.demo
 
+# two workers (pytest-xdist): one runs the modules that start servers, in order, on one set of
+# shared servers; the other takes the modules that start none (tests/conftest.py)
+XDIST := -n 2 --dist loadgroup
+
 test: setup
-	@$(PY) -m pytest
+	@$(PY) -m pytest $(XDIST)
 
 # the inner loop (docs/development.md): lint, then the tests that start no server and are not slow
 check: lint
-	@$(PY) -m pytest -q -m "not integration and not slow"
+	@$(PY) -m pytest $(XDIST) -q -m "not integration and not slow"
 
 # the loss path's wrong formulas (tests/unit/trainer/mutants.py) against its whole test files
 mutants: setup

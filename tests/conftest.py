@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,16 +56,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
 
 
-def _serve(model: str, log_dir: Path, extra: list[str] | None = None):
+def _serve(model: str, log_dir: Path, extra: list[str] | None = None, start: bool = True):
     from rlvr.server.process import VLLMServer
 
     flags = [*EXACT_FLAGS, *(extra or [])]
     server = VLLMServer(model, extra_args=flags, log_path=log_dir / "vf-vllm.log")
-    server.start()
-    return server
+    return server.start() if start else server
 
 
-def serve_tiny(model_dir: Path, log_dir: Path):
+def serve_tiny(model_dir: Path, log_dir: Path, start: bool = True):
     """A real vf-vllm (CPU) on the tiny model that can load LoRA adapters at run time (adapter
     sync; merged pushes work into it as well), takes a request's own chat template and serves
     the token-in `/inference/v1/generate` route verifiers 0.4 environments call."""
@@ -71,19 +74,133 @@ def serve_tiny(model_dir: Path, log_dir: Path):
         str(model_dir),
         log_dir,
         extra=[*lora_flags(16), "--trust-request-chat-template", "--enable-scale-out"],
+        start=start,
     )
     server.model_dir = model_dir
     server.sampling_args = TINY_SAMPLING
     return server
 
 
+Opener = Callable[[], AbstractContextManager]  # opens a server; called by its own thread
+
+
+class Background:
+    """A shared server started by a thread of its own, so that it starts while other tests run.
+
+    The thread lives until `close`: a vf-vllm child ends with the thread that started it (the
+    parent-death signal follows the thread), and a crashed run leaves no server behind. `after`
+    starts it once another has started (one start at a time leaves a core to the tests)."""
+
+    def __init__(self, open_server: Opener, after: Background | None):
+        self._open, self._after = open_server, after
+        self._started, self._done = threading.Event(), threading.Event()
+        self._value: object = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._own, daemon=True)
+        self._thread.start()
+
+    def _own(self) -> None:
+        if self._after is not None:
+            self._after._started.wait()
+        try:
+            with self._open() as value:
+                self._value = value
+                self._started.set()
+                self._done.wait()
+        except BaseException as error:  # handed to the test that asks for the server
+            self._error = error
+        finally:
+            self._started.set()
+
+    def get(self) -> object:
+        """The server once it serves (its start-up error, raised, otherwise)."""
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+@contextlib.contextmanager
+def _running(server):
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+# The session's shared servers, in the order they start when the selected tests use them.
+SHARED_SERVERS = ("tiny_server", "smollm2_server", "tiny_lora_server")
+
+
+class SharedServers:
+    """The session's shared servers by fixture name, each started in the background once."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, Background] = {}
+        self.begun = False
+
+    def begin(self, request, tmp_path_factory) -> None:
+        """Start, one after another beside the tests, every shared server the session's tests
+        use (their directories and ports are chosen here, in the test's thread)."""
+        self.begun = True
+        wanted = {name for item in request.session.items for name in item.fixturenames}
+        prepare = {
+            "tiny_server": lambda: _tiny(request, tmp_path_factory),
+            "smollm2_server": lambda: _smollm2(tmp_path_factory),
+            "tiny_lora_server": lambda: _tiny_lora(request, tmp_path_factory),
+        }
+        last = None
+        for name in SHARED_SERVERS:
+            if name in wanted and name not in self.started:
+                last = self.started[name] = Background(prepare[name](), after=last)
+
+    def get(self, name: str, prepare: Callable[[], Opener]) -> object:
+        """The server once it serves; started now if the session did not start it (a test that
+        asks for it by `request.getfixturevalue`)."""
+        if name not in self.started:
+            self.started[name] = Background(prepare(), after=None)
+        return self.started[name].get()
+
+    def close(self) -> None:
+        for server in self.started.values():
+            server.close()
+
+
 @pytest.fixture(scope="session")
-def tiny_server(tiny_model_dir, tmp_path_factory):
+def shared_servers() -> Iterator[SharedServers]:
+    servers = SharedServers()
+    yield servers
+    servers.close()
+
+
+@pytest.fixture(autouse=True)
+def _start_shared_servers(request, shared_servers: SharedServers, tmp_path_factory) -> None:
+    """Start the shared servers as the session begins (a start is 45-90 s of mostly Python
+    imports on one core; the modules that start no server run first, beside them:
+    `pytest_collection_modifyitems`). Under `-n` (pytest-xdist) only the worker that runs the
+    integration tests starts them, at its first one."""
+    under_xdist = "PYTEST_XDIST_WORKER" in os.environ
+    if not shared_servers.begun and (
+        not under_xdist or request.node.get_closest_marker("integration")
+    ):
+        shared_servers.begin(request, tmp_path_factory)
+
+
+def _tiny(request, tmp_path_factory) -> Opener:
+    model_dir = request.getfixturevalue("tiny_model_dir")
+    server = serve_tiny(model_dir, tmp_path_factory.mktemp("tiny-server"), start=False)
+    return lambda: _running(server)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(request, shared_servers, tmp_path_factory):
     """One real vf-vllm (CPU) on the tiny model (`serve_tiny`), shared by every integration
     test."""
-    server = serve_tiny(tiny_model_dir, tmp_path_factory.mktemp("tiny-server"))
-    yield server
-    server.stop()
+    return shared_servers.get("tiny_server", lambda: _tiny(request, tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
@@ -111,17 +228,21 @@ def bf16_server(request, tiny_model_dir, tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def smollm2_server(tmp_path_factory):
-    """A real vf-vllm on the embedded SmolLM2-135M-Instruct (converted once into the cache)."""
+def _smollm2(tmp_path_factory) -> Opener:
     from rlvr.model.names import ensure_embedded_model
     from rlvr.server.launcher import lora_flags
 
-    server = _serve("smollm2-135m", tmp_path_factory.mktemp("smollm2-server"), extra=lora_flags(16))
+    log_dir = tmp_path_factory.mktemp("smollm2-server")
+    server = _serve("smollm2-135m", log_dir, extra=lora_flags(16), start=False)
     server.model_dir = ensure_embedded_model()
     server.sampling_args = SMOLLM2_SAMPLING
-    yield server
-    server.stop()
+    return lambda: _running(server)
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(shared_servers, tmp_path_factory):
+    """A real vf-vllm on the embedded SmolLM2-135M-Instruct (converted once into the cache)."""
+    return shared_servers.get("smollm2_server", lambda: _smollm2(tmp_path_factory))
 
 
 @pytest.fixture(scope="session")
@@ -132,26 +253,35 @@ def tiny_adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return build_tiny_adapter(tiny_model_dir, tmp_path_factory.mktemp("adapters") / "tiny-lora")
 
 
+def _tiny_lora(request, tmp_path_factory) -> Opener:
+    from rlvr.server.serve_model import serve, served_model
+
+    model_dir = request.getfixturevalue("tiny_model_dir")
+    adapter_dir = request.getfixturevalue("tiny_adapter_dir")
+    log = tmp_path_factory.mktemp("tiny-lora-server") / "vf-vllm.log"
+
+    @contextlib.contextmanager
+    def opened() -> Iterator[SimpleNamespace]:
+        with serve(str(adapter_dir), name="tiny-lora", server_args=EXACT_FLAGS, log_path=log) as up:
+            yield SimpleNamespace(
+                base_url=up.base_url,
+                model=served_model(str(adapter_dir)).model,
+                adapter=up.model,
+                model_dir=model_dir,
+                adapter_dir=adapter_dir,
+                sampling_args=TINY_SAMPLING,
+                log=log,
+            )
+
+    return opened
+
+
 @pytest.fixture(scope="session")
-def tiny_lora_server(tiny_model_dir, tiny_adapter_dir, tmp_path_factory):
+def tiny_lora_server(request, shared_servers, tmp_path_factory):
     """A real vf-vllm serving the tiny model and, with vLLM's LoRA support, `tiny_adapter_dir`
     on top of it, started the way sweeps and predictions serve an adapter directory. Requests
     name `server.model` (the base) or `server.adapter`."""
-    from rlvr.server.serve_model import serve, served_model
-
-    log = tmp_path_factory.mktemp("tiny-lora-server") / "vf-vllm.log"
-    with serve(
-        str(tiny_adapter_dir), name="tiny-lora", server_args=EXACT_FLAGS, log_path=log
-    ) as endpoint:
-        yield SimpleNamespace(
-            base_url=endpoint.base_url,
-            model=served_model(str(tiny_adapter_dir)).model,
-            adapter=endpoint.model,
-            model_dir=tiny_model_dir,
-            adapter_dir=tiny_adapter_dir,
-            sampling_args=TINY_SAMPLING,
-            log=log,
-        )
+    return shared_servers.get("tiny_lora_server", lambda: _tiny_lora(request, tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +301,19 @@ def gate(rv_model_dir):
     from rlvr.reasoning_vocab.mapping import ReasoningVocab, load_tokenizer
 
     return ThinkGate.from_tokenizer(ReasoningVocab.load(rv_model_dir), load_tokenizer(rv_model_dir))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules without an integration test run first, while the shared servers start beside
+    them (`_start_shared_servers`); a module's tests stay together and in order, so its
+    fixtures start once. Under `-n 2 --dist loadgroup` (`make test`) the modules with an
+    integration test are one group, run in this order by one worker (one set of servers: two
+    would not fit in memory), and each other module is a group the other worker takes."""
+    serving = {item.path for item in items if item.get_closest_marker("integration")}
+    items.sort(key=lambda item: item.path in serving)
+    for item in items:
+        group = "servers" if item.path in serving else str(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # ---- the duration budget (tests/budget.py) -------------------------------------------------------

@@ -7,6 +7,7 @@ checkpoint).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -82,3 +83,18 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """`atomic_write_bytes` of `text` in UTF-8."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextmanager
+def made_once(target: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock beside `target` (`.NAME.lock`) for the block: processes that make
+    the same thing once on a fresh machine (a model conversion, a merged adapter, a venv) take
+    turns, and the later ones find it made, instead of racing to publish it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -10,10 +9,11 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from unit.server.test_server import VF_VLLM, run_launcher
+from unit.server.test_server import VF_VLLM
 
 
 def engine_processes(marker: str) -> list[str]:
@@ -42,63 +42,84 @@ def gone_within(seconds: float, still_there: Callable[[], list]) -> list:
     return left
 
 
-@pytest.mark.integration
-def test_engine_failure_shows_log_tail_and_leaves_nothing_running(tiny_model_dir, tmp_path):
-    # A model directory whose weights file is corrupt passes our checks but kills the engine.
-    broken = tmp_path / "broken"
-    shutil.copytree(tiny_model_dir, broken)
-    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    from rlvr.weight_sync.rendezvous import free_port
+@dataclass
+class Launch:
+    """vf-vllm started as a user starts it (`vf-vllm --model ... --port ...`), serving `marker`
+    (a name unique to its test); its console goes to `log`."""
 
-    marker = f"broken-{uuid.uuid4().hex[:8]}"
-    port = str(free_port())
-    result = run_launcher(
-        "--model", str(broken), "--served-model-name", marker, "--enforce-eager", "--port", port
-    )
-    assert result.returncode == 2
-    assert "exited with code" in result.stderr
-    assert "last engine log lines" in result.stderr
-    assert gone_within(30, lambda: engine_processes(marker)) == []
+    proc: subprocess.Popen
+    marker: str
+    port: int
+    log: Path
 
-
-@contextlib.contextmanager
-def served_launcher(
-    model_dir: Path, marker: str, log_path: Path
-) -> Iterator[tuple[subprocess.Popen, int]]:
-    """vf-vllm started as a user starts it, serving `marker` (a name unique to the test), once
-    it serves: (its process, its port). The launcher, if still running, is SIGKILLed at the end."""
-    from rlvr.weight_sync.rendezvous import free_port
-
-    port = free_port()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [
-                VF_VLLM,
-                "--model",
-                str(model_dir),
-                "--served-model-name",
-                marker,
-                "--port",
-                str(port),
-                "--enforce-eager",
-                "--dtype",
-                "float32",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 300
-        while "vf-vllm: serving" not in log_path.read_text():
-            assert proc.poll() is None, log_path.read_text()[-3000:]
+    def serving(self) -> Launch:
+        """Wait until it serves (or fail with its log)."""
+        deadline = time.monotonic() + 600
+        while "vf-vllm: serving" not in self.log.read_text():
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(1)
-        assert f"http://127.0.0.1:{port}/v1" in log_path.read_text()
-        yield proc, port
+        assert f"http://127.0.0.1:{self.port}/v1" in self.log.read_text()
+        return self
+
+    def exited(self) -> Launch:
+        """Wait until it exits by itself."""
+        self.proc.wait(600)
+        return self
+
+
+def launch(model_dir: Path, name: str, log_dir: Path) -> Launch:
+    from rlvr.weight_sync.rendezvous import free_port
+
+    marker, port = f"{name}-{uuid.uuid4().hex[:8]}", free_port()
+    log = log_dir / f"{name}.log"
+    args = ["--model", str(model_dir), "--served-model-name", marker, "--port", str(port)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [VF_VLLM, *args, "--enforce-eager", "--dtype", "float32"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return Launch(proc, marker, port, log)
+
+
+@pytest.fixture(scope="module")
+def launches(tiny_model_dir, tmp_path_factory) -> Iterator[dict[str, Launch]]:
+    """The module's own launchers, started at once: each test below ends its launcher its own
+    way (an engine that dies on corrupt weights, SIGINT, SIGKILL), so none can use a shared
+    server, and a start is mostly Python imports that two cores run side by side. Yielded once
+    the broken one has exited and the others serve; whatever still runs at the end is
+    SIGKILLed."""
+    logs = tmp_path_factory.mktemp("launchers")
+    # a model directory whose weights file is corrupt passes our checks but kills the engine
+    broken = logs / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    started = {
+        "broken": launch(broken, "broken", logs),
+        "sigint": launch(tiny_model_dir, "sigint", logs),
+        "sigkill": launch(tiny_model_dir, "sigkill", logs),
+    }
+    try:
+        started["broken"].exited()
+        started["sigint"].serving()
+        started["sigkill"].serving()
+        yield started
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        for one in started.values():
+            if one.proc.poll() is None:
+                os.kill(one.proc.pid, signal.SIGKILL)
+            one.proc.wait()
+
+
+@pytest.mark.integration
+def test_engine_failure_shows_log_tail_and_leaves_nothing_running(launches):
+    broken = launches["broken"]
+    console = broken.log.read_text()
+    assert broken.proc.returncode == 2
+    assert "exited with code" in console
+    assert "last engine log lines" in console
+    assert gone_within(30, lambda: engine_processes(broken.marker)) == []
 
 
 def engine_tree(launcher: subprocess.Popen, marker: str) -> list[int]:
@@ -118,29 +139,28 @@ def port_free(port: int) -> bool:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_sigint_stops_the_whole_engine_tree(tiny_model_dir, tmp_path):
-    marker = f"sigint-{uuid.uuid4().hex[:8]}"
-    with served_launcher(tiny_model_dir, marker, tmp_path / "log.txt") as (proc, _):
-        tree = engine_tree(proc, marker)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
-        assert gone_within(30, lambda: alive(tree)) == []
+def test_sigint_stops_the_whole_engine_tree(launches):
+    served = launches["sigint"]
+    tree = engine_tree(served.proc, served.marker)
+    served.proc.send_signal(signal.SIGINT)
+    served.proc.wait(60)
+    assert gone_within(30, lambda: alive(tree)) == []
 
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_vf_vllm_sigkill_leaves_no_orphans(tiny_model_dir, tmp_path):
+def test_vf_vllm_sigkill_leaves_no_orphans(launches):
     """A SIGKILLed launcher cannot clean up: its API server's parent-death signal and its
     watchdog stop vLLM's whole process group, and the port is free again within seconds."""
-    marker = f"sigkill-{uuid.uuid4().hex[:8]}"
-    with served_launcher(tiny_model_dir, marker, tmp_path / "log.txt") as (proc, port):
-        tree = engine_tree(proc, marker)
-        assert not port_free(port)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        # the tree holds the watchdog too: it exits once the group is gone
-        assert gone_within(20, lambda: alive(tree) + [port] * (not port_free(port))) == []
-        assert engine_processes(marker) == []
+    served = launches["sigkill"]
+    tree = engine_tree(served.proc, served.marker)
+    assert not port_free(served.port)
+    os.kill(served.proc.pid, signal.SIGKILL)
+    served.proc.wait(10)
+    # the tree holds the watchdog too: it exits once the group is gone
+    gone = gone_within(20, lambda: alive(tree) + [served.port] * (not port_free(served.port)))
+    assert gone == []
+    assert engine_processes(served.marker) == []
 
 
 @pytest.mark.integration

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlvr.atomic import atomic_directory, atomic_write_text
+from rlvr.atomic import atomic_directory, atomic_write_text, made_once
 from rlvr.trainer.checkpoint import save_checkpoint
 
 
@@ -33,6 +33,38 @@ def test_replace_swaps_an_existing_directory(tmp_path):
         with atomic_directory(target, replace=True) as tmp:
             (tmp / "v").write_text(version)
     assert (target / "v").read_text() == "new"
+
+
+def _make_once(target: Path, makers: Path) -> None:
+    """Make `target` unless it exists, slowly, noting each process that made it."""
+    import time
+
+    with made_once(target):
+        if not target.exists():
+            with atomic_directory(target) as tmp:
+                time.sleep(0.5)
+                (tmp / "weights").write_text("w")
+            with open(makers, "a") as out:
+                out.write(f"{os.getpid()}\n")
+
+
+def test_processes_that_make_the_same_directory_take_turns(tmp_path):
+    """Three processes started at once on a fresh cache: one makes it, the others wait and
+    find it made (without the lock, the later renames fail on the existing directory)."""
+    import multiprocessing
+
+    target, makers = tmp_path / "models" / "converted", tmp_path / "makers.txt"
+    processes = [
+        multiprocessing.get_context("fork").Process(target=_make_once, args=(target, makers))
+        for _ in range(3)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    assert [process.exitcode for process in processes] == [0, 0, 0]
+    assert len(makers.read_text().splitlines()) == 1
+    assert (target / "weights").read_text() == "w"
 
 
 def test_interrupted_file_write_keeps_the_old_text(tmp_path, monkeypatch):

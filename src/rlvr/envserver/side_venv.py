@@ -17,6 +17,8 @@ import subprocess
 import venv as venvlib
 from pathlib import Path
 
+from rlvr.atomic import made_once
+
 VERIFIERS_04 = "verifiers==0.4.0"
 NULL_HARNESS_IMPORTS = "import openai, mcp, httpx, httpx2, tenacity, certifi, verifiers.v1.serve"
 """What 0.4's `null` harness program imports: checked once the venv is built."""
@@ -50,19 +52,23 @@ def ensure_side_venv(venv: str | Path, requirements: list[str] | None = None) ->
     python = root / "bin" / "python"
     stamp = root / ".rlvr-envserver-stamp"
     want = stamp_of(list(requirements or []))
-    if python.exists() and stamp.exists() and stamp.read_text() == want:
-        return python
+    with made_once(root):  # another process may be building it: wait, then find it built
+        if not (python.exists() and stamp.exists() and stamp.read_text() == want):
+            _build(root, python, requirements or [])
+            stamp.write_text(want)
+    return python
+
+
+def _build(root: Path, python: Path, requirements: list[str]) -> None:
     print(f"[side venv] installing {VERIFIERS_04} into {root} (about 2 minutes once)", flush=True)
     if not python.exists():
         venvlib.create(root, with_pip=True)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, VERIFIERS_04, *(requirements or [])], check=True)
+    subprocess.run([*pip, VERIFIERS_04, *requirements], check=True)
     subprocess.run([str(python), "-c", NULL_HARNESS_IMPORTS], check=True)
     uv = root / "bin" / "uv"
     uv.write_text(UV_STANDIN)
     uv.chmod(0o755)
-    stamp.write_text(want)
-    return python
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from rlvr.atomic import atomic_directory
+from rlvr.atomic import atomic_directory, made_once
 from rlvr.model.chat_template import TOOL_CHAT_TEMPLATE
 
 log = logging.getLogger(__name__)
@@ -70,11 +70,19 @@ def _gguf_path() -> Path:
 def ensure_embedded_model() -> Path:
     """Convert the packaged GGUF to a safetensors model directory once; later calls are free.
 
-    The conversion is written atomically: an interrupted one leaves nothing behind.
+    The conversion is written atomically: an interrupted one leaves nothing behind; processes
+    that start at once on a fresh machine (a server and a trainer) take turns (`made_once`).
     """
     target = cache_root() / "models" / EMBEDDED_DIRNAME
     if (target / "config.json").is_file():
         return target
+    with made_once(target):
+        if not (target / "config.json").is_file():  # made while this process waited
+            _convert_embedded(target)
+    return target
+
+
+def _convert_embedded(target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,4 +99,3 @@ def ensure_embedded_model() -> Path:
     with atomic_directory(target) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-    return target

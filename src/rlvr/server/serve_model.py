@@ -41,6 +41,7 @@ def is_adapter(model: str | Path) -> bool:
 
 def merged_copy(adapter: Path) -> Path:
     """The adapter merged into its base, made once per adapter version under RLVR_CACHE."""
+    from rlvr.atomic import made_once
     from rlvr.model.merge import merge_adapter
     from rlvr.model.names import cache_root
 
@@ -48,8 +49,9 @@ def merged_copy(adapter: Path) -> Path:
     stamp = "".join(f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights)
     key = hashlib.sha256(f"{adapter}|{stamp}".encode()).hexdigest()[:12]
     target = cache_root() / "merged" / f"{adapter.name}-{key}"
-    if not (target / "config.json").is_file():
-        merge_adapter(adapter, target)
+    with made_once(target):
+        if not (target / "config.json").is_file():
+            merge_adapter(adapter, target)
     return target
 
 
