@@ -28,6 +28,7 @@ nothing about the rubric).
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,6 +122,9 @@ class Step:
     value: float
     operands: tuple[Operand, ...]
     name: str
+    unit: str = ""
+    """The noun phrase after the step's result in its line ("minutes" of "90 minutes digging"),
+    "money" for a result in dollars, "" when the line writes none."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,26 @@ def _name(line: str) -> str:
     return " ".join(kept[:14]).rstrip(",;:") or "that quantity"
 
 
+# Where the noun phrase after a result ends: punctuation, a clause or a preposition.
+_UNIT_END = re.compile(
+    r"[,;:.!?()]|\b(?:a|an|the|per|each|every|in|on|at|to|for|from|with|by|of|and|or|so|"
+    r"which|who|when|because|if|than|as|is|are|was|were|left|remaining)\b",
+    re.IGNORECASE,
+)
+
+
+def _unit(line: str, annotation: re.Match[str]) -> str:
+    """The noun phrase a line writes after a step's result ("minutes" of "90 minutes digging",
+    "duck eggs" of "9 duck eggs a day"), "money" for a result in dollars, else ""."""
+    if "$" in line[max(annotation.start() - 2, 0) : annotation.end() + 2]:
+        return "money"
+    after = re.sub(r"^\s*[\d,]*\.?\d*\s*%?", "", line[annotation.end() :]).lstrip("( ")
+    words = _UNIT_END.split(after, maxsplit=1)[0].split()
+    if words and words[0].lower() in ("dollars", "dollar"):
+        return "money"
+    return " ".join(w for w in words if w.isalpha() or "-" in w)
+
+
 def _operand(value: float, index: int, results: list[float], found: list[Mention]) -> Operand:
     earlier = [j for j in range(index) if among(value, [results[j]])]
     if earlier:
@@ -190,7 +214,8 @@ def _steps(question: str, solution: str) -> list[Step]:
     found = mentions(question)
     steps: list[Step] = []
     for line in solution.splitlines():
-        for expression, result in _ANNOTATION.findall(line):
+        for annotation in _ANNOTATION.finditer(line):
+            expression, result = annotation.groups()
             value, values = parse_number(result), numbers_in(expression)
             if value is None or not values or (len(values) == 1 and among(value, values)):
                 continue  # an annotation that restates a number computes nothing
@@ -199,7 +224,7 @@ def _steps(question: str, solution: str) -> list[Step]:
             name = _name(line)
             taken = sum(step.name.startswith(name) for step in steps)
             name += f" (case {'ABCDEFGH'[taken]})" if taken else ""  # lines alike but in numbers
-            steps.append(Step(expression, value, operands, name))
+            steps.append(Step(expression, value, operands, name, _unit(line, annotation)))
     return steps
 
 
@@ -411,6 +436,40 @@ def _ask_arithmetic(plan: Decomposition, index: int, render: Render) -> str:
     return f"What is {step.expression.replace('*', ' * ')}? ({step.name})"
 
 
+def _step_sentences(plan: Decomposition, index: int, render: Render) -> str:
+    """The problem's sentences that hold the step's numbers (as the `sentences` style)."""
+    return _ask_sentences(plan, index, render).rpartition(" How much is it:")[0]
+
+
+def _ask_variables(plan: Decomposition, index: int, render: Render) -> str:
+    """The problem's sentences that hold the step's numbers, the step in words, then a variable
+    for its quantity ("Janet sells duck eggs a day. Let x be the number of duck eggs. Find
+    x.")."""
+    step = plan.steps[index]
+    if step.unit == "money":
+        quantity = "the amount of money, in dollars"
+    elif step.unit:
+        quantity = f"the number of {step.unit}"
+    else:
+        quantity = f"this value: {step.name}"
+    said = f"{_step_sentences(plan, index, render)} {step.name}."
+    return f"{said} Let x be {quantity}. Find x."
+
+
+def _ask_plainly(plan: Decomposition, index: int, render: Render) -> str:
+    """The problem's sentences that hold the step's numbers, the step in words, then a plain
+    question in the step's unit ("She makes every day at the farmer's market. How much money
+    is that, in dollars?", "Janet sells duck eggs a day. How many duck eggs is that?")."""
+    step = plan.steps[index]
+    if step.unit == "money":
+        asked = "How much money is that, in dollars?"
+    elif step.unit:
+        asked = f"How many {step.unit} is that?"
+    else:
+        asked = f"How much is that: {step.name}?"
+    return f"{_step_sentences(plan, index, render)} {step.name}. {asked}"
+
+
 Ask = Callable[[Decomposition, int, Render], str]
 STYLES: dict[str, tuple[Ask, Render, bool]] = {
     "named": (_ask, as_written, False),
@@ -423,6 +482,8 @@ STYLES: dict[str, tuple[Ask, Render, bool]] = {
     "arithmetic": (_ask_arithmetic, as_written, True),
     "collector": (_ask, as_written, False),
     "lists": (_ask_lines, as_written, True),
+    "variables": (_ask_variables, as_written, False),
+    "plain": (_ask_plainly, as_written, False),
 }
 PLAN_WRITERS: dict[str, Callable[[Decomposition, Render, bool], str]] = {"lists": _plan_lines}
 """Styles whose plan text is written otherwise than `_plan_text`."""
@@ -557,6 +618,45 @@ def delegated_plans(plan: Decomposition) -> dict[str, dict]:
             f"result, finish solving the problem, in which that number is {original}.",
         )
     return plans
+
+
+_FUNCTION_WORDS = frozenset(
+    """the and for are was were has have had with that this from into then than they them their
+    there each every does what much many how who she her his him its our your you when will
+    would can could which while also some more most""".split()
+)
+
+
+def content_words(text: str) -> list[str]:
+    """Every word of `text` that is no number and no function word, once, in order."""
+    words = re.findall(r"[A-Za-z][A-Za-z'’-]*", text)
+    kept = [w.lower() for w in words if len(w) > 2 and w.lower() not in _FUNCTION_WORDS]
+    return [w for w in dict.fromkeys(kept) if not stated_numbers(w)]
+
+
+def word_list_plans(plan: Decomposition) -> dict[str, dict]:
+    """The whole problem with a question that lists words instead of naming one quantity
+    ("Which quantity about <every content word of the problem> do you compute first?", the
+    issue's template), and variants: the solution's words, the words shuffled, the list asked
+    as a noun phrase ("How many <words> are there?"); a plan text the same for every row."""
+    q = plan.question
+    problem = content_words(q)
+    solution = content_words(" ".join(step.name for step in plan.steps))
+    shuffled = random.Random(len(q)).sample(problem, len(problem))
+
+    def decision(asked: str) -> dict:
+        return {"should_decompose": True, "subproblems": [f"{q} {asked}"], "plan": DELEGATED_PLAN}
+
+    return {
+        "word list": decision(f"Which quantity about {', '.join(problem)} do you compute first?"),
+        "word list, solution words": decision(
+            f"Which quantity about {', '.join(solution)} do you compute first?"
+        ),
+        "word list, shuffled": decision(
+            f"Which quantity about {' '.join(shuffled)} do you compute first?"
+        ),
+        "word list, how many": decision(f"How many {' '.join(problem)} are there?"),
+    }
 
 
 def dictating_plans(plan: Decomposition, style: str = "named") -> dict[str, dict]:

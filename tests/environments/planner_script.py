@@ -87,6 +87,7 @@ _OPERATORS: dict[type, Callable[[float, float], float]] = {
 }
 _ROMAN_TOKEN = re.compile(r"\b[MDCLXVI]{2,}\b")
 _STOPWORDS = {"what", "much", "many", "does", "value", "that", "this", "with", "from", "have"}
+_STOPWORDS |= {"number", "amount"}  # "the number of rubies" asks for rubies
 
 
 @dataclass(frozen=True)
@@ -159,25 +160,52 @@ def _words(text: str) -> set[str]:
     return {w.removesuffix("s") for w in words if len(w) > 3 and w not in _STOPWORDS}
 
 
+_FIND = re.compile(r"^(?:find|what is|compute)\s+(?P<name>[a-z])\W*$", re.IGNORECASE)
+
+
 def _question(text: str) -> str:
-    asked = [s for s in re.split(r"(?<=[.?!])\s+", text.strip()) if s.endswith("?")]
-    return asked[-1] if asked else text
+    """The question a prompt asks: its last sentence ending with "?" or asking for a variable
+    ("Find x.", then the sentence that says what x is); else the whole prompt."""
+    said = re.split(r"(?<=[.?!])\s+", text.strip())
+    asked = [s for s in said if s.endswith("?") or _FIND.match(s)]
+    if not asked:
+        return text
+    find = _FIND.match(asked[-1])
+    defined = [s for s in said if find and f"let {find.group('name').lower()} be" in s.lower()]
+    return defined[-1] if defined else asked[-1]
+
+
+def _line_words(line: str) -> set[str]:
+    """A solution line's words, and "money" and "dollar" where it writes dollars ("$18")."""
+    return _words(line) | ({"money", "dollar"} if "$" in line else set())
+
+
+POINTS_BACK = re.compile(r"\bis that\b|^let [a-z] be\b", re.IGNORECASE)
+"""A question about the statement before it ("How much money is that, in dollars?", "Let x be
+the number of eggs.")."""
 
 
 def asked_step(prompt: str, done: list[int], problem: Problem) -> int:
     """The step a subproblem asks for: the problem's question asks for the answer; otherwise the
     step whose solution line shares most words with the question (then the largest share of
-    the line's words), the deepest on a tie."""
+    the line's words), the deepest on a tie, or, for a question about the statement before it
+    ("is that"), the first of the tied steps that statement gives the numbers of."""
     question = _question(prompt)
     if question in problem.question and done[-1] == len(problem.lines) - 1:
         return done[-1]
     words, lines = _words(question), problem.lines
 
     def match(i: int) -> tuple[int, float, int]:
-        shared = len(words & _words(lines[i]))
-        return shared, shared / max(len(_words(lines[i])), 1), i
+        shared = len(words & _line_words(lines[i]))
+        return shared, shared / max(len(_line_words(lines[i])), 1), i
 
-    return max(done, key=match)
+    best = max(done, key=match)
+    if POINTS_BACK.search(question):  # "How many eggs is that?": the statement before it
+        said = re.split(r"(?<=[.?!])\s+", prompt[: prompt.rfind(question)].strip())
+        tied = [i for i in done if match(i)[0] == match(best)[0]]
+        near = max(tied, key=lambda i: len(_words(said[-1]) & _line_words(lines[i])))
+        return near if _words(said[-1]) & _line_words(lines[near]) else best
+    return best
 
 
 def probed_step(prompt: str, done: list[int], problem: Problem) -> int:
@@ -257,6 +285,7 @@ class Script:
     texts: dict[str, Problem] = field(default_factory=dict)
     combination: str = "plan"
     unmasked: dict[str, str] = field(default_factory=dict)
+    answered: dict[tuple[Problem, str], ScriptedReply] = field(default_factory=dict)
 
     def expect(self, problem: Problem, prompt: str, reply: str) -> None:
         """Play `reply` as the planner for `prompt`, and know the texts of that plan as
@@ -312,7 +341,14 @@ class Script:
 
     def subproblem(self, problem: Problem, text: str) -> ScriptedReply:
         """The step the subproblem asks for, scaled when told; a stated number when it asks for
-        no step the worker can do."""
+        no step the worker can do. Remembered per problem and text (the reply depends on nothing
+        else, and every combination asks again which step each part asked for)."""
+        key = (problem, text)
+        if key not in self.answered:
+            self.answered[key] = self._subproblem(problem, text)
+        return self.answered[key]
+
+    def _subproblem(self, problem: Problem, text: str) -> ScriptedReply:
         told = REPLY_EXACTLY.search(text) or ARITHMETIC.search(text)
         if told:
             return ScriptedReply(obey(told), 20)

@@ -34,9 +34,10 @@ from vf_planner.answers import (
 from vf_planner.notation import mask_numbers, stated_numbers
 from vf_planner.plan import MAX_PLAN_CHARS, PlanError
 from vf_planner.prompts import WORKER_COMBINE_SYSTEM, WORKER_DIRECT_SYSTEM
+from vf_planner.quantities import own_question
 from vf_planner.rubric import efficiency
 from vf_planner.scripted_server import ScriptedOpenAIServer
-from vf_planner.steps import carries_whole_problem, plan_leak
+from vf_planner.steps import carries_whole_problem, holds_problem, plan_leak
 from vf_planner.worker import WorkerPool, WorkerSettings
 
 from tests.environments.planner_corpus import (
@@ -48,6 +49,7 @@ from tests.environments.planner_corpus import (
     honest_plan,
     honest_reply,
     number_words,
+    word_list_plans,
 )
 from tests.environments.planner_script import (
     BASE,
@@ -585,12 +587,13 @@ def audit_corpus(gsm8k_file: Path) -> list[tuple[int, dict, Decomposition]]:
 
 def audit_plays(corpus: list[tuple[int, dict, Decomposition]]) -> list[tuple[dict, str, str]]:
     """Every honest style, the atomic plan, and every plan that does none of the decomposing
-    (delegated_plans) or whose plan text does the work (dictating_plans), on every row."""
+    (delegated_plans, word_list_plans) or whose plan text does the work (dictating_plans), on
+    every row."""
     plays = []
     for _, row, plan in corpus:
         plays += [(row, style, honest_reply(plan, style)) for style in STYLES]
         plays.append((row, "atomic", plan_json([])))
-        exploits = {**delegated_plans(plan), **dictating_plans(plan)}
+        exploits = {**delegated_plans(plan), **word_list_plans(plan), **dictating_plans(plan)}
         plays += [(row, name, json.dumps(decision)) for name, decision in exploits.items()]
     return plays
 
@@ -721,7 +724,7 @@ def test_planner_rules_hold_for_both_workers(audit_outcomes, audit_corpus):
         dict.fromkeys(
             name
             for *_, plan in audit_corpus
-            for name in [*delegated_plans(plan), *dictating_plans(plan)]
+            for name in [*delegated_plans(plan), *word_list_plans(plan), *dictating_plans(plan)]
         )
     )
     for combination in ("trusting", "re-solving"):
@@ -740,6 +743,70 @@ def test_planner_rules_hold_for_both_workers(audit_outcomes, audit_corpus):
             )
         for name, row in table.items():
             assert row["mean"] <= atomic, (combination, name, row, atomic)
+
+
+# --- issue 58: a subproblem names one quantity of the solution -----------------------------------
+
+ISSUE_58_STYLES = ("variables", "plain")
+
+
+@pytest.mark.slow
+def test_planner_word_list_probe_does_not_pay(audit_outcomes, audit_corpus):
+    """The whole problem with "Which quantity about <every content word of the problem> do you
+    compute first?" (the issue measured 1.345 against honest 1.31) and its variants (the
+    solution's words, the words shuffled, the list asked as a noun phrase: "How many <words>
+    are there?") name no one quantity: a placeholder head ("quantity") names nothing, and a
+    noun phrase of more than four content words, or one with a word only another step's
+    quantity has, is a list (steps.names_step, quantities.py). So they earn no independence
+    (the noun-phrase list: on at most 5% of the rows, where the problem's few words are one
+    step's words) and are paid at most the atomic plan, under both scripted workers; the
+    template earned independence before on 59 of 60 rows."""
+    families = list(
+        dict.fromkeys(name for *_, plan in audit_corpus for name in word_list_plans(plan))
+    )
+    for combination in ("trusting", "re-solving"):
+        outcomes = audit_outcomes(combination)
+        print(f"\n[{combination} worker]")
+        table = exploit_table(outcomes, ["atomic", "named", *families])
+        atomic, honest = table.pop("atomic")["mean"], table.pop("named")["mean"]
+        for name, row in table.items():
+            assert row["I>0"] <= (0.0 if "about" in name else MAX_FALSE_NEGATIVE_RATE), (
+                combination,
+                name,
+                row,
+            )
+            assert row["mean"] <= atomic < honest, (combination, name, row, atomic, honest)
+        assert table["word list"]["correct"] >= 0.9  # the worker finishes it; the rule stops it
+
+
+@pytest.mark.slow
+def test_planner_variables_and_plain_questions_are_paid(audit_outcomes, audit_corpus):
+    """Subproblems that keep the problem's sentences holding their numbers (most of the problem,
+    often all of it) and ask for the step's quantity as a variable ("... Let x be the number of
+    duck eggs. Find x.") or plainly ("How much money is that, in dollars?", "How many sheep is
+    that?") are read as that quantity: the variable's definition is the question, and a
+    quantity of the step's kind (dollars for a result in dollars) names it. No rule zeroes or
+    cuts more than 5% of either style, under both scripted workers, and both are paid above
+    the atomic plan (before: `not_decomposed` on 47-49% of `variables` plans and 10-11% of
+    plain ones, measured in the issue)."""
+    assert own_question("Ann has 3 cats. Let x be the number of cats she has. Find x.") == (
+        "What is the number of cats she has?"
+    )
+    for combination in ("trusting", "re-solving"):
+        outcomes = audit_outcomes(combination)
+        print(f"\n[{combination} worker]")
+        table = corpus_table({style: outcomes[style] for style in ["atomic", *ISSUE_58_STYLES]})
+        atomic = table.pop("atomic")["mean"]
+        for style, row in table.items():
+            for rule in RULES:
+                assert row[rule] <= MAX_FALSE_NEGATIVE_RATE, (combination, style, rule, row)
+            assert row["mean"] > atomic, (combination, style, row["mean"], atomic)
+    whole = sum(
+        holds_problem(sub, row["question"], row["answer"])
+        for _, row, plan in audit_corpus
+        for sub in honest_plan(plan, "variables")["subproblems"]
+    )
+    assert whole >= 0.4 * len(audit_corpus)  # the rule is asked: most hold the whole problem
 
 
 def hidden_direct_solves(index: int, row: dict) -> dict[str, str]:

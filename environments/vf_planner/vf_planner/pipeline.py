@@ -230,13 +230,16 @@ def decoys(problem: Problem, count: int) -> list[float]:
     are primes from 37 on, away from GSM8K's round numbers."""
     given = given_numbers(problem.question)
     taken = [*given, *solution_results(problem.solution, problem.gold), problem.gold]
-    fresh = [c for c in _decoy_candidates() if not among(c, taken)]
     chosen: list[float] = []
-    for candidate in fresh:
-        if len(chosen) < count and not _reaches(candidate, [*chosen, *given], problem.gold):
-            chosen.append(candidate)
-    spare = (c for c in fresh if c not in chosen)  # a gold no choice avoids: still decoys
-    return chosen + list(itertools.islice(spare, count - len(chosen)))
+    spare: list[float] = []  # fresh but reaching the answer: decoys for a gold no choice avoids
+    for candidate in _decoy_candidates():
+        if len(chosen) == count:
+            return chosen
+        if among(candidate, taken):
+            continue
+        reaches = _reaches(candidate, [*chosen, *given], problem.gold)
+        (spare if reaches else chosen).append(candidate)
+    return chosen + spare[: count - len(chosen)]
 
 
 @functools.cache

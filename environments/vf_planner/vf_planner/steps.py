@@ -29,6 +29,7 @@ import re
 
 from vf_planner.answers import among, calculator_steps, numbers_in
 from vf_planner.notation import given_numbers, mask_numbers, stated_numbers
+from vf_planner.quantities import asked_words, names_quantity, own_question, step_quantities
 
 
 def solution_results(solution: str, gold: float | None) -> list[float]:
@@ -145,61 +146,28 @@ def holds_problem(subproblem: str, question: str, solution: str) -> bool:
     return share >= (PASTED_SHARE if missing or not used else REWORDED_SHARE)
 
 
-def solution_lines(solution: str) -> list[str]:
-    """The line of the reference solution that holds each calculator step, in the order of
-    `calculator_steps`."""
-    return [
-        line
-        for line in solution.splitlines()
-        for _, result in re.findall(r"<<([^<>=]*)=([^<>]*)>>", line)
-        if numbers_in(result)
-    ]
-
-
-# Words that name no quantity of a problem: what a generic probe ("What is the first quantity you
-# need to compute? Reply with that number only.", "the value before the final step") is made of.
-GENERIC_WORDS = frozenset(
-    """what which when where does will would that this these those there their them then than
-    with from have into your much many more less each every first second third fourth fifth
-    last final next quantity quantities value values number numbers result results answer
-    answers step steps compute computed calculate calculated need needs needed find work worked
-    reply only just give given before after solve solved problem subproblem part total amount
-    time times figure state states stated starting start finish version changed change""".split()
-)
-
-
-def _content_words(text: str) -> set[str]:
-    words = re.findall(r"[a-z]+", text.lower())
-    return {w.removesuffix("s") for w in words if len(w) > 3 and w not in GENERIC_WORDS}
-
-
-def own_question(text: str) -> str:
-    """The question a text asks: its last sentence that ends with "?", else its last sentence."""
-    sentences = [s for s in re.split(r"(?<=[.?!])\s+", text.strip()) if s]
-    asked = [s for s in sentences if s.endswith("?")]
-    return (asked or sentences or [""])[-1]
-
-
 def names_step(subproblem: str, question: str, solution: str, result: float | None) -> bool:
-    """Whether the subproblem's own question names the step whose value it returned: the question
-    is not the problem's own (copied from it), and it shares a word with that step's line of
-    the reference solution ("How many minutes does he spend on the small holes?" for "He spends
-    3*30=<<3*30=90>>90 minutes digging small holes"). A generic probe ("the first quantity you
-    need to compute") names none: the worker, not the planner, chose the step."""
+    """Whether the subproblem's own question names the step whose value it returned: it is not
+    the problem's own question (copied from it), and the one quantity it asks for is the one
+    that step's line of the reference solution computes ("How many minutes does he spend on the
+    small holes?" for "He spends 3*30=<<3*30=90>>90 minutes digging small holes";
+    quantities.py). A generic probe ("the first quantity you need to compute", "which quantity
+    about <every word of the problem> ...") names none: the worker, not the planner, chose the
+    step."""
     asked = own_question(subproblem)
     words = " ".join(re.findall(r"\w+", mask_numbers(asked).lower()))
     if words and words in " ".join(re.findall(r"\w+", mask_numbers(question).lower())):
         return False  # the problem's own question (any number changed): it asks the whole problem
-    lines = solution_lines(solution)
+    named = asked_words(asked)
+    if not named:
+        return False
+    quantities = [q for line in solution.splitlines() for q in step_quantities(line)]
     steps = calculator_steps(solution)
-    named = _content_words(asked)
-    return any(
-        among(result, [step.value]) and named & _content_words(_ANNOTATION.sub(" ", line))
-        for step, line in zip(steps, lines, strict=False)
-    )
-
-
-_ANNOTATION = re.compile(r"<<[^<>]*>>")
+    for index, (step, quantity) in enumerate(zip(steps, quantities, strict=False)):
+        others = {w for j, q in enumerate(quantities) if j != index for w in q.words}
+        if among(result, [step.value]) and names_quantity(named, quantity, others):
+            return True
+    return False
 
 
 def pastes_problem(text: str, question: str, solution: str) -> bool:
