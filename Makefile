@@ -11,7 +11,7 @@ demo: setup
 
 # two workers (pytest-xdist): one runs the modules that start servers, in order, on one set of
 # shared servers; the other takes the modules that start none (tests/conftest.py)
-XDIST := -n 2 --dist loadgroup
+XDIST := -n 2
 
 test: setup
 	@$(PY) -m pytest $(XDIST)

@@ -45,10 +45,9 @@ LONG: dict[tuple[str, str], str] = {
 
 
 def base_id(nodeid: str) -> tuple[str, str]:
-    """A pytest node id as LONG keys it: (`tests/a.py::test_x[1]` -> (`a.py`, `test_x`)); the
-    `@group` pytest-xdist appends under `--dist loadgroup` is dropped."""
+    """A pytest node id as LONG keys it: (`tests/a.py::test_x[1]` -> (`a.py`, `test_x`))."""
     path, _, name = nodeid.split("[", 1)[0].partition("::")
-    return path.removeprefix("tests/"), name.split("@", 1)[0]
+    return path.removeprefix("tests/"), name
 
 
 def over_budget(durations: dict[str, float]) -> list[tuple[str, float]]:

@@ -19,6 +19,11 @@ SHARED_DATA = Path(
 )
 
 
+# The suite's servers hold few tokens at once (the tiny model's cache takes 2 KB a token,
+# SmolLM2's 46 KB): 1 GiB of KV cache each, not the launcher's 2, keeps the servers that live at
+# once (the shared ones, the demo's own, second servers) inside the CI machine's 24 GiB.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 ENVSERVER_FIXTURES = REPO / "tests" / "fixtures" / "envserver" / "vf04_fixtures"
 
@@ -132,8 +137,11 @@ def _running(server):
         server.stop()
 
 
-# The session's shared servers, in the order they start when the selected tests use them.
-SHARED_SERVERS = ("tiny_server", "smollm2_server", "tiny_lora_server")
+# The shared servers started as the session begins, in this order, when its tests use them.
+# `tiny_lora_server` starts when first asked for: its users come after the tests that start
+# servers of their own (the demo's SmolLM2, second servers), and four servers at once besides
+# those would not fit in 24 GiB.
+EARLY_SERVERS = ("tiny_server", "smollm2_server")
 
 
 class SharedServers:
@@ -144,17 +152,16 @@ class SharedServers:
         self.begun = False
 
     def begin(self, request, tmp_path_factory) -> None:
-        """Start, one after another beside the tests, every shared server the session's tests
+        """Start, one after another beside the tests, the early servers the session's tests
         use (their directories and ports are chosen here, in the test's thread)."""
         self.begun = True
         wanted = {name for item in request.session.items for name in item.fixturenames}
         prepare = {
             "tiny_server": lambda: _tiny(request, tmp_path_factory),
             "smollm2_server": lambda: _smollm2(tmp_path_factory),
-            "tiny_lora_server": lambda: _tiny_lora(request, tmp_path_factory),
         }
         last = None
-        for name in SHARED_SERVERS:
+        for name in EARLY_SERVERS:
             if name in wanted and name not in self.started:
                 last = self.started[name] = Background(prepare[name](), after=last)
 
@@ -303,17 +310,42 @@ def gate(rv_model_dir):
     return ThinkGate.from_tokenizer(ReasoningVocab.load(rv_model_dir), load_tokenizer(rv_model_dir))
 
 
+def starts_servers(module: str | Path) -> bool:
+    """Whether a test module may start servers: those under tests/integration/ and the
+    environments' `*_integration.py` (an `integration` test anywhere else is refused)."""
+    path = Path(module).as_posix()
+    return "tests/integration/" in path or path.endswith("_integration.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules without an integration test run first, while the shared servers start beside
-    them (`_start_shared_servers`); a module's tests stay together and in order, so its
-    fixtures start once. Under `-n 2 --dist loadgroup` (`make test`) the modules with an
-    integration test are one group, run in this order by one worker (one set of servers: two
-    would not fit in memory), and each other module is a group the other worker takes."""
-    serving = {item.path for item in items if item.get_closest_marker("integration")}
-    items.sort(key=lambda item: item.path in serving)
-    for item in items:
-        group = "servers" if item.path in serving else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Modules that start no server run first, while the shared servers start beside them
+    (`_start_shared_servers`); under xdist the server modules come first instead, so that one
+    worker takes them at once (`pytest_xdist_make_scheduler`). A module's tests stay together
+    and in order, so its fixtures are built once."""
+    astray = [i.nodeid for i in items if i.get_closest_marker("integration")]
+    astray = [nodeid for nodeid in astray if not starts_servers(nodeid.split("::")[0])]
+    if astray:
+        raise pytest.UsageError(
+            f"integration tests outside tests/integration/ or a *_integration.py: {astray[:3]}"
+        )
+    servers_first = "PYTEST_XDIST_WORKER" in os.environ
+    items.sort(key=lambda item: starts_servers(item.path) != servers_first)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown where xdist is not loaded
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two workers (`-n 2`): one runs every module that may start servers, in
+    collection order, on one set of shared servers (two sets would not fit in 24 GiB); the
+    other takes the remaining modules one whole module at a time."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServersApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "servers" if starts_servers(module) else module
+
+    config.option.loadscopereorder = False  # the collection's order: the servers' unit first
+    return ServersApart(config, log)
 
 
 # ---- the duration budget (tests/budget.py) -------------------------------------------------------

@@ -92,7 +92,7 @@ def made_once(target: str | Path) -> Iterator[None]:
     turns, and the later ones find it made, instead of racing to publish it."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "a") as lock:
+    with open(target.parent / f".{target.name.lstrip('.')}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

@@ -42,4 +42,3 @@ def test_over_budget_names_unlisted_slow_tests_only():
         ("tests/unit/test_x.py::test_slow[1]", 61.0),
     ]
     assert base_id("tests/unit/a.py::test_x[1-2]") == ("unit/a.py", "test_x")
-    assert base_id("tests/unit/a.py::test_x@servers") == ("unit/a.py", "test_x")
