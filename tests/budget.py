@@ -38,6 +38,13 @@ LONG: dict[tuple[str, str], str] = {
         "every README line starts at once on the shared server; the first to be checked waits "
         "while all of them share the two cores (the rest are then done)"
     ),
+    ("environments/test_planner.py", "test_planner_delegated_decomposition_does_not_pay"): (
+        "plays the audit corpus (1,620 plans, honest and exploit) through the environment with "
+        "the trusting scripted worker; the module's other audits read these plays"
+    ),
+    ("environments/test_planner.py", "test_planner_rules_hold_for_both_workers"): (
+        "plays the same corpus again with the re-solving worker (the rules must hold for both)"
+    ),
     ("integration/test_qlora.py", "test_qlora_sampler_matches_trainer"): (
         "SmolLM2 quantized to 4 bits, trained and pushed, compared with the server"
     ),

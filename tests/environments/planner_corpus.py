@@ -441,17 +441,21 @@ def _step_sentences(plan: Decomposition, index: int, render: Render) -> str:
     return _ask_sentences(plan, index, render).rpartition(" How much is it:")[0]
 
 
+def _in_units(step: Step, money: str, counted: str, named: str) -> str:
+    """The step's quantity said in dollars, in its unit (`{unit}`), or by its name (`{name}`)."""
+    if step.unit == "money":
+        return money
+    return counted.format(unit=step.unit) if step.unit else named.format(name=step.name)
+
+
 def _ask_variables(plan: Decomposition, index: int, render: Render) -> str:
     """The problem's sentences that hold the step's numbers, the step in words, then a variable
     for its quantity ("Janet sells duck eggs a day. Let x be the number of duck eggs. Find
     x.")."""
     step = plan.steps[index]
-    if step.unit == "money":
-        quantity = "the amount of money, in dollars"
-    elif step.unit:
-        quantity = f"the number of {step.unit}"
-    else:
-        quantity = f"this value: {step.name}"
+    quantity = _in_units(
+        step, "the amount of money, in dollars", "the number of {unit}", "this value: {name}"
+    )
     said = f"{_step_sentences(plan, index, render)} {step.name}."
     return f"{said} Let x be {quantity}. Find x."
 
@@ -461,12 +465,12 @@ def _ask_plainly(plan: Decomposition, index: int, render: Render) -> str:
     question in the step's unit ("She makes every day at the farmer's market. How much money
     is that, in dollars?", "Janet sells duck eggs a day. How many duck eggs is that?")."""
     step = plan.steps[index]
-    if step.unit == "money":
-        asked = "How much money is that, in dollars?"
-    elif step.unit:
-        asked = f"How many {step.unit} is that?"
-    else:
-        asked = f"How much is that: {step.name}?"
+    asked = _in_units(
+        step,
+        "How much money is that, in dollars?",
+        "How many {unit} is that?",
+        "How much is that: {name}?",
+    )
     return f"{_step_sentences(plan, index, render)} {step.name}. {asked}"
 
 
