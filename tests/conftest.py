@@ -156,20 +156,18 @@ class SharedServers:
         use (their directories and ports are chosen here, in the test's thread)."""
         self.begun = True
         wanted = {name for item in request.session.items for name in item.fixturenames}
-        prepare = {
-            "tiny_server": lambda: _tiny(request, tmp_path_factory),
-            "smollm2_server": lambda: _smollm2(tmp_path_factory),
-        }
         last = None
         for name in EARLY_SERVERS:
             if name in wanted and name not in self.started:
-                last = self.started[name] = Background(prepare[name](), after=last)
+                opener = PREPARE[name](request, tmp_path_factory)
+                last = self.started[name] = Background(opener, after=last)
 
-    def get(self, name: str, prepare: Callable[[], Opener]) -> object:
+    def get(self, name: str, request, tmp_path_factory) -> object:
         """The server once it serves; started now if the session did not start it (a test that
-        asks for it by `request.getfixturevalue`)."""
+        asks for it by `request.getfixturevalue`, or one of the servers not started early)."""
         if name not in self.started:
-            self.started[name] = Background(prepare(), after=None)
+            opener = PREPARE[name](request, tmp_path_factory)
+            self.started[name] = Background(opener, after=None)
         return self.started[name].get()
 
     def close(self) -> None:
@@ -207,7 +205,7 @@ def _tiny(request, tmp_path_factory) -> Opener:
 def tiny_server(request, shared_servers, tmp_path_factory):
     """One real vf-vllm (CPU) on the tiny model (`serve_tiny`), shared by every integration
     test."""
-    return shared_servers.get("tiny_server", lambda: _tiny(request, tmp_path_factory))
+    return shared_servers.get("tiny_server", request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +233,7 @@ def bf16_server(request, tiny_model_dir, tmp_path_factory):
     server.stop()
 
 
-def _smollm2(tmp_path_factory) -> Opener:
+def _smollm2(request, tmp_path_factory) -> Opener:
     from rlvr.model.names import ensure_embedded_model
     from rlvr.server.launcher import lora_flags
 
@@ -247,9 +245,9 @@ def _smollm2(tmp_path_factory) -> Opener:
 
 
 @pytest.fixture(scope="session")
-def smollm2_server(shared_servers, tmp_path_factory):
+def smollm2_server(request, shared_servers, tmp_path_factory):
     """A real vf-vllm on the embedded SmolLM2-135M-Instruct (converted once into the cache)."""
-    return shared_servers.get("smollm2_server", lambda: _smollm2(tmp_path_factory))
+    return shared_servers.get("smollm2_server", request, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -288,7 +286,16 @@ def tiny_lora_server(request, shared_servers, tmp_path_factory):
     """A real vf-vllm serving the tiny model and, with vLLM's LoRA support, `tiny_adapter_dir`
     on top of it, started the way sweeps and predictions serve an adapter directory. Requests
     name `server.model` (the base) or `server.adapter`."""
-    return shared_servers.get("tiny_lora_server", lambda: _tiny_lora(request, tmp_path_factory))
+    return shared_servers.get("tiny_lora_server", request, tmp_path_factory)
+
+
+# How each shared server is prepared (in the test's thread: directories, ports) into the opener
+# its own thread runs.
+PREPARE: dict[str, Callable[..., Opener]] = {
+    "tiny_server": _tiny,
+    "smollm2_server": _smollm2,
+    "tiny_lora_server": _tiny_lora,
+}
 
 
 @pytest.fixture(scope="module")
