@@ -22,6 +22,13 @@ from rlvr.config.checks import ConfigError
 AnyConfig = TypeVar("AnyConfig")
 """A run's config class: rlvr.config.grpo.Config or rlvr.config.sft.SFTConfig."""
 
+RETIRED = {
+    "server.probe_noise": "the exact check of every push replaced the probe's per-push noise "
+    "model; delete the key (docs/weight-transfer.md#the-exact-check)",
+}
+"""Keys a release removed, by dotted name, with what replaced them: an old config fails with
+the reason instead of a bare "unknown key"."""
+
 
 def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
@@ -83,6 +90,9 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"{prefix}." if prefix else ""
+        for key in unknown:
+            if f"{where}{key}" in RETIRED:
+                raise ConfigError(f"{where}{key} was removed: {RETIRED[where + key]}")
         raise ConfigError(
             f"unknown config key {where}{unknown[0]}; known keys here: {', '.join(sorted(fields))}"
         )

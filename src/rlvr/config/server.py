@@ -59,28 +59,18 @@ class ServerConfig:
     exact_check: bool = True
     """After every push, compare a fingerprint of every parameter the server's layers compute
     with (merged pushes) or of every adapter matrix it stored (adapter pushes) against what was
-    sent, exactly (`push/verify_seconds`,
-    `push/verified_params`, `push/failed_params`); a server that differs is pushed again once,
-    then taken out, named with what differs (see rlvr.weight_sync.exact_check). Where it
-    covers a server, the push probe checks only the model: at start, resume and return."""
+    sent, exactly (`push/verify_seconds`, `push/verified_params`, `push/failed_params`); a
+    server that differs is pushed again once, then taken out, named with what differs (see
+    rlvr.weight_sync.exact_check)."""
     push_probe: bool = True
-    """After a push (every push only where `exact_check` does not cover the server; else the
-    initial push and a returning server's), score a fixed token sequence on the server (prompt
-    log-probabilities of the name rollouts will request) and with the trainer's weights, and check
-    that the server's scores made the trainer's move (`push/probe_*`): it sees a server that
-    does not serve what was pushed (stale or partly updated weights), which mismatch-KL cannot
-    tell from policy lag at async_level >= 1."""
+    """Check that each server's model is the trainer's: score a fixed token sequence on the
+    server (prompt log-probabilities of the name rollouts will request) and with the trainer's
+    weights, and hold their mismatch (`push/probe_kl`) to an absolute limit, at a server's
+    first push (start, resume, return) and at every push the exact check does not cover (see
+    rlvr.weight_sync.probe)."""
     probe_kl_max: float | None = None
-    """A push whose `push/probe_kl` (the absolute mismatch) exceeds this raises an error, every
-    push. None: only a server's first push (a fresh run's, or a returning server's) is held to
-    an absolute limit (1e-2: a bf16 server against a float32 trainer measures ~1e-3 on
-    SmolLM2, another model more); later pushes are judged by how the server's probe
-    log-probabilities follow the trainer's (see rlvr.weight_sync.probe)."""
-    probe_noise: float | None = None
-    """The server's noise in probe log-probabilities (RMS per token) against which the probe
-    judges whether the server made the trainer's move (see rlvr.weight_sync.probe). None:
-    measured at the initial push and over the first pushes after it. Raise it for a server
-    whose kernels are nondeterministic beyond what those show."""
+    """The most `push/probe_kl` the probe allows. None: 1e-2 (a bf16 server against a float32
+    trainer measures ~1e-3 on SmolLM2, another model far more)."""
 
     @property
     def urls(self) -> list[str]:
@@ -115,8 +105,6 @@ class ServerConfig:
             "server.probe_kl_max",
             self.probe_kl_max,
         )
-        noise = self.probe_noise
-        require(noise is None or 0 < noise < float("inf"), "server.probe_noise", noise)
         require(
             0 <= self.transfer_port < 65536,
             "server.transfer_port",

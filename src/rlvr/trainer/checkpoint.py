@@ -2,7 +2,7 @@
 
 `checkpoints/step_000012` (12 steps done) holds accelerate's state (weights, optimizer, LR
 scheduler, every process's RNG), `trainer_state.json` (step, data position, weight version, W&B
-run id, the push probes) and, for asynchronous runs, the batches in flight. It is published
+run id) and, for asynchronous runs, the batches in flight. It is published
 whole (`rlvr.atomic.publish_directory`, `trainer_state.json` last), so a crash mid-save leaves
 the previous checkpoint the latest valid one. See docs/training.md#resuming-asynchronous-runs.
 """

@@ -1,10 +1,10 @@
 """The GRPO training loop: set-up, then per step batch -> forward/backward -> optimizer -> push.
 
 `Trainer.train_step` takes the step's `TrainBatch` from the rollout worker, accumulates this
-rank's micro-batches (laid out by `rlvr.layout`), takes one optimizer step, pushes and probes
-the new weights as version step+1 and logs; `rlvr.trainer.cadence.run_steps` evaluates and
-checkpoints. The module reads top to bottom, set-up to close; the design of a step is in
-docs/architecture.md#data-flow-of-a-training-step.
+rank's micro-batches (laid out by `rlvr.layout`), takes one optimizer step, pushes the new
+weights as version step+1 (each server's copy checked exactly) and logs;
+`rlvr.trainer.cadence.run_steps` evaluates and checkpoints. The module reads top to bottom,
+set-up to close; the design of a step is in docs/architecture.md#data-flow-of-a-training-step.
 """
 
 from __future__ import annotations
@@ -141,7 +141,6 @@ class Trainer:
         if resume:
             self.logger.print(f"resumed from {resume} at step {self.start_step}")
         self._connect_servers()
-        self.probes.restore(state.get("push_probes") or {})
         unwrapped = acc.unwrap_model(self.model)
         for push, url in zip(self.weights.pushes, cfg.server.urls, strict=True):
             check_served_rope(unwrapped.config, cfg.model.name, push.control, url)
@@ -205,7 +204,7 @@ class Trainer:
             say=self.logger.print,
         )
         self.weights, self.pool = self.connection.weights, self.connection.pool
-        self.probes = PushProbes(self.connection, self.cfg.server.urls)
+        self.probes = PushProbes(self.connection)
 
     # ---- the loop -------------------------------------------------------------------
 
@@ -422,7 +421,6 @@ class Trainer:
         }
         if curriculum is not None:
             state["curriculum"] = {str(k): v for k, v in curriculum.items()}
-        state["push_probes"] = self.probes.state()
         path = save_checkpoint(
             self.accelerator, self.cfg.output_dir, state, self.cfg.checkpoint.keep_last, in_flight
         )

@@ -1,9 +1,9 @@
-"""Each server's push probe, run after every weight push: does the server serve the weights?
+"""Each server's model probe after a push (rlvr.weight_sync.probe): is its model the trainer's?
 
-`PushProbes` holds the run's probes (`rlvr.weight_sync.probe`, one per server), checks every
-push on all ranks alike, takes a server that fails out of rotation (with one server its error
-stops the run), admits a returning one that passes, and saves and restores the probes'
-calibration with the checkpoint. `Pushed` is what a step's push measured.
+`PushProbes` probes a server at its first push (the run's start or resume, a returning server)
+and at every push the exact check did not cover, on all ranks alike; it takes a server that
+fails out of rotation (with one server its error stops the run) and admits a returning one that
+passes. `Pushed` is what a step's push measured.
 """
 
 from __future__ import annotations
@@ -21,95 +21,86 @@ from rlvr.weight_sync.probe import WeightsNotServedError, served_logprobs, train
 @dataclass
 class Pushed:
     """A step's weight push: the seconds it took and what it measured per server
-    (`push/<i>/seconds`, `push/<i>/probe_*`; `push/probe_*` is the server with the largest
-    probe_kl); empty when the step did not push or nothing was probed."""
+    (`push/<i>/seconds`, `push/<i>/probe_kl`; `push/probe_kl` is the largest); empty when the
+    step did not push."""
 
     seconds: float = 0.0
     probe: dict[str, float] = field(default_factory=dict)
 
 
-def probe_metrics(checked: dict[int, dict[str, float]]) -> dict[str, float]:
-    """Each server's probe metrics under `push/<i>/`, and those of the server with the
-    largest `push/probe_kl` unprefixed (the worst, for one curve whatever the count)."""
-    out = {
-        key.replace("push/", f"push/{i}/", 1): value
-        for i, metrics in checked.items()
-        for key, value in metrics.items()
+def probe_metrics(checked: dict[int, float]) -> dict[str, float]:
+    """Each probed server's `push/<i>/probe_kl`, and the largest as `push/probe_kl` (the
+    worst, for one curve whatever the count)."""
+    if not checked:
+        return {}
+    return {
+        **{f"push/{i}/probe_kl": kl for i, kl in checked.items()},
+        "push/probe_kl": max(checked.values()),
     }
-    if checked:
-        worst = max(checked.values(), key=lambda m: m.get("push/probe_kl", 0.0))
-        out.update(worst)
-    return out
 
 
 class PushProbes:
-    """The probes of the servers of `connection` (`urls[i]` is server i), on every rank."""
+    """The model probes of the servers of `connection`, on every rank."""
 
-    def __init__(self, connection: Connection, urls: list[str]):
+    def __init__(self, connection: Connection):
         self.connection = connection
-        self.urls = urls
 
-    def restore(self, saved: dict[str, dict]) -> None:
-        """Each server's probe as the checkpoint left it (by URL), so that a resume's first
-        push is judged like any later one; a server the checkpoint does not know calibrates
-        afresh."""
-        for url, probe in zip(self.urls, self.connection.probes, strict=False):
-            if url in saved:
-                probe.load_state(saved[url])
-
-    def state(self) -> dict[str, dict]:
-        """Each server's probe state by URL, for the checkpoint."""
-        return {url: p.state() for url, p in zip(self.urls, self.connection.probes, strict=False)}
+    def targets(self, initial: bool) -> list[int]:
+        """The servers the push just made needs probed: every one at the initial push, a
+        returning one, and one whose push the exact check did not cover."""
+        weights = self.connection.weights
+        return [
+            i
+            for i in weights.pushed
+            if initial or i in weights.returned or weights.verified.get(i) is None
+        ]
 
     def check(
         self, model: torch.nn.Module, accelerator: Any, version: int, initial: bool = False
     ) -> dict[str, float]:
-        """The probe of the push of `version` on every server that took it and needs it (see
-        rlvr.weight_sync.probe): every rank runs the forward, the main process asks each
-        server (twice at a server's first push, for its noise), and every rank checks the
-        main process's scores, so all ranks agree. A server that fails is taken out of
-        rotation (with one server, its error stops the run); a returning server that passes
-        is admitted. Where the exact check covers a server's pushes, its probe checks the
-        model only: afresh at the initial push (start or resume) and when it returns."""
-        probes, weights = self.connection.probes, self.connection.weights
-        if not probes:
-            return {}
-        exact = {i for i, v in weights.verified.items() if v is not None}
-        for i in weights.returned + sorted(exact if initial else ()):  # calibrated afresh
-            probes[i] = self.connection.new_probe()
-        targets = [i for i in weights.pushed if not probes[i].calibrated or i not in exact]
-        if not targets:
-            return {}
-        ids = probes[0].ids
-        mine = trainer_logprobs(model, ids, accelerator.device)
+        """Probe the servers that need it after the push of `version` (see `probe`); admit
+        each returning server that took the push and did not fail (its exact check passed
+        in the push)."""
+        probe, weights = self.connection.probe, self.connection.weights
+        targets = self.targets(initial) if probe is not None else []
+        checked = self.probe(model, accelerator, version, targets) if targets else {}
+        for i in weights.returned:
+            if i in checked or i not in targets:
+                weights.admit(i, version)
+        return probe_metrics(checked)
+
+    def probe(
+        self, model: torch.nn.Module, accelerator: Any, version: int, targets: list[int]
+    ) -> dict[int, float]:
+        """Each target server's `probe_kl` where it passed: every rank runs the forward, the
+        main process asks the servers, and every rank checks the main process's scores, so
+        all ranks agree. A server that fails is taken out of rotation (with one server, its
+        error stops the run)."""
+        probe, weights = self.connection.probe, self.connection.weights
+        mine = trainer_logprobs(model, probe.ids, accelerator.device)
         scores = None
         if accelerator.is_main_process:
             scores = mine, {i: self._served_scores(i, version) for i in targets}
         trainer, served = weights.agree(scores)
-        checked: dict[int, dict[str, float]] = {}
+        checked: dict[int, float] = {}
         for i, answer in served.items():
             try:
                 if isinstance(answer, str):
                     raise WeightsNotServedError(answer)
-                scored, name, again = answer
-                checked[i] = probes[i].check(trainer, scored, version, name, repeat=again)
+                scored, name = answer
+                checked[i] = probe.check(trainer, scored, version, name)["push/probe_kl"]
             except WeightsNotServedError as e:
                 if len(self.connection.pool) == 1:
                     raise
                 weights.take_out(i, f"failed the probe of weight version {version}: {e}")
-            else:
-                if i in weights.returned:
-                    weights.admit(i, version)
-        return probe_metrics(checked)
+        return checked
 
-    def _served_scores(self, index: int, version: int) -> tuple | str:
-        """Server `index`'s probe scores of `version` (a second scoring at its first push) and
-        the name it served them under; or why it could not say."""
-        push, probe = self.connection.weights.pushes[index], self.connection.probes[index]
+    def _served_scores(self, index: int, version: int) -> tuple[torch.Tensor, str] | str:
+        """Server `index`'s probe scores of `version` and the name it served them under; or
+        why it could not say."""
+        push = self.connection.weights.pushes[index]
         name = push.served_name(version)
         try:
-            served = served_logprobs(push.control, name, probe.ids)
-            again = None if probe.calibrated else served_logprobs(push.control, name, probe.ids)
+            return served_logprobs(push.control, name, self.connection.probe.ids), name
         except ServerError as e:
             return f"could not score the probe: {e}"
-        return served, name, again

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any, Self
 
 from rlvr.weight_sync.exact_check import not_served
+from rlvr.weight_sync.probe import WeightsNotServedError
 
 
 class WeightPush(ABC):
@@ -28,11 +29,17 @@ class WeightPush(ABC):
     """The last push's exact check (`rlvr.weight_sync.fingerprint.Verified`) where one ran."""
 
     def failed_check(self, version: int) -> Exception | None:
-        """Why the exact check of the push of `version` failed (rank 0), or None (also where
-        none ran)."""
-        verified = self.verified
-        if self.check is None or verified is None or verified.version != version:
+        """Why the exact check of the push of `version` failed (rank 0), or None: it passed,
+        or this server has no exact check. A server with one whose push of `version` left no
+        verification (a push that returned without sending) has failed it."""
+        if self.check is None:
             return None
+        verified = self.verified
+        if verified is None or verified.version != version:
+            return WeightsNotServedError(
+                f"{self.check.control.root}: the push of weight version {version} ran no exact "
+                "check (the push did not reach the server)"
+            )
         return not_served(self.check.control, version, verified) if verified.failed else None
 
     @abstractmethod

@@ -20,7 +20,7 @@ from rlvr.rollouts.servers import ServerPool
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.control import ServerControl
 from rlvr.weight_sync.fleet import FleetPush
-from rlvr.weight_sync.probe import PROBE_TEXT, PushProbe, probe_ids
+from rlvr.weight_sync.probe import PROBE_TEXT, ModelProbe, probe_ids
 
 if TYPE_CHECKING:  # imports vLLM: loaded when a trainer connects
     from rlvr.weight_sync.merged import MergedPush
@@ -29,13 +29,12 @@ if TYPE_CHECKING:  # imports vLLM: loaded when a trainer connects
 @dataclass
 class Connection:
     """What the trainer keeps of its servers: `weights` pushes every version to all of them,
-    `pool` is their state (shared with the rollout router), `probes[i]` checks server i's
-    pushes (empty: not probed), `new_probe()` makes a fresh one."""
+    `pool` is their state (shared with the rollout router), `probe` checks that a server's
+    model is the trainer's (None: `server.push_probe=false`)."""
 
     weights: FleetPush
     pool: ServerPool
-    probes: list[PushProbe]
-    new_probe: Callable[[], PushProbe] | None
+    probe: ModelProbe | None
 
 
 def connect(
@@ -76,15 +75,10 @@ def connect(
     say(f"weight push: {way}{where}; rollouts request model {requested}")
     pool = ServerPool(urls)
     weights = FleetPush(pool, pushes, connect_one, agree, rank, server.api_key)
-    new_probe = None
+    probe = None
     if server.push_probe:
-        ids = probe_ids(tokenizer, reasoning_vocab)
-
-        def new_probe() -> PushProbe:
-            return PushProbe(ids, server.probe_kl_max, server.probe_noise)
-
-    probes = [new_probe() for _ in urls] if new_probe else []
-    return Connection(weights, pool, probes, new_probe)
+        probe = ModelProbe(probe_ids(tokenizer, reasoning_vocab), server.probe_kl_max)
+    return Connection(weights, pool, probe)
 
 
 @dataclass
@@ -216,7 +210,7 @@ def push_trained_base(
     """Replace the server's base weights by the base `model` computes with (its quantized
     layers dequantized, no adapter), through the merged transfer `backend`; every rank calls
     it. Without this a QLoRA run's adapters would be served on the unquantized original: the
-    sampler would sample from another model than the trainer scores (ratio and push probe
+    sampler would sample from another model than the trainer scores (ratio and model probe
     off by the quantization error, see docs/training.md#quantized-bases-qlora)."""
     from rlvr.weight_sync.merged_stream import MergedWeightSource
 

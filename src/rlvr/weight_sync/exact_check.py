@@ -2,7 +2,8 @@
 (rlvr.weight_sync.fingerprint): the weights its layers compute with after a merged push
 (`ExactCheck`), the adapter it stored after an adapter push (`AdapterCheck`). `start` says why
 a server cannot be checked this way (a quantized model under a merged push, a server without
-vf-vllm's worker extension, names it does not hold), and the push probe then stays the check.
+vf-vllm's worker extension, names it does not hold), and the model probe then checks every push
+(its limits: docs/weight-transfer.md#the-model-probe).
 Design: docs/weight-transfer.md#the-exact-check.
 """
 
@@ -122,7 +123,7 @@ class AdapterCheck:
 def unavailable(control: ServerControl, why: str) -> None:
     """No exact check of `control`'s server, logged with `why`."""
     log.warning(
-        "no exact check of pushes into %s: %s; the push probe checks them instead",
+        "no exact check of pushes into %s: %s; the model probe checks them instead",
         control.root,
         why,
     )

@@ -62,6 +62,7 @@ def test_int_is_accepted_for_float():
         ("batch.async_level=-1", "batch.async_level=-1"),
         ("server.backend=tcp", "server.backend='tcp'"),
         ("loss.ratio_mask_low=2", "loss.ratio_mask_low/high"),
+        ("server.probe_noise=0.01", "server.probe_noise was removed: the exact check"),
     ],
 )
 def test_bad_values_name_the_field(override, message):

@@ -149,3 +149,88 @@ def test_one_server_failing_the_exact_check_twice_stops_the_run():
     weights = fleet([Checked(bad=2)])
     with pytest.raises(WeightsNotServedError, match="lm_head.weight.*after a second push too"):
         weights.push(1)
+
+
+def probed_fleet(
+    monkeypatch, pushes: list[WeightPush], served: dict[int, float], probe: bool = True, **kw
+):
+    """`PushProbes` (with the probe on or off) over a fleet of `pushes` whose server i scores
+    the probe `served[i]` away from the trainer; the trainer's forward is skipped."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import rlvr.trainer.push_probes as push_probes
+    from rlvr.weight_sync.connect import Connection
+    from rlvr.weight_sync.probe import ModelProbe
+
+    trainer = torch.linspace(-4.0, -1.0, 8, dtype=torch.float64)
+    monkeypatch.setattr(push_probes, "trainer_logprobs", lambda *a: trainer)
+    monkeypatch.setattr(
+        push_probes, "served_logprobs", lambda control, name, ids: trainer - served[control]
+    )
+    for i, push in enumerate(pushes):
+        push.control = i
+    weights = fleet(pushes, **kw)
+    weights.connect_one = lambda i: pushes[i]
+    model_probe = ModelProbe([0] * 9) if probe else None
+    probes = push_probes.PushProbes(Connection(weights, weights.pool, model_probe))
+    accelerator = SimpleNamespace(device="cpu", is_main_process=True)
+    return weights, lambda version, initial=False: probes.check(None, accelerator, version, initial)
+
+
+def test_the_probe_runs_at_first_pushes_returns_and_pushes_no_exact_check_covered(monkeypatch):
+    """Every server at the initial push; later only a server whose push had no exact check
+    (here server 1) and a returning one, which is admitted when it passes and stays out of
+    rotation when its model is not the trainer's."""
+    served = {0: 0.0, 1: 0.01, 2: 0.0}
+    weights, check = probed_fleet(
+        monkeypatch, [Checked(), Recorded(), Checked()], served, answering={2}
+    )
+    weights.push(0)
+    assert sorted(check(0, initial=True)) == [f"push/{i}/probe_kl" for i in range(3)] + [
+        "push/probe_kl"
+    ]
+    weights.push(1)
+    metrics = check(1)
+    assert sorted(metrics) == ["push/1/probe_kl", "push/probe_kl"]
+    assert metrics["push/probe_kl"] == metrics["push/1/probe_kl"] > 0
+    for version, offset, up in [(2, 0.0, True), (3, 0.5, False)]:
+        weights.pool.mark_down(weights.pool.servers[2], "SIGKILLed")
+        served[2] = offset  # back with the trainer's model, then with another one
+        weights.push(version)
+        assert weights.returned == [2] and not weights.pool.servers[2].up
+        assert ("push/2/probe_kl" in check(version)) is up, "a failed probe has no metric"
+        assert weights.pool.servers[2].up is up
+
+
+def test_without_the_probe_a_returning_server_is_admitted_on_its_exact_check(monkeypatch):
+    pushes = [Checked(), Checked(), Checked(bad=2)]
+    weights, check = probed_fleet(monkeypatch, pushes, {}, probe=False, answering={1, 2})
+    for server in weights.pool.servers[1:]:
+        weights.pool.mark_down(server, "SIGKILLed")
+    weights.push(1)
+    assert weights.returned == [1], "server 2 failed its exact check twice"
+    assert check(1) == {}
+    assert [s.up for s in weights.pool.servers] == [True, True, False]
+
+
+class Unverified(Recorded):
+    """A server with an exact check whose pushes return without sending (nor verifying)."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.check = SimpleNamespace(control=SimpleNamespace(root=url))
+
+
+def test_a_push_that_ran_no_exact_check_fails_it():
+    """Where a server has an exact check, a push that left no verification of its version did
+    not reach the server: pushed again once, then out (the last server: the run stops)."""
+    weights = fleet([Checked(), Unverified(URLS[1])])
+    weights.push(1)
+    assert weights.pushed == [0] and weights.pushes[1].pushed == [1, 1]
+    assert "weight version 1 ran no exact check" in weights.pool.servers[1].last_answer
+    with pytest.raises(WeightsNotServedError, match="ran no exact check"):
+        fleet([Unverified(URLS[0])]).push(1)
