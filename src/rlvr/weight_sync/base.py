@@ -29,9 +29,9 @@ class WeightPush(ABC):
     """The last push's exact check (`rlvr.weight_sync.fingerprint.Verified`) where one ran."""
 
     def failed_check(self, version: int) -> Exception | None:
-        """Why the exact check of the push of `version` failed (rank 0), or None: it passed,
-        or this server has no exact check. A server with one whose push of `version` left no
-        verification (a push that returned without sending) has failed it."""
+        """Why the exact check of the last push, of `version`, failed (rank 0), or None: it
+        passed, or this server has no exact check. A server with one whose last verification
+        is not of `version` (a push that returned without sending) has failed it."""
         if self.check is None:
             return None
         verified = self.verified
