@@ -35,6 +35,10 @@ class ServerConfig:
     timeout_s: float = 600.0
     """Per-request timeout for generation and control calls: a server that does not answer a
     request within it is taken out of rotation (with several servers) or fails the run."""
+    start_wait_s: float = 300.0
+    """How long start-up waits for every server to answer its health check (a trainer started
+    beside servers that are still loading), saying so every 30 s; then it stops with the URL
+    that does not answer. 0: do not wait."""
     transfer_host: str | None = None
     """Address of the trainer's first node that vf-vllm's workers connect to for the gloo or
     nccl weight transfer. None: this machine's address on its route to the server (loopback
@@ -99,6 +103,7 @@ class ServerConfig:
             "lists a server twice",
         )
         require(self.timeout_s > 0, "server.timeout_s", self.timeout_s)
+        require(self.start_wait_s >= 0, "server.start_wait_s", self.start_wait_s)
         require(self.transfer_timeout_s > 0, "server.transfer_timeout_s", self.transfer_timeout_s)
         require(
             self.probe_kl_max is None or self.probe_kl_max > 0,

@@ -37,9 +37,13 @@ def train_main() -> None:
     _log_to_stderr()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
 
+    from rlvr.config import ConfigError
     from rlvr.trainer.grpo import Trainer
 
-    Trainer(config).run()
+    try:
+        Trainer(config).run()
+    except ConfigError as e:  # a setting or a server the run cannot use: the reason is enough
+        raise SystemExit(f"config error: {e}") from None
 
 
 def sft_main() -> None:

@@ -8,6 +8,8 @@ Design: docs/weight-transfer.md#choosing-the-push.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ from rlvr.model.quantization import quantization_of
 from rlvr.rollouts.mixture import leaves
 from rlvr.rollouts.servers import ServerPool
 from rlvr.weight_sync.base import WeightPush
-from rlvr.weight_sync.control import ServerControl
+from rlvr.weight_sync.control import ServerControl, server_answers
 from rlvr.weight_sync.fleet import FleetPush
 from rlvr.weight_sync.probe import PROBE_TEXT, ModelProbe, probe_ids
 
@@ -56,6 +58,7 @@ def connect(
     agree = agreement(accelerator)
     ways = None
     if accelerator.is_main_process:
+        wait_for_servers(cfg, say)
         ways = [plan_server(cfg, url, unwrapped, env, reasoning_vocab, say) for url in urls]
         check_same_push(ways, urls)
         if len(urls) > 1:
@@ -79,6 +82,35 @@ def connect(
     if server.push_probe:
         probe = ModelProbe(probe_ids(tokenizer, reasoning_vocab), server.probe_kl_max)
     return Connection(weights, pool, probe)
+
+
+STILL_WAITING_S = 30.0
+"""How often `wait_for_servers` says it is still waiting."""
+
+
+def wait_for_servers(cfg: Config, say: Callable[[str], None], poll_s: float = 1.0) -> None:
+    """Rank 0: return once every server of the run answers its health check, waiting up to
+    `server.start_wait_s` (a trainer started beside servers that are still loading); else a
+    ConfigError naming the servers that do not answer and how to start one."""
+    server = cfg.server
+    deadline = time.monotonic() + server.start_wait_s
+    waiting, told = list(server.urls), -math.inf
+    while True:
+        waiting = [url for url in waiting if not server_answers(url, server.api_key)]
+        now = time.monotonic()
+        if not waiting:
+            return
+        if now >= deadline:
+            raise ConfigError(
+                f"no vf-vllm answers at {', '.join(waiting)} (waited {server.start_wait_s:g} s, "
+                f"server.start_wait_s): start it first, e.g. `vf-vllm --model {cfg.model.name} "
+                "--port 8000`, or point server.base_url (base_urls) at a running one"
+            )
+        if now - told >= STILL_WAITING_S:
+            left = deadline - now
+            say(f"waiting for vf-vllm at {', '.join(waiting)} to answer (up to {left:.0f} s more)")
+            told = now
+        time.sleep(min(poll_s, max(deadline - now, 0.0)))
 
 
 @dataclass

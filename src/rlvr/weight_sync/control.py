@@ -156,3 +156,12 @@ class ServerControl:
 def server_host(base_url: str) -> str:
     """The host name or address of the server at `base_url`."""
     return httpx.URL(server_root(base_url)).host
+
+
+def server_answers(base_url: str, api_key: str | None = None) -> bool:
+    """Whether the server at `base_url` answers its health check (within 5 s)."""
+    control = ServerControl(base_url, api_key=api_key, timeout_s=5.0)
+    try:
+        return control.health()
+    finally:
+        control.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 from rlvr.rollouts.servers import Server, ServerPool
 from rlvr.weight_sync.base import WeightPush
-from rlvr.weight_sync.control import ServerControl
+from rlvr.weight_sync.control import server_answers
 from rlvr.weight_sync.probe import WeightsNotServedError
 
 log = logging.getLogger(__name__)
@@ -121,11 +121,7 @@ class FleetPush(WeightPush):
         return PushPlan(live, returning)
 
     def _answers(self, server: Server) -> bool:
-        control = ServerControl(server.url, api_key=self.api_key, timeout_s=5.0)
-        try:
-            return control.health()
-        finally:
-            control.close()
+        return server_answers(server.url, self.api_key)
 
     def _reconnect(self, index: int) -> bool:
         """Connect server `index` afresh (its old connection is closed quietly); False, with

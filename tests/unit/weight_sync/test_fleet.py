@@ -234,3 +234,62 @@ def test_a_push_that_ran_no_exact_check_fails_it():
     assert "weight version 1 ran no exact check" in weights.pool.servers[1].last_answer
     with pytest.raises(WeightsNotServedError, match="ran no exact check"):
         fleet([Unverified(URLS[0])]).push(1)
+
+
+def free_urls(n: int) -> list[str]:
+    """`n` distinct URLs on ports nothing listens on (bound together, then released)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [f"http://127.0.0.1:{s.getsockname()[1]}/v1" for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_start_up_waits_for_a_server_that_comes_up_and_names_one_that_never_does():
+    """A trainer started beside a server still loading waits for its health check (and says
+    so); a server that never answers ends the start with its URL and how to start one."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from rlvr.weight_sync.connect import wait_for_servers
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    url, *gone = free_urls(3)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    up = threading.Event()
+
+    def serve_later():
+        up.wait()  # released once the trainer has said it waits
+        with HTTPServer(("127.0.0.1", port), Health) as httpd:
+            httpd.handle_request()
+
+    thread = threading.Thread(target=serve_later, daemon=True)
+    thread.start()
+    said = []
+
+    def say(line):
+        said.append(line)
+        up.set()
+
+    cfg = load_config(overrides=[f"server.base_url={url}", "server.start_wait_s=120"])
+    wait_for_servers(cfg, say, poll_s=0.05)
+    thread.join(timeout=10)
+    assert len(said) == 1 and f"waiting for vf-vllm at {url}" in said[0], said
+
+    cfg = load_config(
+        overrides=[f"server.base_urls=[{gone[0]},{gone[1]}]", "server.start_wait_s=0"]
+    )
+    with pytest.raises(ConfigError, match=f"no vf-vllm answers at {gone[0]}, {gone[1]} .*--model"):
+        wait_for_servers(cfg, said.append)
