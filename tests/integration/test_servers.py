@@ -6,6 +6,8 @@ the same on two exact servers as on one. Real vf-vllm servers on the CPU, tiny m
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
 
@@ -170,6 +172,39 @@ def test_stale_server_is_never_readmitted(tiny_server, second_server, tmp_path, 
         assert history[step]["servers/1/groups"] == 0, step
         assert history[step]["servers/0/groups"] == 4, step
     assert history[5]["servers/1/up"] == 1 and history[5]["servers/1/groups"] > 0
+
+
+@integration
+def test_a_run_starts_with_one_of_two_servers_up(tiny_server, second_server, tmp_path, monkeypatch):
+    """The second server is stopped (SIGSTOP: it takes connections and answers nothing) when
+    the run starts: the run starts on the first, the second out of rotation. Continued after
+    the push of version 1, it answers at the push of version 2, is checked like a server at
+    start, connected, pushed the whole current version and verified, and takes groups from
+    step 3 on."""
+    push = Trainer.push_weights
+    group = os.getpgid(second_server.proc.pid)  # vf-vllm and its engine
+
+    def continued_at_2(self, version, initial=False):
+        if version == 2:
+            os.killpg(group, signal.SIGCONT)
+        return push(self, version, initial)
+
+    monkeypatch.setattr(Trainer, "push_weights", continued_at_2)
+    cfg = on_servers(
+        config(tiny_server, tmp_path, "max_steps=3", "server.start_wait_s=5"),
+        tiny_server,
+        second_server,
+    )
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        history = Trainer(cfg, env=target_share_env(EVERY_OTHER_ID)).run()
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    restore_base_weights(second_server)
+    assert history[0]["servers/1/up"] == 0 and history[0]["servers/1/groups"] == 0
+    assert history[0]["servers/0/groups"] == 4 and "push/1/verified_params" not in history[0]
+    assert history[1]["push/1/failed_params"] == 0 and history[1]["push/1/verified_params"] > 0
+    assert history[2]["servers/1/up"] == 1 and history[2]["servers/1/groups"] > 0
 
 
 @pytest.fixture(scope="module")

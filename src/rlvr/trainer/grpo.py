@@ -25,7 +25,6 @@ from rlvr.layout.micro_batches import largest_micro_batch
 from rlvr.layout.plan import plan_step
 from rlvr.layout.prefix_tree import SplitCost
 from rlvr.model.policy import load_model, load_policy, reference_mode, resolve_dtype, save_final
-from rlvr.model.rope import check_served_rope
 from rlvr.reasoning_vocab.hooks import MaskLogits, PolicyHooks
 from rlvr.rollouts.worker import RolloutWorker
 from rlvr.trainer.cadence import Cadence, run_steps
@@ -141,9 +140,6 @@ class Trainer:
         if resume:
             self.logger.print(f"resumed from {resume} at step {self.start_step}")
         self._connect_servers()
-        unwrapped = acc.unwrap_model(self.model)
-        for push, url in zip(self.weights.pushes, cfg.server.urls, strict=True):
-            check_served_rope(unwrapped.config, cfg.model.name, push.control, url)
         self.push_weights(self.start_step, initial=True)  # the server may hold other weights
         if acc.is_main_process:
             self.worker = start_worker(

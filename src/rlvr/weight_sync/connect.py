@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 from rlvr.config import Config, ConfigError
 from rlvr.config.sampling import SamplingFilterError, check_logprobs_mode
 from rlvr.model.quantization import quantization_of
+from rlvr.model.rope import check_served_rope
 from rlvr.rollouts.mixture import leaves
 from rlvr.rollouts.servers import ServerPool
 from rlvr.weight_sync.base import WeightPush
-from rlvr.weight_sync.control import ServerControl, server_answers
+from rlvr.weight_sync.control import ServerControl, ServerError, server_answers
 from rlvr.weight_sync.fleet import FleetPush
 from rlvr.weight_sync.probe import PROBE_TEXT, ModelProbe, probe_ids
 
@@ -51,32 +52,53 @@ def connect(
     start_step: int,
     say: Callable[[str], None],
 ) -> Connection:
-    """Rank 0 checks every server and picks how weights reach each; all ranks then connect to
-    every server together. `model` is the (wrapped) policy, `say` prints on the main process."""
+    """Rank 0 waits for the servers, checks those that answer and picks how weights reach
+    each; all ranks then connect to them together. A server down at start is out of rotation
+    and joins, checked the same way, when it answers at a push (`connect_one`). `model` is the
+    (wrapped) policy, `say` prints on the main process."""
     server, rank, urls = cfg.server, accelerator.process_index, cfg.server.urls
     unwrapped = accelerator.unwrap_model(model)
     agree = agreement(accelerator)
     ways = None
     if accelerator.is_main_process:
-        wait_for_servers(cfg, say)
-        ways = [plan_server(cfg, url, unwrapped, env, reasoning_vocab, say) for url in urls]
+        up = wait_for_servers(cfg, say)
+        ways = {i: plan_server(cfg, urls[i], unwrapped, env, reasoning_vocab, say) for i in up}
         check_same_push(ways, urls)
-        if len(urls) > 1:
-            check_same_serving(cfg, urls)
+        if len(up) > 1:
+            check_same_serving(cfg, up)
     ways = agree(ways)
+    first = min(ways)
+
+    def plan_joiner(index: int) -> ServerWay | str:
+        """Rank 0: the way weights reach server `index`, answering for the first time, checked
+        against the first server's; or why it cannot join."""
+        try:
+            way = plan_server(cfg, urls[index], unwrapped, env, reasoning_vocab, say)
+            check_same_push({first: ways[first], index: way}, urls)
+            check_same_serving(cfg, [first, index])
+        except (ConfigError, ServerError) as e:
+            return str(e)
+        return way
 
     def connect_one(index: int) -> WeightPush:
+        if index not in ways:  # down at start: every rank learns rank 0's plan
+            way = agree(plan_joiner(index) if accelerator.is_main_process else None)
+            if isinstance(way, str):
+                raise ServerError(way)
+            ways[index] = way
         return connect_server(cfg, urls[index], ways[index], rank, unwrapped, compute_dtype, say)
 
-    pushes = [connect_one(i) for i in range(len(urls))]
-    way = ways[0].way
+    pushes = [connect_one(i) if i in ways else NotConnected() for i in range(len(urls))]
+    way = ways[first].way
     if way == "adapter":
-        requested = f"{pushes[0].name(start_step)!r}, one name per weight version"
+        requested = f"{pushes[first].name(start_step)!r}, one name per weight version"
     else:
         requested = repr(cfg.served_model)
     where = f" to each of {len(urls)} servers" if len(urls) > 1 else ""
     say(f"weight push: {way}{where}; rollouts request model {requested}")
     pool = ServerPool(urls)
+    for i in sorted(set(range(len(urls))) - set(ways)):
+        pool.mark_down(pool.servers[i], "did not answer at start: joins when it answers")
     weights = FleetPush(pool, pushes, connect_one, agree, rank, server.api_key)
     probe = None
     if server.push_probe:
@@ -84,31 +106,55 @@ def connect(
     return Connection(weights, pool, probe)
 
 
+class NotConnected(WeightPush):
+    """The push of a server that was down at start: nothing to push to or close until it
+    answers and `connect_one` connects it."""
+
+    def push(self, version: int) -> float:
+        raise ServerError("not connected: the server has not answered yet")
+
+    def served_name(self, version: int) -> str:
+        raise ServerError("not connected: the server has not answered yet")
+
+    def close(self) -> None:
+        pass
+
+
 STILL_WAITING_S = 30.0
 """How often `wait_for_servers` says it is still waiting."""
+START_GRACE_S = 30.0
+"""How long, once one server answers, start-up waits for the others (at most
+`server.start_wait_s`): servers started together join at once, not a step later."""
 
 
-def wait_for_servers(cfg: Config, say: Callable[[str], None], poll_s: float = 1.0) -> None:
-    """Rank 0: return once every server of the run answers its health check, waiting up to
-    `server.start_wait_s` (a trainer started beside servers that are still loading); else a
-    ConfigError naming the servers that do not answer and how to start one."""
+def wait_for_servers(cfg: Config, say: Callable[[str], None], poll_s: float = 1.0) -> list[int]:
+    """Rank 0: the indices of the servers that answer their health check. Waits up to
+    `server.start_wait_s` for one (a trainer started beside servers still loading), then up
+    to `START_GRACE_S` more for the rest (the others join when they answer); a ConfigError
+    naming the servers and how to start one when none answers."""
     server = cfg.server
     deadline = time.monotonic() + server.start_wait_s
-    waiting, told = list(server.urls), -math.inf
+    up: list[int] = []
+    waiting, told, first_up = list(range(len(server.urls))), -math.inf, math.inf
     while True:
-        waiting = [url for url in waiting if not server_answers(url, server.api_key)]
+        up += [i for i in waiting if server_answers(server.urls[i], server.api_key)]
+        waiting = [i for i in waiting if i not in up]
         now = time.monotonic()
+        first_up = min(first_up, now) if up else first_up
+        names = ", ".join(server.urls[i] for i in waiting)
         if not waiting:
-            return
+            return sorted(up)
+        if now >= min(deadline, first_up + START_GRACE_S) and up:
+            say(f"starting without {names}: not answering yet; joins at a push once it answers")
+            return sorted(up)
         if now >= deadline:
             raise ConfigError(
-                f"no vf-vllm answers at {', '.join(waiting)} (waited {server.start_wait_s:g} s, "
+                f"no vf-vllm answers at {names} (waited {server.start_wait_s:g} s, "
                 f"server.start_wait_s): start it first, e.g. `vf-vllm --model {cfg.model.name} "
                 "--port 8000`, or point server.base_url (base_urls) at a running one"
             )
         if now - told >= STILL_WAITING_S:
-            left = deadline - now
-            say(f"waiting for vf-vllm at {', '.join(waiting)} to answer (up to {left:.0f} s more)")
+            say(f"waiting for vf-vllm at {names} to answer (up to {deadline - now:.0f} s more)")
             told = now
         time.sleep(min(poll_s, max(deadline - now, 0.0)))
 
@@ -129,6 +175,7 @@ def plan_server(
     reach it."""
     merged = merged_push(cfg, url, 0)
     try:
+        check_served_rope(model.config, cfg.model.name, merged.control, url)
         check_served_vocabulary(merged.control, reasoning_vocab, cfg, url)
         check_served_logprobs(merged.control, cfg, url)
         way = choose_push(merged, cfg, model, env, say)
@@ -138,33 +185,37 @@ def plan_server(
     return ServerWay(way, base)
 
 
-def check_same_push(ways: list[ServerWay], urls: list[str]) -> None:
-    """Every server takes the weights the same way (the adapter, or merged weights): a
-    version's served name must mean the same weights on each."""
-    adapter = [w.way == "adapter" for w in ways]
-    if all(adapter) or not any(adapter):
+def check_same_push(ways: dict[int, ServerWay], urls: list[str]) -> None:
+    """Every server (`ways` by index) takes the weights the same way (the adapter, or merged
+    weights): a version's served name must mean the same weights on each."""
+    (first, *others) = sorted(ways)
+    adapter = {i: w.way == "adapter" for i, w in ways.items()}
+    odd = [i for i in others if adapter[i] != adapter[first]]
+    if not odd:
         return
-    i = adapter.index(not adapter[0])
+    i = odd[0]
     raise ConfigError(
         f"server {i} ({urls[i]}) {'can' if adapter[i] else 'cannot'} load LoRA adapters at run "
-        f"time but server 0 ({urls[0]}) {'can' if adapter[0] else 'cannot'}: start every "
-        "server of server.base_urls with the same LoRA flags (vf-vllm --enable-lora), or set "
-        "server.lora_sync=merged"
+        f"time but server {first} ({urls[first]}) {'can' if adapter[first] else 'cannot'}: "
+        "start every server of server.base_urls with the same LoRA flags (vf-vllm "
+        "--enable-lora), or set server.lora_sync=merged"
     )
 
 
-def check_same_serving(cfg: Config, urls: list[str]) -> None:
-    """Rank 0: every server serves `cfg.served_model` with the same tokenizer (the ids of a
-    fixed text), context length and logprobs mode; ConfigError naming the server and the field
-    that differs."""
-    prints = [serving_fingerprint(cfg, i, url) for i, url in enumerate(urls)]
-    for i, mine in enumerate(prints[1:], start=1):
-        for field_name, value in mine.items():
-            if value != prints[0][field_name]:
+def check_same_serving(cfg: Config, indices: list[int]) -> None:
+    """Rank 0: the servers `indices` (of `server.urls`) serve `cfg.served_model` with the same
+    tokenizer (the ids of a fixed text), context length and logprobs mode; ConfigError naming
+    the server and the field that differs from the first's."""
+    urls = cfg.server.urls
+    prints = {i: serving_fingerprint(cfg, i, urls[i]) for i in indices}
+    first, *others = indices
+    for i in others:
+        for field_name, value in prints[i].items():
+            if value != prints[first][field_name]:
                 raise ConfigError(
-                    f"server {i} ({urls[i]}) serves {field_name}={_short(value)} but server 0 "
-                    f"({urls[0]}) serves {_short(prints[0][field_name])}: every server of "
-                    "server.base_urls must serve the same model and tokenizer"
+                    f"server {i} ({urls[i]}) serves {field_name}={_short(value)} but server "
+                    f"{first} ({urls[first]}) serves {_short(prints[first][field_name])}: every "
+                    "server of server.base_urls must serve the same model and tokenizer"
                 )
 
 

@@ -94,10 +94,12 @@ def test_a_probe_failure_takes_the_server_out_until_none_is_left():
 
 
 def test_servers_that_take_weights_differently_are_refused():
-    check_same_push([ServerWay("adapter"), ServerWay("adapter")], URLS[:2])
-    check_same_push([ServerWay("shm"), ServerWay("gloo")], URLS[:2])  # merged either way
+    check_same_push({0: ServerWay("adapter"), 1: ServerWay("adapter")}, URLS)
+    check_same_push({0: ServerWay("shm"), 2: ServerWay("gloo")}, URLS)  # merged either way
     with pytest.raises(ConfigError, match=r"server 1 \(.*8002.*\) cannot load LoRA adapters"):
-        check_same_push([ServerWay("adapter"), ServerWay("shm")], URLS[:2])
+        check_same_push({0: ServerWay("adapter"), 1: ServerWay("shm")}, URLS)
+    with pytest.raises(ConfigError, match=r"server 2 \(.*8003.*\) can load .* server 1 \("):
+        check_same_push({2: ServerWay("adapter"), 1: ServerWay("shm")}, URLS)  # a joiner
 
 
 def test_servers_that_serve_differently_are_refused(monkeypatch):
@@ -109,9 +111,10 @@ def test_servers_that_serve_differently_are_refused(monkeypatch):
     }
     monkeypatch.setattr(connect, "serving_fingerprint", lambda cfg, i, url: prints[url])
     with pytest.raises(ConfigError, match=r"server 2 \(.*8003.*\) serves max_model_len=2048 but"):
-        check_same_serving(cfg, URLS)
+        check_same_serving(cfg, [0, 1, 2])
+    check_same_serving(cfg, [0, 1])  # server 2 down at start
     prints[URLS[2]]["max_model_len"] = 4096
-    check_same_serving(cfg, URLS)
+    check_same_serving(cfg, [0, 1, 2])
 
 
 class Checked(Recorded):
@@ -252,9 +255,10 @@ def free_urls(n: int) -> list[str]:
 
 def test_start_up_waits_for_a_server_that_comes_up_and_names_one_that_never_does():
     """A trainer started beside a server still loading waits for its health check (and says
-    so); a server that never answers ends the start with its URL and how to start one."""
+    so); with several servers it starts with those that answer (the rest join later); when
+    none answers it stops with their URLs and how to start one."""
     import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from rlvr.weight_sync.connect import wait_for_servers
 
@@ -268,28 +272,32 @@ def test_start_up_waits_for_a_server_that_comes_up_and_names_one_that_never_does
 
     url, *gone = free_urls(3)
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    up = threading.Event()
+    said, asked = [], threading.Event()
+    servers = []
 
-    def serve_later():
-        up.wait()  # released once the trainer has said it waits
-        with HTTPServer(("127.0.0.1", port), Health) as httpd:
-            httpd.handle_request()
+    def serve_once_asked():
+        asked.wait()  # the trainer has said it waits
+        servers.append(ThreadingHTTPServer(("127.0.0.1", port), Health))
+        servers[0].serve_forever(poll_interval=0.05)
 
-    thread = threading.Thread(target=serve_later, daemon=True)
-    thread.start()
-    said = []
+    threading.Thread(target=serve_once_asked, daemon=True).start()
 
     def say(line):
         said.append(line)
-        up.set()
+        asked.set()
 
-    cfg = load_config(overrides=[f"server.base_url={url}", "server.start_wait_s=120"])
-    wait_for_servers(cfg, say, poll_s=0.05)
-    thread.join(timeout=10)
-    assert len(said) == 1 and f"waiting for vf-vllm at {url}" in said[0], said
+    def urls(*chosen, wait=120):
+        return load_config(
+            overrides=[f"server.base_urls=[{','.join(chosen)}]", f"server.start_wait_s={wait}"]
+        )
 
-    cfg = load_config(
-        overrides=[f"server.base_urls=[{gone[0]},{gone[1]}]", "server.start_wait_s=0"]
-    )
+    try:
+        assert wait_for_servers(urls(url), say, poll_s=0.05) == [0]
+        assert len(said) == 1 and f"waiting for vf-vllm at {url}" in said[0], said
+        assert wait_for_servers(urls(gone[0], url, wait=1), say, poll_s=0.05) == [1]
+        assert f"starting without {gone[0]}: not answering yet" in said[-1], said
+    finally:
+        for server in servers:
+            server.shutdown()
     with pytest.raises(ConfigError, match=f"no vf-vllm answers at {gone[0]}, {gone[1]} .*--model"):
-        wait_for_servers(cfg, said.append)
+        wait_for_servers(urls(*gone, wait=0), said.append)
