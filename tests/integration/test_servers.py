@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import serve_tiny
@@ -174,6 +175,19 @@ def test_stale_server_is_never_readmitted(tiny_server, second_server, tmp_path, 
     assert history[5]["servers/1/up"] == 1 and history[5]["servers/1/groups"] > 0
 
 
+def engine_group(server) -> int:
+    """The process group of the vLLM that `server`'s launcher started (its own session: API
+    server, engine core, workers), not the launcher's nor its watchdog's."""
+    tasks = Path(f"/proc/{server.proc.pid}/task")
+    children = [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+    (engine,) = [
+        c
+        for c in children
+        if b"rlvr.server.lifetime" not in Path(f"/proc/{c}/cmdline").read_bytes()
+    ]
+    return os.getpgid(engine)
+
+
 @integration
 def test_a_run_starts_with_one_of_two_servers_up(tiny_server, second_server, tmp_path, monkeypatch):
     """The second server is stopped (SIGSTOP: it takes connections and answers nothing) when
@@ -182,7 +196,7 @@ def test_a_run_starts_with_one_of_two_servers_up(tiny_server, second_server, tmp
     start, connected, pushed the whole current version and verified, and takes groups from
     step 3 on."""
     push = Trainer.push_weights
-    group = os.getpgid(second_server.proc.pid)  # vf-vllm and its engine
+    group = engine_group(second_server)
 
     def continued_at_2(self, version, initial=False):
         if version == 2:

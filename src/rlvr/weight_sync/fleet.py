@@ -117,7 +117,7 @@ class FleetPush(WeightPush):
         live = [s.index for s in self.pool.live()]
         returning = [s.index for s in self.pool.down() if self._answers(s)]
         for i in returning:
-            log.warning("%s answers again: connecting it", self.pool.servers[i].describe())
+            log.warning("%s answers: connecting it", self.pool.servers[i].describe())
         return PushPlan(live, returning)
 
     def _answers(self, server: Server) -> bool:
