@@ -3,8 +3,9 @@
 It is vLLM's general plugin (entry point group `vllm.general_plugins`), so our `cpu`
 weight-transfer engine exists on CPU workers, the reasoning-vocabulary tokenizer mode is known
 (`rlvr.reasoning_vocab.vllm`), the CPU-only idle-spin cap below is in place in the worker, the
-CPU's linear kernels record what they were built from (`rlvr.server.held_weights`), and its LoRA
-logits path takes prompt log-probability rows (`rlvr.server.lora_logits`)."""
+CPU's linear kernels record what they were built from (`rlvr.server.held_weights`), its LoRA
+logits path takes prompt log-probability rows (`rlvr.server.lora_logits`), and its LoRA matmuls
+run once per adapter, not once per token (`rlvr.server.cpu_lora_ops`)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,13 @@ def register() -> None:
 
     if current_platform.is_cpu():
         cap_idle_spin(float(os.environ.get(IDLE_SPIN_ENV, DEFAULT_CPU_IDLE_SPIN_S)))
+        from rlvr.server.cpu_lora_ops import patch_cpu_lora_ops
         from rlvr.server.held_weights import patch_cpu_gemm_dispatch
         from rlvr.server.lora_logits import patch_cpu_lora_logits
 
         patch_cpu_gemm_dispatch()
         patch_cpu_lora_logits()
+        patch_cpu_lora_ops()
 
 
 def register_reasoning_vocab_tokenizer() -> None:
