@@ -36,9 +36,10 @@ class ServerConfig:
     """Per-request timeout for generation and control calls: a server that does not answer a
     request within it is taken out of rotation (with several servers) or fails the run."""
     start_wait_s: float = 300.0
-    """How long start-up waits for every server to answer its health check (a trainer started
-    beside servers that are still loading), saying so every 30 s; then it stops with the URL
-    that does not answer. 0: do not wait."""
+    """How long start-up waits for a server to answer its health check (a trainer started
+    beside servers that are still loading), saying so every 30 s, then up to 30 s more for the
+    others (those still silent join once they answer); with none answering it stops, naming
+    the URLs. 0: do not wait."""
     transfer_host: str | None = None
     """Address of the trainer's first node that vf-vllm's workers connect to for the gloo or
     nccl weight transfer. None: this machine's address on its route to the server (loopback
