@@ -332,7 +332,7 @@ def test_raw_logprobs_server_is_refused(tiny_server, tmp_path):
     info = control.get("/server_info", params={"config_format": "json"})
     assert control.logprobs_mode() == "processed_logprobs"  # vf-vllm's own choice
     info["vllm_config"]["model_config"]["logprobs_mode"] = "raw_logprobs"
-    with json_server({"/server_info": info}) as url:
+    with json_server({"/server_info": info, "/health": {}}) as url:  # up, as vllm serve is
         cfg = config(tiny_server, tmp_path, f"server.base_url={url}", "sampling.temperature=0.7")
         with pytest.raises(ConfigError, match="--logprobs-mode processed_logprobs"):
             Trainer(cfg, env=_env(tiny_server)).setup()
