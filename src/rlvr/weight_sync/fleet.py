@@ -1,6 +1,7 @@
 """Every weight version to every server (`FleetPush`): one `WeightPush` per server, pushed one
 after the other. A server whose push fails leaves rotation; a returning one is connected afresh
-and admitted once its probe passes. Rank 0 decides the servers and `agree` shares the decision.
+and admitted once its exact check (and model probe) pass. Rank 0 decides the servers and
+`agree` shares the decision.
 Design: docs/weight-transfer.md#several-servers.
 """
 
@@ -35,7 +36,7 @@ class FleetPush(WeightPush):
     """Pushes each weight version to every live server of `pool` (`pushes[i]` reaches server
     i); `connect_one(i)` connects server i afresh (a returning server), `agree(x)` returns rank
     0's `x` on every rank. After `push`, `pushed` lists the servers that took the version
-    (the probe checks those) and `seconds` each one's push time."""
+    (the model probe checks those that need it) and `seconds` each one's push time."""
 
     def __init__(
         self,
@@ -54,7 +55,7 @@ class FleetPush(WeightPush):
         self.api_key = api_key
         self.pushed: list[int] = []
         self.returned: list[int] = []
-        """Servers connected afresh by the last push: admitted once their probe passes."""
+        """Servers connected afresh by the last push: admitted once their checks pass."""
         self.seconds: dict[int, float] = {}
         self.verified: dict[int, Any] = {}
         """Each server's exact check of the last push (`Verified`), where one ran."""
@@ -144,14 +145,14 @@ class FleetPush(WeightPush):
             log.warning("%s is out of rotation: %s", server.describe(), why)
 
     def take_out(self, index: int, why: str) -> None:
-        """Take server `index` out of rotation (its probe failed); NoServerLeftError when it
+        """Take server `index` out of rotation (its model probe failed); NoServerLeftError when it
         was the last."""
         self._take_out(self.pool.servers[index], why)
         if self.rank == 0:
             self.pool.check_any_left()
 
     def admit(self, index: int, version: int) -> None:
-        """Server `index` serves `version` and passed its probe: it takes requests again."""
+        """Server `index` serves `version` and passed its checks: it takes requests again."""
         if self.rank == 0:
             self.pool.admit(self.pool.servers[index], version)
             log.warning("%s is back in rotation", self.pool.servers[index].describe())
