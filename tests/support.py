@@ -1,6 +1,6 @@
 """Helpers shared by the tests: served vs trainer log-probabilities, the trainer config every
-integration test starts from, launching the trainer in fresh processes, and what a sample's loss
-mask covers (`masked_runs`)."""
+integration test starts from, whether an engine rests between requests, launching the trainer in
+fresh processes, and what a sample's loss mask covers (`masked_runs`)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,28 @@ def server_logprobs(server, token_ids: list[int]) -> torch.Tensor:
     return torch.tensor(
         [entry[str(tok)]["logprob"] for entry, tok in zip(entries, token_ids[1:], strict=True)]
     )
+
+
+def engine_processes(server) -> list:
+    """The processes under a `VLLMServer`'s launcher: API server, engine core, any workers."""
+    import psutil
+
+    return psutil.Process(server.proc.pid).children(recursive=True)
+
+
+def assert_engine_goes_idle(server) -> None:
+    """After a request, the engine's processes use under 0.2 CPU-seconds in the next 0.5 s:
+    none busy-waits for its next message (vLLM's workers spin a full second unpatched)."""
+    import time
+
+    processes = engine_processes(server)
+    server_logprobs(server, [1, 2, 3])
+    time.sleep(0.05)
+    before = sum(sum(p.cpu_times()[:2]) for p in processes)
+    time.sleep(0.5)
+    busy = sum(sum(p.cpu_times()[:2]) for p in processes) - before
+    names = sorted({p.name() for p in processes})
+    assert busy < 0.2, f"{names} used {busy:.2f} CPU-seconds in 0.5 s while idle"
 
 
 def trainer_logprobs(model, token_ids: list[int]) -> torch.Tensor:

@@ -15,7 +15,9 @@ import torch
 from hosts import NamespaceError, NetworkNamespace
 from safetensors.torch import load_file
 from support import (
+    assert_engine_goes_idle,
     config,
+    engine_processes,
     launch,
     measured,
     server_logprobs,
@@ -119,6 +121,15 @@ def pushes_arrive(server, backend: str, device: str = "cpu") -> None:
 
 def test_tensor_parallel_server_logprobs_match_after_each_push(remote_tp_server):
     pushes_arrive(remote_tp_server, "gloo")
+
+
+def test_tensor_parallel_cpu_workers_go_idle_right_after_a_request(remote_tp_server):
+    """Separate CPU workers wait for the engine's next message: vf-vllm's plugin caps their
+    busy-wait (`rlvr.server.plugin.cap_idle_spin`), which would otherwise take both cores for
+    a second after every request."""
+    names = [p.name() for p in engine_processes(remote_tp_server)]
+    assert sum("Worker" in name for name in names) == 2, names
+    assert_engine_goes_idle(remote_tp_server)
 
 
 @pytest.mark.gpu

@@ -131,8 +131,12 @@ def test_tensor_parallel_cpu_server_binds_its_workers(monkeypatch):
     from rlvr.server.launcher import engine_env, local_workers
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     assert local_workers(["--tensor-parallel-size", "2", "-pp=2"]) == 4
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_env(False, "cpu", workers=1)
+    assert engine_env(False, "cpu", workers=1)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_env(False, "cpu", workers=2)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_env(True, "nccl", workers=1)
     assert engine_env(False, "cpu", workers=2)["VLLM_CPU_OMP_THREADS_BIND"].count("|") == 1
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_env(True, "nccl", workers=2)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the user's choice wins
