@@ -221,6 +221,52 @@ def test_a_run_starts_with_one_of_two_servers_up(tiny_server, second_server, tmp
     assert history[2]["servers/1/up"] == 1 and history[2]["servers/1/groups"] > 0
 
 
+@integration
+def test_a_hung_server_is_taken_out_quickly(tiny_server, second_server, one_server_run, tmp_path):
+    """The second server is stopped (SIGSTOP: connections accepted, nothing answered) while
+    step 2 generates on it, with `server.timeout_s` 600: its health watch takes it out after
+    `server.hang_s` (20 s), not the timeout, and its groups run again on the first with their
+    seeds, so the run trains what one server trains. Continued before the push of version 2,
+    it returns and takes groups again."""
+    push = Trainer.push_weights
+    group = engine_group(second_server)
+    stopped = threading.Event()
+
+    def stop_when_busy(server) -> None:
+        deadline = time.monotonic() + 60
+        while server.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        os.killpg(group, signal.SIGSTOP)
+        stopped.set()
+
+    def stopping(self, version, initial=False):
+        if version == 2:
+            assert stopped.wait(60)
+            os.killpg(group, signal.SIGCONT)
+        pushed = push(self, version, initial)
+        if version == 1:  # step 2's groups are being routed now
+            threading.Thread(target=stop_when_busy, args=(self.pool.servers[1],)).start()
+        return pushed
+
+    cfg = on_servers(
+        config(tiny_server, tmp_path, "max_steps=3", "server.timeout_s=600"),
+        tiny_server,
+        second_server,
+    )
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Trainer, "push_weights", stopping)
+            history = train(cfg, tiny_server)
+    finally:
+        os.killpg(group, signal.SIGCONT)
+        restore_base_weights(second_server)
+    step2, step3 = history[1], history[2]
+    assert step2["fleet/hung"] == 1 and step2["rollouts/retried_groups"] >= 1
+    assert step2["rollouts/errored"] == 0 and step2["servers/1/up"] == 0
+    assert step3["servers/1/up"] == 1 and step3["servers/1/groups"] > 0
+    assert_trained_alike(history, one_server_run[:3])
+
+
 @pytest.fixture(scope="module")
 def crash_run(tiny_server, second_server, tmp_path_factory):
     """Two servers, 3 steps, a checkpoint after each: the second server is SIGKILLed while step

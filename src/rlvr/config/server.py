@@ -35,6 +35,13 @@ class ServerConfig:
     timeout_s: float = 600.0
     """Per-request timeout for generation and control calls: a server that does not answer a
     request within it is taken out of rotation (with several servers) or fails the run."""
+    hang_s: float = 20.0
+    """A server with groups in flight that answers no health check for this long is taken out
+    of rotation and its groups run again elsewhere, however long `timeout_s` is (a stopped or
+    stuck host). 0: rely on `timeout_s` alone (`rlvr.rollouts.health`)."""
+    health_every_s: float = 5.0
+    """How often the health of servers with groups in flight is asked (each ask waits at most
+    this long)."""
     start_wait_s: float = 300.0
     """How long start-up waits for a server to answer its health check (a trainer started
     beside servers that are still loading), saying so every 30 s, then up to 30 s more for the
@@ -105,6 +112,15 @@ class ServerConfig:
         )
         require(self.timeout_s > 0, "server.timeout_s", self.timeout_s)
         require(self.start_wait_s >= 0, "server.start_wait_s", self.start_wait_s)
+        require(self.hang_s >= 0, "server.hang_s", self.hang_s, "0 turns the health watch off")
+        require(self.health_every_s > 0, "server.health_every_s", self.health_every_s)
+        require(
+            self.hang_s == 0 or self.hang_s > self.health_every_s,
+            "server.hang_s",
+            self.hang_s,
+            f"must exceed server.health_every_s ({self.health_every_s}): a server is asked "
+            "at least once before it is judged",
+        )
         require(self.transfer_timeout_s > 0, "server.transfer_timeout_s", self.transfer_timeout_s)
         require(
             self.probe_kl_max is None or self.probe_kl_max > 0,

@@ -110,10 +110,10 @@ class Router:
         self.pool.finished(server, sum(r.completion_tokens for r in result.rollouts))
         return result
 
-    def take_out(self, server: Server, why: str) -> None:
+    def take_out(self, server: Server, why: str, hung: bool = False) -> None:
         """Mark `server` down and cancel every group in flight on it (they run again
-        elsewhere)."""
-        if not self.pool.mark_down(server, why):
+        elsewhere); `hung`: it answered no health check (`rlvr.rollouts.health`)."""
+        if not self.pool.mark_down(server, why, hung):
             return
         log.warning(
             "%s is out of rotation (%s); its %d groups in flight run again on the others",

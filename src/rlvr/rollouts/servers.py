@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class NoServerLeftError(RuntimeError):
@@ -33,9 +34,20 @@ class Server:
     tokens: int = 0
     """Completion tokens of the groups it generated."""
     down_events: int = 0
+    hangs: int = 0
+    """Times it was taken out for answering no health check (`rlvr.rollouts.health`)."""
 
     def describe(self) -> str:
         return f"server {self.index} ({self.url})"
+
+
+class Counts(NamedTuple):
+    """A server's running totals (`ServerPool.counters`); metrics are their differences."""
+
+    requests: int
+    groups: int
+    tokens: int
+    hangs: int
 
 
 class ServerPool:
@@ -83,14 +95,16 @@ class ServerPool:
         with self._lock:
             server.requests += 1
 
-    def mark_down(self, server: Server, why: str) -> bool:
-        """Take `server` out of rotation; False when it already was."""
+    def mark_down(self, server: Server, why: str, hung: bool = False) -> bool:
+        """Take `server` out of rotation (`hung`: it answered no health check); False when it
+        already was."""
         with self._lock:
             if not server.up:
                 return False
             server.up = False
             server.last_answer = why
             server.down_events += 1
+            server.hangs += hung
             return True
 
     def admit(self, server: Server, version: int) -> None:
@@ -110,28 +124,28 @@ class ServerPool:
             if not any(s.up for s in self.servers):
                 raise NoServerLeftError(self._obituary())
 
-    def counters(self) -> dict[int, tuple[int, int, int]]:
-        """(requests, groups, tokens) of every server so far."""
+    def counters(self) -> dict[int, Counts]:
+        """Every server's totals so far."""
         with self._lock:
-            return {s.index: (s.requests, s.groups, s.tokens) for s in self.servers}
+            return {s.index: Counts(s.requests, s.groups, s.tokens, s.hangs) for s in self.servers}
 
-    def metrics(self, before: dict[int, tuple[int, int, int]], seconds: float) -> dict[str, float]:
+    def metrics(self, before: dict[int, Counts], seconds: float) -> dict[str, float]:
         """Per-server metrics since the `counters()` snapshot `before`, over `seconds` of
-        generation: requests, groups, generated tokens/s, groups in flight, up; and how many
-        servers are up (`servers/up`, of `servers/total`)."""
+        generation: requests, groups, generated tokens/s, groups in flight, up; how many
+        servers are up (`servers/up`, of `servers/total`) and how many were taken out for
+        answering no health check (`fleet/hung`)."""
         now = self.counters()
-        out: dict[str, float] = {}
+        out: dict[str, float] = {"fleet/hung": 0}
         with self._lock:
             for s in self.servers:
-                requests, groups, tokens = (
-                    a - b for a, b in zip(now[s.index], before[s.index], strict=True)
-                )
+                delta = Counts(*(a - b for a, b in zip(now[s.index], before[s.index], strict=True)))
                 prefix = f"servers/{s.index}"
-                out[f"{prefix}/requests"] = requests
-                out[f"{prefix}/groups"] = groups
-                out[f"{prefix}/tokens_per_s"] = tokens / max(seconds, 1e-9)
+                out[f"{prefix}/requests"] = delta.requests
+                out[f"{prefix}/groups"] = delta.groups
+                out[f"{prefix}/tokens_per_s"] = delta.tokens / max(seconds, 1e-9)
                 out[f"{prefix}/in_flight"] = s.in_flight
                 out[f"{prefix}/up"] = float(s.up)
+                out["fleet/hung"] += delta.hangs
             out["servers/up"] = sum(s.up for s in self.servers)
             out["servers/total"] = len(self.servers)
         return out

@@ -23,6 +23,7 @@ from rlvr.rollouts.curriculum import Curriculum
 from rlvr.rollouts.eval_result import EvalResult
 from rlvr.rollouts.groups import run_group
 from rlvr.rollouts.handoff import Batches, VersionClock
+from rlvr.rollouts.health import HealthWatch
 from rlvr.rollouts.mixture import (
     MixtureOrder,
     Routed,
@@ -216,6 +217,7 @@ class RolloutWorker:
         self._version_event = asyncio.Event()
         self._clients = {s.index: self.client_factory(s.url) for s in self.pool.servers}
         self._task = asyncio.current_task()
+        watch = self._watch_health()
         self._ready.set()
         try:
             for step in range(self.start_step, self.cfg.max_steps):
@@ -238,8 +240,18 @@ class RolloutWorker:
             log.exception("rollout worker failed")
             self._batches.fail(e)
         finally:
+            if watch is not None:
+                watch.cancel()
             for client in self._clients.values():
                 await client.close()
+
+    def _watch_health(self) -> asyncio.Task | None:
+        """Start the health watch of the servers (`rlvr.rollouts.health`), unless turned off."""
+        server = self.cfg.server
+        if server.hang_s == 0:
+            return None
+        watch = HealthWatch(self.router, server.health_every_s, server.hang_s, server.api_key)
+        return asyncio.ensure_future(watch.run())
 
     async def _wait_for_version(self, needed: int) -> None:
         assert self._version_event is not None

@@ -54,7 +54,7 @@ def test_a_new_group_goes_to_the_least_busy_server():
     pool.finished(first, 5)
     pool.finished(third, 5)
     assert pool.pick(0).index == 0, "server 0 has fewer in flight now"
-    assert pool.counters() == {0: (0, 2, 10), 1: (0, 0, 0)}
+    assert pool.counters() == {0: (0, 2, 10, 0), 1: (0, 0, 0, 0)}
 
 
 def test_a_server_admitted_again_serves_only_newer_versions():
@@ -115,7 +115,7 @@ def test_a_failed_server_s_groups_run_again_on_the_other():
     assert router.retried_groups == 2
     assert [s.up for s in pool.servers] == [False, True]
     assert "APIConnectionError" in pool.servers[0].last_answer
-    assert pool.counters()[1] == (3, 3, 9) and pool.servers[1].in_flight == 0
+    assert pool.counters()[1] == (3, 3, 9, 0) and pool.servers[1].in_flight == 0
 
 
 def test_server_list_config():
