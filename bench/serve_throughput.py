@@ -12,9 +12,15 @@ same run, loaded three ways (`<way>_vs_plain` = its tokens/s / the plain model's
   loaded each version under its own name (vLLM then reloads it from disk at every step).
 
 pushed vs loaded-once is the cost of the push path; loaded-once vs plain is vLLM's LoRA
-arithmetic. Run:
+arithmetic.
+
+With `--executors` it starts the server twice instead, one after the other: its one CPU worker
+in a process of its own (vLLM's default, `mp`) and inside the engine-core process (`uni`, what
+vf-vllm runs on one CPU worker: `rlvr.server.launcher.engine_env`), and prints seconds to ready
+and tokens/s of each (`uni_vs_mp`). Run:
 
     .venv/bin/python bench/serve_throughput.py [--adapter]       # starts vf-vllm on smollm2-135m
+    .venv/bin/python bench/serve_throughput.py --executors --concurrency 32
     .venv/bin/python bench/serve_throughput.py --base-url http://127.0.0.1:8000/v1 --model NAME
 """
 
@@ -103,7 +109,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="requests per slot")
     parser.add_argument("--adapter", action="store_true", help="also measure through an adapter")
+    parser.add_argument(
+        "--executors", action="store_true", help="one CPU worker in its own process vs in-engine"
+    )
     args = parser.parse_args()
+
+    if args.executors:
+        save("serve_executors", executor_comparison(args))
+        return
 
     if args.base_url:
         results = run_all(args.base_url, args.model, args.concurrency, args.max_tokens, args.rounds)
@@ -121,6 +134,38 @@ def main() -> None:
         if args.adapter:
             payload.update(adapter_throughput(server.base_url, args, results))
     save("serve_throughput", payload)
+
+
+EXECUTORS = {"mp": "1", "uni": "0"}
+"""vLLM's executor for one CPU worker -> the VLLM_ENABLE_V1_MULTIPROCESSING that selects it."""
+
+
+def executor_comparison(args: argparse.Namespace) -> dict:
+    """Seconds to ready and tokens/s with the worker in its own process and in-engine."""
+    from rlvr.server.process import VLLMServer
+
+    out: dict = {"model": args.model}
+    for executor, flag in EXECUTORS.items():
+        print(f"{executor}:", flush=True)
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": flag}
+        began = time.perf_counter()
+        with VLLMServer(args.model, extra_args=SERVER_FLAGS, env=env) as server:
+            ready = time.perf_counter() - began
+            print(f"ready after {ready:.1f} s", flush=True)
+            results = run_all(
+                server.base_url, args.model, args.concurrency, args.max_tokens, args.rounds
+            )
+        out[executor] = {"ready_s": ready, "results": results}
+    mp, uni = out["mp"], out["uni"]
+    out["uni_vs_mp"] = {
+        "ready_s": uni["ready_s"] / mp["ready_s"],
+        **{
+            str(a["concurrency"]): b["tokens_per_s"] / a["tokens_per_s"]
+            for a, b in zip(mp["results"], uni["results"], strict=True)
+        },
+    }
+    print("uni_vs_mp=" + ", ".join(f"{k}: {v:.2f}" for k, v in out["uni_vs_mp"].items()))
+    return out
 
 
 def adapter_throughput(base_url: str, args: argparse.Namespace, plain: list[dict]) -> dict:

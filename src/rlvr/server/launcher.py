@@ -259,7 +259,7 @@ def engine_env(cuda: bool, backend: str, workers: int = 1, lora: bool = False) -
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, CPU_KVCACHE_GIB // workers)))
         if workers == 1:
             # One CPU worker runs inside the engine-core process (vLLM's "uni" executor) rather
-            # than a third process: the server starts about 24 s sooner and decodes about 1.8x
+            # than a third process: the server is ready 18-24 s sooner and decodes 1.5-1.8x
             # faster on two cores (docs/benchmarks.md#one-cpu-worker). The name misleads: the
             # engine core still runs beside the API server.
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
