@@ -191,11 +191,22 @@ def restore_base_weights(server) -> None:
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
-    """Forwards each request to `server.upstream` and records (method, path, JSON body)."""
+    """Forwards each request to `server.upstream` and records (method, path, JSON body);
+    answers a status of its own instead where `server.answer(path, body)` names one."""
 
     def _forward(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.requests.append((self.command, self.path, json.loads(body) if body else None))
+        parsed = json.loads(body) if body else None
+        self.server.requests.append((self.command, self.path, parsed))
+        status = self.server.answer(self.path, parsed) if self.server.answer else None
+        if status is not None:
+            said = json.dumps({"error": {"message": f"the proxy answers {status}"}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(said)))
+            self.end_headers()
+            self.wfile.write(said)
+            return
         headers = {
             k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")
         }
@@ -219,14 +230,16 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def recording_proxy(server):
+def recording_proxy(server, answer: Callable[[str, dict | None], int | None] | None = None):
     """An HTTP proxy in front of a real vf-vllm that records every request it forwards:
-    yields (base URL ending in /v1, list of (method, path, body))."""
+    yields (base URL ending in /v1, list of (method, path, body)). `answer(path, body)`: a
+    status the proxy answers itself instead of forwarding (None: forward)."""
     from rlvr.weight_sync.control import server_root
 
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     proxy.upstream = server_root(server.base_url)
     proxy.requests = []
+    proxy.answer = answer
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
     try:

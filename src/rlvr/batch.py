@@ -199,6 +199,9 @@ class StepBatch:
     """The curriculum's pass-rate estimates once this batch was generated (None: off)."""
     retried_groups: int = 0
     """Groups run again from the start because their server failed under them."""
+    request_errors: int = 0
+    """Requests that failed on two servers, or twice on the only one: blamed on the request
+    (the rollout errored), not on a server (`rlvr.rollouts.router`)."""
     servers: dict[str, float] = field(default_factory=dict)
     """Per-server metrics of its generation (`servers/<i>/*`, `rlvr.rollouts.servers`)."""
 

@@ -6,10 +6,12 @@ the same on two exact servers as on one. Real vf-vllm servers on the CPU, tiny m
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from support import (
 from toy_env import multi_turn_target_env, target_share_env
 
 from rlvr.config import ConfigError
+from rlvr.rollouts.router import STRIKES
 from rlvr.rollouts.servers import NoServerLeftError
 from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.trainer.grpo import Trainer
@@ -265,6 +268,57 @@ def test_a_hung_server_is_taken_out_quickly(tiny_server, second_server, one_serv
     assert step2["rollouts/errored"] == 0 and step2["servers/1/up"] == 0
     assert step3["servers/1/up"] == 1 and step3["servers/1/groups"] > 0
     assert_trained_alike(history, one_server_run[:3])
+
+
+def poison_first_prompt() -> Callable[[str, dict | None], int | None]:
+    """A proxy rule (`recording_proxy`): 500 to every chat request for the first prompt any
+    proxy sharing the rule saw, on every server: a request that is bad, not a server."""
+    first: dict[str, str] = {}
+
+    def answer(path: str, body: dict | None) -> int | None:
+        if not path.endswith("/chat/completions") or not body:
+            return None
+        prompt = json.dumps(body["messages"])
+        return 500 if first.setdefault("prompt", prompt) == prompt else None
+
+    return answer
+
+
+@integration
+@pytest.mark.parametrize("servers", [1, 3])
+def test_a_request_error_is_not_the_servers(tiny_server, tmp_path, servers):
+    """One prompt's requests fail with 500 on every server (proxies in front of
+    `tiny_server`): its group runs again on another server (the same one where there is only
+    one), fails there too, and is that request's error: its rollouts error, every server
+    stays, and the run goes on."""
+    answer = poison_first_prompt()
+    with contextlib.ExitStack() as proxies:
+        urls = [proxies.enter_context(recording_proxy(tiny_server, answer)) for _ in range(servers)]
+        cfg = config(tiny_server, tmp_path, "max_steps=2")
+        cfg.server.base_url, cfg.server.base_urls = None, [url for url, _ in urls]
+        history = train(cfg, tiny_server)
+    first = history[0]
+    assert len(history) == 2 and first["rollouts/retried_groups"] == 1
+    assert first["fleet/request_errors"] == 8 and first["rollouts/errored"] == 8
+    assert first["servers/up"] == servers == history[1]["servers/up"]
+
+
+@integration
+def test_a_fast_failing_server_is_taken_out(tiny_server, tmp_path):
+    """The second server answers 404 to every generation at once (a restarted adapter server
+    that lost the policy's name): least-loaded routing would feed it most groups. Its groups
+    run again on the first, no rollout errors, and after three failures in a row it is out."""
+
+    def not_found(path: str, body: dict | None) -> int | None:
+        return 404 if path.endswith("/chat/completions") else None
+
+    with recording_proxy(tiny_server, not_found) as (failing, _):
+        cfg = config(tiny_server, tmp_path, "max_steps=1", "batch.batch_size=64")
+        cfg.server.base_url, cfg.server.base_urls = None, [tiny_server.base_url, failing]
+        (step,) = train(cfg, tiny_server)
+    assert step["servers/1/up"] == 0 and step["servers/1/groups"] == 0
+    assert step["rollouts/errored"] == 0 and step["servers/0/groups"] == 8
+    assert step["rollouts/retried_groups"] >= STRIKES
 
 
 @pytest.fixture(scope="module")

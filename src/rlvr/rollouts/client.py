@@ -12,7 +12,8 @@ import copy
 import logging
 from typing import Any
 
-from openai import BadRequestError
+import httpx
+from openai import APITimeoutError, BadRequestError
 from verifiers.clients import OpenAIChatCompletionsClient
 
 from rlvr.config import RolloutsConfig
@@ -100,12 +101,15 @@ class RolloutClient(OpenAIChatCompletionsClient):
         if self.attempt is not None:
             self.attempt.requested()
         try:
-            return await self._respond(prompt, model, sampling_args, tools, **kwargs)
+            response = await self._respond(prompt, model, sampling_args, tools, **kwargs)
         except Exception as e:
             failure = server_failure(e)
             if self.attempt is not None and failure is not None:
                 self.attempt.failed(failure)
             raise
+        if self.attempt is not None:
+            self.attempt.answered()
+        return response
 
     async def _respond(
         self, prompt: Any, model: str, sampling_args: dict[str, Any], tools: Any, **kwargs
@@ -220,6 +224,24 @@ class RolloutClient(OpenAIChatCompletionsClient):
         return list(answer["tokens"])
 
 
+class TimeoutsNotRetried(httpx.AsyncBaseTransport):
+    """An httpx transport that raises a timeout as openai's `APITimeoutError`, which the
+    OpenAI client passes on instead of retrying: its two retries would make a request on a
+    server that stopped answering cost three `server.timeout_s` before the router sees it."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport):
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self.inner.handle_async_request(request)
+        except httpx.TimeoutException as e:
+            raise APITimeoutError(request=request) from e
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 def make_client(
     base_url: str,
     api_key: str | None,
@@ -231,14 +253,16 @@ def make_client(
 ) -> RolloutClient:
     """A verifiers chat client on vf-vllm (arguments: see `RolloutClient`). Idle connections
     drop before uvicorn's 5 s keep-alive (reusing one the server closes fails with a read
-    error); connection errors are retried, and one that still fails errors the rollout."""
-    import httpx
+    error); connection errors are retried, and one that still fails errors the rollout or
+    blames the server (`rlvr.rollouts.router`); a timeout is not retried
+    (`TimeoutsNotRetried`)."""
     from openai import AsyncOpenAI
 
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=64, keepalive_expiry=3.0
+    )
     http = httpx.AsyncClient(
-        limits=httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=64, keepalive_expiry=3.0
-        ),
+        transport=TimeoutsNotRetried(httpx.AsyncHTTPTransport(limits=limits)),
         timeout=httpx.Timeout(timeout_s, connect=10.0),
     )
     oai = AsyncOpenAI(

@@ -34,6 +34,9 @@ class Server:
     tokens: int = 0
     """Completion tokens of the groups it generated."""
     down_events: int = 0
+    strikes: int = 0
+    """Failures that may be its own, in a row with no answered request between
+    (`rlvr.rollouts.router.STRIKES`)."""
     hangs: int = 0
     """Times it was taken out for answering no health check (`rlvr.rollouts.health`)."""
 
@@ -68,15 +71,17 @@ class ServerPool:
         with self._lock:
             return [s for s in self.servers if not s.up]
 
-    def pick(self, version: int) -> Server:
+    def pick(self, version: int, avoid: set[int] | frozenset[int] = frozenset()) -> Server:
         """The server a new group of weight `version` goes to (and is counted on): the live one
-        with the fewest groups in flight, among those holding `version` if any does (a server
-        admitted again holds only newer ones), ties to the fewest groups so far, then the
-        lowest index. NoServerLeftError when none is up."""
+        with the fewest groups in flight, among those not in `avoid` (indices a group already
+        failed on) if any, then those holding `version` if any does (a server admitted again
+        holds only newer ones), ties to the fewest groups so far, then the lowest index.
+        NoServerLeftError when none is up."""
         with self._lock:
             live = [s for s in self.servers if s.up]
             if not live:
                 raise NoServerLeftError(self._obituary())
+            live = [s for s in live if s.index not in avoid] or live
             holding = [s for s in live if s.since <= version] or live
             server = min(holding, key=lambda s: (s.in_flight, s.groups, s.index))
             server.in_flight += 1
@@ -95,6 +100,17 @@ class ServerPool:
         with self._lock:
             server.requests += 1
 
+    def answered(self, server: Server) -> None:
+        """`server` answered a request: its strikes start again from none."""
+        with self._lock:
+            server.strikes = 0
+
+    def strike(self, server: Server) -> int:
+        """Count a failure that may be `server`'s; return its strikes in a row."""
+        with self._lock:
+            server.strikes += 1
+            return server.strikes
+
     def mark_down(self, server: Server, why: str, hung: bool = False) -> bool:
         """Take `server` out of rotation (`hung`: it answered no health check); False when it
         already was."""
@@ -111,6 +127,7 @@ class ServerPool:
         """Put `server` back in rotation, holding weight `version` and newer."""
         with self._lock:
             server.up = True
+            server.strikes = 0
             server.since = version
             server.last_answer = f"admitted again at weight version {version}"
 

@@ -339,6 +339,7 @@ class RolloutWorker:
         prompts = self._next_prompts(self.cfg.examples_per_step)
         began = time.perf_counter()
         counters, retried = self.pool.counters(), self.router.retried_groups
+        request_errors = self.router.request_errors
         group_size = self.cfg.batch.rollouts_per_example
         groups = await self._run_prompts(prompts, step, group_size, version)
         self._observe(groups)
@@ -364,6 +365,7 @@ class RolloutWorker:
             set_aside_prompts=prompts.set_aside + refill.set_aside,
             curriculum_state=None if self.curriculum is None else self.curriculum.snapshot(),
             retried_groups=self.router.retried_groups - retried,
+            request_errors=self.router.request_errors - request_errors,
             servers=self.pool.metrics(counters, seconds),
         )
 

@@ -272,6 +272,7 @@ class Trainer:
             rollouts = self.worker.get(step, timeout_s=self._rank0_deadline_s)
             batch = build_train_batch(rollouts, self.cfg, self.hooks)
             batch.metrics["rollouts/retried_groups"] = rollouts.retried_groups
+            batch.metrics["fleet/request_errors"] = rollouts.request_errors
             batch.metrics.update(rollouts.servers)
             if rollouts.curriculum_state is not None:
                 self.curriculum_state = rollouts.curriculum_state
