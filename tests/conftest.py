@@ -187,9 +187,11 @@ def _start_shared_servers(request, shared_servers: SharedServers, tmp_path_facto
     """Start the shared servers as the session begins (a start is 45-90 s of mostly Python
     imports on one core; the modules that start no server run first, beside them:
     `pytest_collection_modifyitems`). Under `-n` (pytest-xdist) only the worker that runs the
-    shared servers' modules starts them, at its first test that asks for one."""
+    integration tests starts them, at its first one."""
     under_xdist = "PYTEST_XDIST_WORKER" in os.environ
-    if not shared_servers.begun and (not under_xdist or set(request.fixturenames) & set(PREPARE)):
+    if not shared_servers.begun and (
+        not under_xdist or request.node.get_closest_marker("integration")
+    ):
         shared_servers.begin(request, tmp_path_factory)
 
 
@@ -317,64 +319,32 @@ def starts_servers(module: str | Path) -> bool:
     return "tests/integration/" in path or path.endswith("_integration.py")
 
 
-SERVES_ITSELF = (
-    "tests/integration/test_demo.py",
-    "tests/integration/test_qlora.py",
-    "tests/integration/test_reasoning_vocab_server.py",
-    "tests/integration/test_trainer_gpu.py",
-)
-"""Server modules that use none of the shared servers (PREPARE): under xdist either worker may
-run them, so the worker without the shared servers takes them after its own modules (checked
-at collection: `pytest_collection_modifyitems`)."""
-
-
-def serves_itself(module: str | Path) -> bool:
-    """Whether a module is one of SERVES_ITSELF."""
-    return Path(module).as_posix().endswith(SERVES_ITSELF)
-
-
-def run_order(module: str | Path) -> int:
-    """Where a module runs: under xdist the shared servers' modules first (one worker takes
-    them all), then those that start no server, then those that serve themselves (the other
-    worker takes them once its own are done); in one process, the modules that start no server
-    first, while the shared servers start beside them."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        return int(starts_servers(module))
-    return 2 if serves_itself(module) else 0 if starts_servers(module) else 1
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order the modules (`run_order`), keeping a module's tests together and in order so its
-    fixtures are built once; refuse integration tests outside the server modules and a module
-    in SERVES_ITSELF that asks for a shared server (it would start a second set)."""
+    """Modules that start no server run first, while the shared servers start beside them
+    (`_start_shared_servers`); under xdist the server modules come first instead, so that one
+    worker takes them at once (`pytest_xdist_make_scheduler`). A module's tests stay together
+    and in order, so its fixtures are built once."""
     astray = [i.nodeid for i in items if i.get_closest_marker("integration")]
     astray = [nodeid for nodeid in astray if not starts_servers(nodeid.split("::")[0])]
     if astray:
         raise pytest.UsageError(
             f"integration tests outside tests/integration/ or a *_integration.py: {astray[:3]}"
         )
-    shared = [
-        i.nodeid
-        for i in items
-        if serves_itself(i.nodeid.split("::")[0]) and set(i.fixturenames) & set(PREPARE)
-    ]
-    if shared:
-        raise pytest.UsageError(f"SERVES_ITSELF in tests/conftest.py, yet shared: {shared[:3]}")
-    items.sort(key=lambda item: run_order(item.path))
+    servers_first = "PYTEST_XDIST_WORKER" in os.environ
+    items.sort(key=lambda item: starts_servers(item.path) != servers_first)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown where xdist is not loaded
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two workers (`-n 2`): one runs every module of the shared servers, in
-    collection order, on one set of them (two sets would not fit in 24 GiB); the other takes
-    the remaining modules one whole module at a time, those that serve themselves last."""
+    """`make test` runs two workers (`-n 2`): one runs every module that may start servers, in
+    collection order, on one set of shared servers (two sets would not fit in 24 GiB); the
+    other takes the remaining modules one whole module at a time."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ServersApart(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            shared = starts_servers(module) and not serves_itself(module)
-            return "servers" if shared else module
+            return "servers" if starts_servers(module) else module
 
     config.option.loadscopereorder = False  # the collection's order: the servers' unit first
     return ServersApart(config, log)
