@@ -224,6 +224,32 @@ def test_a_run_starts_with_one_of_two_servers_up(tiny_server, second_server, tmp
     assert history[2]["servers/1/up"] == 1 and history[2]["servers/1/groups"] > 0
 
 
+def disturbed_in_step_2(disturb: Callable[[], None], mend: Callable[[], None]):
+    """A `Trainer.push_weights` that calls `disturb` once the second server has a group of
+    step 2 in flight (routing starts after the push of version 1), and `mend` before the push
+    of version 2."""
+    push = Trainer.push_weights
+    disturbed = threading.Event()
+
+    def when_busy(server) -> None:
+        deadline = time.monotonic() + 60
+        while server.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        disturb()
+        disturbed.set()
+
+    def pushing(self, version, initial=False):
+        if version == 2:
+            assert disturbed.wait(60)
+            mend()
+        pushed = push(self, version, initial)
+        if version == 1:  # step 2's groups are being routed now
+            threading.Thread(target=when_busy, args=(self.pool.servers[1],)).start()
+        return pushed
+
+    return pushing
+
+
 @integration
 def test_a_hung_server_is_taken_out_quickly(tiny_server, second_server, one_server_run, tmp_path):
     """The second server is stopped (SIGSTOP: connections accepted, nothing answered) while
@@ -231,25 +257,10 @@ def test_a_hung_server_is_taken_out_quickly(tiny_server, second_server, one_serv
     `server.hang_s` (20 s), not the timeout, and its groups run again on the first with their
     seeds, so the run trains what one server trains. Continued before the push of version 2,
     it returns and takes groups again."""
-    push = Trainer.push_weights
     group = engine_group(second_server)
-    stopped = threading.Event()
-
-    def stop_when_busy(server) -> None:
-        deadline = time.monotonic() + 60
-        while server.in_flight == 0 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        os.killpg(group, signal.SIGSTOP)
-        stopped.set()
-
-    def stopping(self, version, initial=False):
-        if version == 2:
-            assert stopped.wait(60)
-            os.killpg(group, signal.SIGCONT)
-        pushed = push(self, version, initial)
-        if version == 1:  # step 2's groups are being routed now
-            threading.Thread(target=stop_when_busy, args=(self.pool.servers[1],)).start()
-        return pushed
+    stopping = disturbed_in_step_2(
+        lambda: os.killpg(group, signal.SIGSTOP), lambda: os.killpg(group, signal.SIGCONT)
+    )
 
     cfg = on_servers(
         config(tiny_server, tmp_path, "max_steps=3", "server.timeout_s=600"),
@@ -327,25 +338,7 @@ def crash_run(tiny_server, second_server, tmp_path_factory):
     2 generates on it and started again before the push that ends step 2; then the run is
     resumed (`checkpoint.resume=auto`) for a 4th step."""
     out = tmp_path_factory.mktemp("crash")
-    push = Trainer.push_weights
-    killed = threading.Event()
-
-    def kill_when_busy(server) -> None:
-        deadline = time.monotonic() + 60
-        while server.in_flight == 0 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        second_server.kill()
-        killed.set()
-
-    def crashing(self, version, initial=False):
-        if version == 2:
-            assert killed.wait(60)
-            second_server.restart()
-        pushed = push(self, version, initial)
-        if version == 1:  # step 2's groups are being routed now
-            threading.Thread(target=kill_when_busy, args=(self.pool.servers[1],)).start()
-        return pushed
-
+    crashing = disturbed_in_step_2(second_server.kill, second_server.restart)
     cfg = on_servers(
         config(tiny_server, out, "max_steps=3", "checkpoint.every=1"), tiny_server, second_server
     )

@@ -12,7 +12,6 @@ docs/scaling.md#several-inference-servers.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 
@@ -21,8 +20,6 @@ import httpx
 from rlvr.rollouts.router import Router
 from rlvr.rollouts.servers import Server
 from rlvr.weight_sync.control import server_root
-
-log = logging.getLogger(__name__)
 
 
 class HealthWatch:
