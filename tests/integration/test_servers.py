@@ -333,6 +333,93 @@ def test_a_fast_failing_server_is_taken_out(tiny_server, tmp_path):
 
 
 @pytest.fixture(scope="module")
+def fleet_file_run(tiny_server, second_server, tmp_path_factory):
+    """Five steps from a fleet file listing the first server (behind a proxy that can hold
+    requests), under `batch.async_level=1` (step k+1 generates while step k trains). Before the
+    push of version 1, once step 2 has generated, the file lists the second server too: it
+    joins at that push. Requests reaching the first server are then held, so step 3's groups
+    on it are in flight when the file, before the push of version 2, lists the second server
+    alone: the first drains there, and is released after that push. Returns the history
+    and, per version pushed, the first server's state (listed, up, in flight, last answer)
+    and the servers that took the push."""
+    out = tmp_path_factory.mktemp("fleet-file")
+    fleet, holding, released = out / "fleet", threading.Event(), threading.Event()
+
+    def held(path: str, body: dict | None) -> int | None:
+        if holding.is_set() and path.endswith("/chat/completions"):
+            released.wait(120)
+        return None
+
+    push, seen = Trainer.push_weights, {}
+
+    def pushing(self, version, initial=False):
+        first = self.pool.servers[0]
+        if version == 1:  # step 2 generated its 4 groups (after step 1's 4), all on the first
+            deadline = time.monotonic() + 60
+            while first.groups < 8 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            fleet.write_text(f"{first.url}\n{second_server.base_url}\n")
+        if version == 2:
+            deadline = time.monotonic() + 60
+            while first.in_flight == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            fleet.write_text(f"{second_server.base_url}\n")
+        pushed = push(self, version, initial)
+        seen[version] = (first.listed, first.up, first.in_flight, first.last_answer)
+        seen[version] += (list(self.weights.pushed),)
+        if version == 1:
+            holding.set()
+        if version == 2:
+            released.set()
+        return pushed
+
+    with recording_proxy(tiny_server, held) as (first_url, _):
+        fleet.write_text(f"# the run's servers\n{first_url}\n")
+        cfg = config(tiny_server, out, "max_steps=5", "batch.async_level=1")
+        cfg.server.base_url, cfg.server.fleet_file = None, str(fleet)
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(Trainer, "push_weights", pushing)
+                history = Trainer(cfg, env=target_share_env(EVERY_OTHER_ID)).run()
+        finally:
+            released.set()
+            restore_base_weights(second_server)
+    return history, seen
+
+
+@integration
+def test_a_server_added_to_the_fleet_file_joins(fleet_file_run):
+    """The server listed anew is checked like one at start, pushed the current version and
+    verified (exact check and model probe) at the push after it was listed, and takes groups
+    from the next step on; `fleet/joined` counts it once."""
+    history, seen = fleet_file_run
+    assert history[1].get("servers/1/groups", 0) == 0 and seen[1][4] == [0, 1]
+    assert history[0]["push/1/failed_params"] == 0 and history[0]["push/1/verified_params"] > 0
+    assert history[0]["push/1/probe_kl"] < 1e-6
+    assert history[2]["servers/1/up"] == 1 and history[2]["servers/1/groups"] > 0
+    assert sum(h["fleet/joined"] for h in history) == 1
+    assert all(h["rollouts/errored"] == 0 for h in history)
+
+
+@integration
+def test_a_server_removed_from_the_fleet_file_drains(fleet_file_run):
+    """The server the file stops listing while step 3 has groups in flight on it takes no new
+    group, keeps taking pushes while those groups finish there (none runs again elsewhere, none
+    errors), and is let go at the first push after they have; `fleet/left` counts it once."""
+    history, seen = fleet_file_run
+    listed, up, in_flight, _, pushed = seen[2]
+    assert not listed and up and in_flight > 0 and pushed == [0, 1]
+    assert history[2]["servers/0/groups"] > 0 and history[2]["rollouts/retried_groups"] == 0
+    listed, up, in_flight, why, pushed = seen[3]
+    assert not up and in_flight == 0 and "no longer in the fleet file: let go" in why
+    assert pushed == [1]
+    for step in history[3:]:
+        assert step["servers/0/groups"] == 0 and step["servers/total"] == 1
+    assert sum(h["fleet/left"] for h in history) == 1
+    assert all(h["rollouts/errored"] == 0 for h in history)
+
+
+@pytest.fixture(scope="module")
 def crash_run(tiny_server, second_server, tmp_path_factory):
     """Two servers, 3 steps, a checkpoint after each: the second server is SIGKILLed while step
     2 generates on it and started again before the push that ends step 2; then the run is

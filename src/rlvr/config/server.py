@@ -7,9 +7,10 @@ and docs/weight-transfer.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from rlvr.config.checks import require
+from rlvr.config.checks import ConfigError, require
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 """The server a run talks to when the config names none (vf-vllm's default port)."""
@@ -25,6 +26,13 @@ class ServerConfig:
     """Several vf-vllm servers serving the same model: each group of rollouts goes to one of
     them, every weight version to all of them, and the run goes on while at least one answers.
     Set this or `base_url`, not both (docs/scaling.md#several-inference-servers)."""
+    fleet_file: str | None = None
+    """A file listing the run's servers, one URL a line (`#` comments and blank lines
+    ignored), instead of `base_url`/`base_urls`. Read again at every push: a URL added joins
+    (checked, pushed the current version and verified before any group goes to it), a URL
+    removed is drained (its groups in flight finish, it takes no new ones) and let go.
+    Replace the file whole (write another, then `mv`), not line by line
+    (docs/scaling.md#the-fleet-file)."""
     api_key: str | None = None
     served_model: str | None = None
     """The name vf-vllm serves the model under (default: model.name, as vf-vllm does)."""
@@ -86,30 +94,26 @@ class ServerConfig:
 
     @property
     def urls(self) -> list[str]:
-        """Every server of the run, in the order their metrics are numbered (`servers/<i>/*`)."""
+        """Every server of the run at start, in the order their metrics are numbered
+        (`servers/<i>/*`; servers that join from the fleet file later are numbered on)."""
+        if self.fleet_file:
+            return read_fleet_file(self.fleet_file)
         return list(self.base_urls) or [self.base_url or DEFAULT_BASE_URL]
 
     def validate(self) -> None:
+        given = [name for name in ("base_url", "base_urls", "fleet_file") if getattr(self, name)]
         require(
-            not (self.base_url and self.base_urls),
-            "server.base_url/base_urls",
-            (self.base_url, self.base_urls),
-            "set one of the two: base_url for one server, base_urls for several",
+            len(given) <= 1,
+            "server." + "/".join(given),
+            tuple(getattr(self, name) for name in given),
+            "set one: base_url for one server, base_urls for several, fleet_file for a fleet "
+            "that changes during the run",
         )
-        for i, url in enumerate(self.urls):
-            require(
-                url.startswith(("http://", "https://")),
-                f"server.base_urls[{i}]" if self.base_urls else "server.base_url",
-                url,
-                "must be an http(s) URL such as http://127.0.0.1:8000/v1",
-            )
-        roots = [url.rstrip("/").removesuffix("/v1") for url in self.urls]
-        require(
-            len(set(roots)) == len(roots),
-            "server.base_urls",
-            self.base_urls,
-            "lists a server twice",
-        )
+        if self.fleet_file:
+            read_fleet_file(self.fleet_file)  # checked now, read again at every push
+        else:
+            field_name = "server.base_urls" if self.base_urls else "server.base_url"
+            check_server_urls(self.urls, field_name)
         require(self.timeout_s > 0, "server.timeout_s", self.timeout_s)
         require(self.start_wait_s >= 0, "server.start_wait_s", self.start_wait_s)
         require(self.hang_s >= 0, "server.hang_s", self.hang_s, "0 turns the health watch off")
@@ -133,3 +137,35 @@ class ServerConfig:
             self.transfer_port,
             "must be a port number (0: any free port)",
         )
+
+
+def server_key(url: str) -> str:
+    """What identifies a server in a list of URLs: its root, with or without `/v1`."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def check_server_urls(urls: list[str], field_name: str) -> None:
+    """Every URL is http(s) and names a different server; ConfigError naming `field_name`."""
+    for i, url in enumerate(urls):
+        require(
+            url.startswith(("http://", "https://")),
+            f"{field_name}[{i}]" if len(urls) > 1 else field_name,
+            url,
+            "must be an http(s) URL such as http://127.0.0.1:8000/v1",
+        )
+    keys = [server_key(url) for url in urls]
+    require(len(set(keys)) == len(keys), field_name, urls, "lists a server twice")
+
+
+def read_fleet_file(path: str) -> list[str]:
+    """The server URLs `path` lists, one a line, in order (`#` comments and blank lines
+    skipped); ConfigError when it cannot be read, lists none, or lists a bad or repeated URL."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"server.fleet_file={path!r}: cannot be read ({e})") from None
+    urls = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    urls = [url for url in urls if url]
+    require(bool(urls), "server.fleet_file", path, "lists no server URL")
+    check_server_urls(urls, f"server.fleet_file ({path})")
+    return urls

@@ -2,8 +2,9 @@
 weight version it holds, its load, and what it last answered.
 
 The rollout worker's thread routes groups and marks servers down; the trainer's thread pushes
-weights, marks down the servers a push or probe failed on and admits returning ones. A lock
-keeps the two consistent."""
+weights, marks down the servers a push or probe failed on, admits returning ones and follows the
+fleet file (adds the servers it lists anew, drains those it no longer lists). A lock keeps the
+two consistent."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ class Server:
     (`rlvr.rollouts.router.STRIKES`)."""
     hangs: int = 0
     """Times it was taken out for answering no health check (`rlvr.rollouts.health`)."""
+    joins: int = 0
+    """Times it was admitted into rotation after start (joining, or returning)."""
+    listed: bool = True
+    """In the fleet: False once the fleet file no longer lists it. Unlisted, it takes no new
+    groups (it drains) and is let go once none is in flight."""
 
     def describe(self) -> str:
         return f"server {self.index} ({self.url})"
@@ -51,6 +57,12 @@ class Counts(NamedTuple):
     groups: int
     tokens: int
     hangs: int
+    joins: int
+    leaves: int
+
+
+NO_COUNTS = Counts(0, 0, 0, 0, 0, 0)
+"""The totals of a server before it was added."""
 
 
 class ServerPool:
@@ -71,14 +83,41 @@ class ServerPool:
         with self._lock:
             return [s for s in self.servers if not s.up]
 
+    def add(self, url: str) -> Server:
+        """A server the fleet file lists anew: numbered after the others, down until it answers
+        and is admitted like a returning one."""
+        with self._lock:
+            server = Server(len(self.servers), url, up=False)
+            server.last_answer = "listed in the fleet file: joins once it answers"
+            self.servers.append(server)
+            return server
+
+    def list_in_fleet(self, server: Server, listed: bool) -> None:
+        """The fleet file lists `server` (again), or no longer does: it drains."""
+        with self._lock:
+            server.listed = listed
+            server.last_answer = (
+                "listed in the fleet file again"
+                if listed
+                else "no longer in the fleet file: drains (takes no new groups), let go once "
+                "its groups finish"
+            )
+
+    def drained(self) -> list[Server]:
+        """The servers up that the fleet file no longer lists and that have no group in
+        flight: ready to let go."""
+        with self._lock:
+            return [s for s in self.servers if s.up and not s.listed and s.in_flight == 0]
+
     def pick(self, version: int, avoid: set[int] | frozenset[int] = frozenset()) -> Server:
-        """The server a new group of weight `version` goes to (and is counted on): the live one
-        with the fewest groups in flight, among those not in `avoid` (indices a group already
-        failed on) if any, then those holding `version` if any does (a server admitted again
-        holds only newer ones), ties to the fewest groups so far, then the lowest index.
+        """The server a new group of weight `version` goes to (and is counted on): the live,
+        listed one with the fewest groups in flight, among those not in `avoid` (indices a
+        group already failed on) if any, then those holding `version` if any does (a server
+        admitted again holds only newer ones), ties to the fewest groups so far, then the
+        lowest index.
         NoServerLeftError when none is up."""
         with self._lock:
-            live = [s for s in self.servers if s.up]
+            live = [s for s in self.servers if s.up and s.listed]
             if not live:
                 raise NoServerLeftError(self._obituary())
             live = [s for s in live if s.index not in avoid] or live
@@ -127,6 +166,7 @@ class ServerPool:
         """Put `server` back in rotation, holding weight `version` and newer."""
         with self._lock:
             server.up = True
+            server.joins += 1
             server.strikes = 0
             server.since = version
             server.last_answer = f"admitted again at weight version {version}"
@@ -136,26 +176,32 @@ class ServerPool:
         return "no inference server is left; each last answered:\n" + "\n".join(lines)
 
     def check_any_left(self) -> None:
-        """Raise NoServerLeftError, naming each server's last answer, when none is up."""
+        """Raise NoServerLeftError, naming each server's last answer, when none listed is up."""
         with self._lock:
-            if not any(s.up for s in self.servers):
+            if not any(s.up and s.listed for s in self.servers):
                 raise NoServerLeftError(self._obituary())
 
     def counters(self) -> dict[int, Counts]:
         """Every server's totals so far."""
         with self._lock:
-            return {s.index: Counts(s.requests, s.groups, s.tokens, s.hangs) for s in self.servers}
+            return {
+                s.index: Counts(s.requests, s.groups, s.tokens, s.hangs, s.joins, s.down_events)
+                for s in self.servers
+            }
 
-    def metrics(self, before: dict[int, Counts], seconds: float) -> dict[str, float]:
-        """Per-server metrics since the `counters()` snapshot `before`, over `seconds` of
-        generation: requests, groups, generated tokens/s, groups in flight, up; how many
-        servers are up (`servers/up`, of `servers/total`) and how many were taken out for
-        answering no health check (`fleet/hung`)."""
-        now = self.counters()
-        out: dict[str, float] = {"fleet/hung": 0}
+    def metrics(
+        self, before: dict[int, Counts], now: dict[int, Counts], seconds: float
+    ) -> dict[str, float]:
+        """Per-server metrics between the `counters()` snapshots `before` and `now`, over
+        `seconds` of generation: requests, groups, generated tokens/s, groups in flight, up;
+        how many listed servers are up (`servers/up`, of `servers/total`), how many entered
+        rotation (`fleet/joined`) and left it (`fleet/left`: failed, hung or let go), and how
+        many of those were taken out for answering no health check (`fleet/hung`)."""
+        out: dict[str, float] = {"fleet/hung": 0, "fleet/joined": 0, "fleet/left": 0}
         with self._lock:
-            for s in self.servers:
-                delta = Counts(*(a - b for a, b in zip(now[s.index], before[s.index], strict=True)))
+            for s in (s for s in self.servers if s.index in now):
+                was = before.get(s.index, NO_COUNTS)
+                delta = Counts(*(a - b for a, b in zip(now[s.index], was, strict=True)))
                 prefix = f"servers/{s.index}"
                 out[f"{prefix}/requests"] = delta.requests
                 out[f"{prefix}/groups"] = delta.groups
@@ -163,6 +209,8 @@ class ServerPool:
                 out[f"{prefix}/in_flight"] = s.in_flight
                 out[f"{prefix}/up"] = float(s.up)
                 out["fleet/hung"] += delta.hangs
-            out["servers/up"] = sum(s.up for s in self.servers)
-            out["servers/total"] = len(self.servers)
+                out["fleet/joined"] += delta.joins
+                out["fleet/left"] += delta.leaves
+            out["servers/up"] = sum(s.up and s.listed for s in self.servers)
+            out["servers/total"] = sum(s.listed for s in self.servers)
         return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +19,10 @@ from rlvr.config.sampling import SamplingFilterError, check_logprobs_mode
 from rlvr.model.quantization import quantization_of
 from rlvr.model.rope import check_served_rope
 from rlvr.rollouts.mixture import leaves
-from rlvr.rollouts.servers import ServerPool
+from rlvr.rollouts.servers import Server, ServerPool
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.control import ServerControl, ServerError, server_answers
-from rlvr.weight_sync.fleet import FleetPush
+from rlvr.weight_sync.fleet import FleetPush, NotConnected
 from rlvr.weight_sync.probe import PROBE_TEXT, ModelProbe, probe_ids
 
 if TYPE_CHECKING:  # imports vLLM: loaded when a trainer connects
@@ -56,7 +56,8 @@ def connect(
     each; all ranks then connect to them together. A server down at start is out of rotation
     and joins, checked the same way, when it answers at a push (`connect_one`). `model` is the
     (wrapped) policy, `say` prints on the main process."""
-    server, rank, urls = cfg.server, accelerator.process_index, cfg.server.urls
+    server, rank = cfg.server, accelerator.process_index
+    urls = dict(enumerate(server.urls))
     unwrapped = accelerator.unwrap_model(model)
     agree = agreement(accelerator)
     ways = None
@@ -65,30 +66,33 @@ def connect(
         ways = {i: plan_server(cfg, urls[i], unwrapped, env, reasoning_vocab, say) for i in up}
         check_same_push(ways, urls)
         if len(up) > 1:
-            check_same_serving(cfg, up)
+            check_same_serving(cfg, {i: urls[i] for i in up})
     ways = agree(ways)
     first = min(ways)
 
-    def plan_joiner(index: int) -> ServerWay | str:
-        """Rank 0: the way weights reach server `index`, answering for the first time, checked
+    def plan_joiner(joiner: Server) -> ServerWay | str:
+        """Rank 0: the way weights reach `joiner`, answering for the first time, checked
         against the first server's; or why it cannot join."""
+        pair = {first: urls[first], joiner.index: joiner.url}
         try:
-            way = plan_server(cfg, urls[index], unwrapped, env, reasoning_vocab, say)
-            check_same_push({first: ways[first], index: way}, urls)
-            check_same_serving(cfg, [first, index])
+            way = plan_server(cfg, joiner.url, unwrapped, env, reasoning_vocab, say)
+            check_same_push({first: ways[first], joiner.index: way}, pair)
+            check_same_serving(cfg, pair)
         except (ConfigError, ServerError) as e:
             return str(e)
         return way
 
-    def connect_one(index: int) -> WeightPush:
-        if index not in ways:  # down at start: every rank learns rank 0's plan
-            way = agree(plan_joiner(index) if accelerator.is_main_process else None)
+    def connect_one(server: Server) -> WeightPush:
+        if server.index not in ways:  # down at start or listed anew: rank 0's plan for all
+            way = agree(plan_joiner(server) if accelerator.is_main_process else None)
             if isinstance(way, str):
                 raise ServerError(way)
-            ways[index] = way
-        return connect_server(cfg, urls[index], ways[index], rank, unwrapped, compute_dtype, say)
+            ways[server.index] = way
+        way = ways[server.index]
+        return connect_server(cfg, server.url, way, rank, unwrapped, compute_dtype, say)
 
-    pushes = [connect_one(i) if i in ways else NotConnected() for i in range(len(urls))]
+    pool = ServerPool(list(urls.values()))
+    pushes = [connect_one(s) if s.index in ways else NotConnected() for s in pool.servers]
     way = ways[first].way
     if way == "adapter":
         requested = f"{pushes[first].name(start_step)!r}, one name per weight version"
@@ -96,28 +100,13 @@ def connect(
         requested = repr(cfg.served_model)
     where = f" to each of {len(urls)} servers" if len(urls) > 1 else ""
     say(f"weight push: {way}{where}; rollouts request model {requested}")
-    pool = ServerPool(urls)
-    for i in sorted(set(range(len(urls))) - set(ways)):
+    for i in sorted(set(urls) - set(ways)):
         pool.mark_down(pool.servers[i], "did not answer at start: joins when it answers")
-    weights = FleetPush(pool, pushes, connect_one, agree, rank, server.api_key)
+    weights = FleetPush(pool, pushes, connect_one, agree, rank, server.api_key, server.fleet_file)
     probe = None
     if server.push_probe:
         probe = ModelProbe(probe_ids(tokenizer, reasoning_vocab), server.probe_kl_max)
     return Connection(weights, pool, probe)
-
-
-class NotConnected(WeightPush):
-    """The push of a server that was down at start: nothing to push to or close until it
-    answers and `connect_one` connects it."""
-
-    def push(self, version: int) -> float:
-        raise ServerError("not connected: the server has not answered yet")
-
-    def served_name(self, version: int) -> str:
-        raise ServerError("not connected: the server has not answered yet")
-
-    def close(self) -> None:
-        pass
 
 
 STILL_WAITING_S = 30.0
@@ -185,7 +174,7 @@ def plan_server(
     return ServerWay(way, base)
 
 
-def check_same_push(ways: dict[int, ServerWay], urls: list[str]) -> None:
+def check_same_push(ways: dict[int, ServerWay], urls: Mapping[int, str]) -> None:
     """Every server (`ways` by index) takes the weights the same way (the adapter, or merged
     weights): a version's served name must mean the same weights on each."""
     (first, *others) = sorted(ways)
@@ -202,13 +191,12 @@ def check_same_push(ways: dict[int, ServerWay], urls: list[str]) -> None:
     )
 
 
-def check_same_serving(cfg: Config, indices: list[int]) -> None:
-    """Rank 0: the servers `indices` (of `server.urls`) serve `cfg.served_model` with the same
-    tokenizer (the ids of a fixed text), context length and logprobs mode; ConfigError naming
-    the server and the field that differs from the first's."""
-    urls = cfg.server.urls
-    prints = {i: serving_fingerprint(cfg, i, urls[i]) for i in indices}
-    first, *others = indices
+def check_same_serving(cfg: Config, urls: Mapping[int, str]) -> None:
+    """Rank 0: the servers `urls` (by index) serve `cfg.served_model` with the same tokenizer
+    (the ids of a fixed text), context length and logprobs mode; ConfigError naming the server
+    and the field that differs from the first's."""
+    prints = {i: serving_fingerprint(cfg, i, url) for i, url in urls.items()}
+    first, *others = sorted(urls)
     for i in others:
         for field_name, value in prints[i].items():
             if value != prints[first][field_name]:

@@ -1,8 +1,10 @@
 """Every weight version to every server (`FleetPush`): one `WeightPush` per server, pushed one
 after the other. A server whose push fails leaves rotation; a returning one is connected afresh
-and admitted once its exact check (and model probe) pass. Rank 0 decides the servers and
-`agree` shares the decision.
-Design: docs/weight-transfer.md#several-servers.
+and admitted once its exact check (and model probe) pass. With `server.fleet_file`, each push
+first reads the file: a server listed anew joins like a returning one, a server no longer listed
+drains and is let go once its groups finish. Rank 0 decides the servers and `agree` shares the
+decision.
+Design: docs/weight-transfer.md#several-servers, docs/scaling.md#the-fleet-file.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.config import ConfigError
+from rlvr.config.server import read_fleet_file, server_key
 from rlvr.rollouts.servers import Server, ServerPool
 from rlvr.weight_sync.base import WeightPush
-from rlvr.weight_sync.control import server_answers
+from rlvr.weight_sync.control import ServerError, server_answers
 from rlvr.weight_sync.probe import WeightsNotServedError
 
 log = logging.getLogger(__name__)
@@ -22,10 +26,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PushPlan:
-    """Which servers a push goes to: those up, and the returning ones to connect first."""
+    """Which servers a push goes to: those up, and the returning ones to connect first; the
+    servers the fleet file lists anew (numbered after the others, among `returning` where they
+    answer) and the drained ones to let go first."""
 
     live: list[int]
     returning: list[int] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    let_go: list[int] = field(default_factory=list)
 
     @property
     def targets(self) -> list[int]:
@@ -34,18 +42,20 @@ class PushPlan:
 
 class FleetPush(WeightPush):
     """Pushes each weight version to every live server of `pool` (`pushes[i]` reaches server
-    i); `connect_one(i)` connects server i afresh (a returning server), `agree(x)` returns rank
-    0's `x` on every rank. After `push`, `pushed` lists the servers that took the version
-    (the model probe checks those that need it) and `seconds` each one's push time."""
+    i); `connect_one(server)` connects a server afresh (a returning or joining one), `agree(x)`
+    returns rank 0's `x` on every rank; `fleet_file` is read at every push. After `push`,
+    `pushed` lists the servers that took the version (the model probe checks those that need
+    it) and `seconds` each one's push time."""
 
     def __init__(
         self,
         pool: ServerPool,
         pushes: list[WeightPush],
-        connect_one: Callable[[int], WeightPush],
+        connect_one: Callable[[Server], WeightPush],
         agree: Callable[[Any], Any],
         rank: int,
         api_key: str | None = None,
+        fleet_file: str | None = None,
     ):
         self.pool = pool
         self.pushes = pushes
@@ -53,6 +63,7 @@ class FleetPush(WeightPush):
         self.agree = agree
         self.rank = rank
         self.api_key = api_key
+        self.fleet_file = fleet_file
         self.pushed: list[int] = []
         self.returned: list[int] = []
         """Servers connected afresh by the last push: admitted once their checks pass."""
@@ -66,6 +77,11 @@ class FleetPush(WeightPush):
         check fails is pushed again once, then taken out (with one server, the error stops
         the run)."""
         plan = self.agree(self._plan() if self.rank == 0 else None)
+        for url in plan.added:
+            self.pool.add(url)
+            self.pushes.append(NotConnected())
+        for i in plan.let_go:
+            self._let_go(i)
         returned = [i for i in plan.returning if self._reconnect(i)]
         returned = self.agree(returned if self.rank == 0 else None)
         self.seconds = {}
@@ -114,12 +130,47 @@ class FleetPush(WeightPush):
         self.verified = self.agree(verified if self.rank == 0 else None)
 
     def _plan(self) -> PushPlan:
-        """Rank 0's targets: the servers up, and the down ones that answer again."""
-        live = [s.index for s in self.pool.live()]
-        returning = [s.index for s in self.pool.down() if self._answers(s)]
+        """Rank 0's targets: the servers up, and the down ones (or ones listed anew) that
+        answer; the drained ones to let go."""
+        added = self._follow_fleet_file()
+        let_go = [s.index for s in self.pool.drained()]
+        live = [s.index for s in self.pool.live() if s.index not in let_go]
+        returning = [s.index for s in self.pool.down() if s.listed and self._answers(s)]
+        new = [Server(len(self.pool) + k, url, up=False) for k, url in enumerate(added)]
+        returning += [s.index for s in new if self._answers(s)]
         for i in returning:
-            log.warning("%s answers: connecting it", self.pool.servers[i].describe())
-        return PushPlan(live, returning)
+            url = (self.pool.servers + new)[i].url
+            log.warning("server %d (%s) answers: connecting it", i, url)
+        return PushPlan(live, returning, added, let_go)
+
+    def _follow_fleet_file(self) -> list[str]:
+        """Rank 0: read the fleet file (if any), drain the servers it no longer lists (they
+        take no new groups), list again those it lists anew; the URLs it lists for the first
+        time. An unreadable file changes nothing (a warning says why)."""
+        if self.fleet_file is None:
+            return []
+        try:
+            urls = read_fleet_file(self.fleet_file)
+        except ConfigError as e:
+            log.warning("%s: the fleet stays as it is", e)
+            return []
+        keys = {server_key(url) for url in urls}
+        known = {server_key(s.url): s for s in self.pool.servers}
+        for key, server in known.items():
+            if (key in keys) != server.listed:
+                self.pool.list_in_fleet(server, key in keys)
+                log.warning("%s: %s", server.describe(), server.last_answer)
+        return [url for url in urls if server_key(url) not in known]
+
+    def _let_go(self, index: int) -> None:
+        """Close the connection to server `index`, drained after the fleet file dropped it
+        (every rank), and take it out of rotation."""
+        self._take_out(self.pool.servers[index], "no longer in the fleet file: let go, drained")
+        try:
+            self.pushes[index].close()
+        except Exception as e:
+            log.info("closing the connection to %s: %s", self.pool.servers[index].describe(), e)
+        self.pushes[index] = NotConnected()
 
     def _answers(self, server: Server) -> bool:
         return server_answers(server.url, self.api_key)
@@ -133,7 +184,7 @@ class FleetPush(WeightPush):
         except Exception as e:
             log.info("closing the old connection to %s: %s", server.describe(), e)
         try:
-            self.pushes[index] = self.connect_one(index)
+            self.pushes[index] = self.connect_one(server)
         except Exception as e:
             server.last_answer = f"could not be connected again: {e}"
             log.warning("%s %s", server.describe(), server.last_answer)
@@ -180,3 +231,17 @@ class FleetPush(WeightPush):
                 push.close()
             except Exception as e:  # closing runs while a failure may be on its way up
                 log.warning("closing the connection to server %d: %s", i, e)
+
+
+class NotConnected(WeightPush):
+    """The push of a server not connected: down at start or listed anew (nothing to push to or
+    close until it answers and `connect_one` connects it), or let go."""
+
+    def push(self, version: int) -> float:
+        raise ServerError("not connected: the server has not answered yet")
+
+    def served_name(self, version: int) -> str:
+        raise ServerError("not connected: the server has not answered yet")
+
+    def close(self) -> None:
+        pass

@@ -78,8 +78,10 @@ def test_a_silent_server_is_taken_out_after_hang_s():
     assert pool.servers[0].up and not pool.servers[1].up
     assert cancelled == [False, True]
     assert pool.servers[1].last_answer.startswith("answered no health check for 20 s")
-    metrics = pool.metrics({i: c._replace(hangs=0) for i, c in pool.counters().items()}, 1.0)
-    assert metrics["fleet/hung"] == 1 and pool.servers[1].hangs == 1
+    now = pool.counters()
+    before = {i: c._replace(hangs=0, leaves=0) for i, c in now.items()}
+    metrics = pool.metrics(before, now, 1.0)
+    assert metrics["fleet/hung"] == metrics["fleet/left"] == 1 and pool.servers[1].hangs == 1
 
 
 def test_a_silent_server_is_given_hang_s():

@@ -35,6 +35,7 @@ from rlvr.rollouts.request_args import (
     request_seed,
     turn_seed,
 )
+from rlvr.rollouts.servers import NoServerLeftError, ServerPool
 from rlvr.rollouts.to_samples import (
     MissingTokensError,
     NonFiniteRewardError,
@@ -634,6 +635,21 @@ def first_batch(tokenizer, *overrides: str) -> StepBatch:
         return worker.get(0, timeout_s=120)
     finally:
         worker.close()
+
+
+def test_closing_a_failed_worker_leaves_its_failure_to_be_seen(tokenizer):
+    """The worker's thread fails (no server left) and closes its loop; the trainer, closing
+    the worker as the failure travels up, may still see the thread alive: closing must not
+    raise `Event loop is closed` over the failure (the order forced here)."""
+    pool = ServerPool(["http://127.0.0.1:8000/v1"])
+    pool.mark_down(pool.servers[0], "refused")
+    worker = signal_worker(tokenizer, "batch.async_level=0", "max_steps=1", pool=pool)
+    with pytest.raises(NoServerLeftError, match="refused"):
+        worker.get(0, timeout_s=60)
+    worker._thread.join(60)
+    assert worker._loop.is_closed()
+    worker._thread.is_alive = lambda: True  # the check ran before the loop closed
+    worker.close()
 
 
 def test_dynamic_sampling_fills_the_batch_with_signal(tokenizer):

@@ -59,7 +59,7 @@ def test_a_new_group_goes_to_the_least_busy_server():
     pool.finished(first, 5)
     pool.finished(third, 5)
     assert pool.pick(0).index == 0, "server 0 has fewer in flight now"
-    assert pool.counters() == {0: (0, 2, 10, 0), 1: (0, 0, 0, 0)}
+    assert pool.counters() == {0: (0, 2, 10, 0, 0, 0), 1: (0, 0, 0, 0, 0, 0)}
 
 
 def test_a_server_admitted_again_serves_only_newer_versions():
@@ -120,7 +120,7 @@ def test_a_failed_server_s_groups_run_again_on_the_other():
     assert router.retried_groups == 2
     assert [s.up for s in pool.servers] == [False, True]
     assert "APIConnectionError" in pool.servers[0].last_answer
-    assert pool.counters()[1] == (3, 3, 9, 0) and pool.servers[1].in_flight == 0
+    assert pool.counters()[1] == (3, 3, 9, 0, 0, 0) and pool.servers[1].in_flight == 0
 
 
 def test_server_list_config():
@@ -133,6 +133,29 @@ def test_server_list_config():
         load_config(overrides=[f"server.base_urls=[{URLS[0]},{URLS[0].removesuffix('/v1')}]"])
     with pytest.raises(ConfigError, match=r"server.base_urls\[1\]"):
         load_config(overrides=[f"server.base_urls=[{URLS[0]},localhost:8002]"])
+
+
+def test_fleet_file_config(tmp_path):
+    """`server.fleet_file` lists the servers one a line (comments and blank lines skipped)
+    instead of base_url(s); a file that cannot be read, lists none, or lists a bad or repeated
+    URL is refused at start, naming the file."""
+    fleet = tmp_path / "fleet"
+    fleet.write_text(f"# the run's servers\n{URLS[0]}  # node a\n\n{URLS[1]}\n")
+    assert load_config(overrides=[f"server.fleet_file={fleet}"]).server.urls == URLS
+    with pytest.raises(ConfigError, match="server.base_urls/fleet_file"):
+        load_config(overrides=[f"server.fleet_file={fleet}", f"server.base_urls=[{URLS[0]}]"])
+    for text, message in [
+        (None, "cannot be read"),
+        ("# none yet\n", "lists no server URL"),
+        (f"{URLS[0]}\nlocalhost:8002\n", r"server.fleet_file \(.*\)\[1\]='localhost:8002'"),
+        (f"{URLS[0]}\n{URLS[0].removesuffix('/v1')}/\n", "lists a server twice"),
+    ]:
+        path = tmp_path / "other"
+        path.unlink(missing_ok=True)
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            load_config(overrides=[f"server.fleet_file={path}"])
 
 
 def requests_on(router: Router, failing: dict[int, BaseException], names: list[str]):

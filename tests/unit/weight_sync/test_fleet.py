@@ -3,6 +3,8 @@ servers serve alike (`rlvr.weight_sync.connect`), with pushes that record what t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from rlvr.config import ConfigError, load_config
@@ -93,6 +95,108 @@ def test_a_probe_failure_takes_the_server_out_until_none_is_left():
         weights.take_out(1, "failed the probe of weight version 1")
 
 
+def on_fleet_file(tmp_path, listed: list[int]) -> tuple[FleetPush, Callable[[list[int]], None]]:
+    """A fleet of the servers `listed` (indices into URLS) read from a fleet file, every one
+    answering, and a function that rewrites the file to list others."""
+    path = tmp_path / "fleet"
+
+    def write(indices: list[int]) -> None:
+        path.write_text("".join(f"{URLS[i]}\n" for i in indices))
+
+    write(listed)
+    pushes = [Recorded() for _ in listed]
+    weights = FleetPush(
+        ServerPool([URLS[i] for i in listed]),
+        pushes,
+        lambda server: Recorded(),
+        lambda x: x,
+        rank=0,
+        fleet_file=str(path),
+    )
+    weights._answers = lambda server: True
+    return weights, write
+
+
+def test_a_server_listed_in_the_fleet_file_joins_after_its_push(tmp_path):
+    """A URL added to the file is a new server, numbered on, connected and pushed the
+    current version at the next push, and routed to only once admitted (its checks passed)."""
+    weights, write = on_fleet_file(tmp_path, [0])
+    weights.push(1)
+    write([0, 2])
+    weights.push(2)
+    pool = weights.pool
+    assert [s.url for s in pool.servers] == [URLS[0], URLS[2]]
+    assert weights.returned == [1] and weights.pushed == [0, 1]
+    assert weights.pushes[1].pushed == [2]
+    assert not pool.servers[1].up and pool.pick(2).index == 0, "not routed before admitted"
+    weights.admit(1, 2)
+    assert pool.pick(2).index == 1
+    before = {i: c._replace(joins=0) for i, c in pool.counters().items()}
+    assert pool.metrics(before, pool.counters(), 1.0)["fleet/joined"] == 1
+
+
+def test_a_server_dropped_from_the_fleet_file_drains_then_is_let_go(tmp_path):
+    """A URL removed from the file takes no new groups at once, keeps every version while
+    its groups finish, and is let go (closed, out of rotation) at the first push after they
+    have; listed again, it returns like any server that answers."""
+    weights, write = on_fleet_file(tmp_path, [0, 1])
+    pool, first = weights.pool, weights.pushes[1]
+    busy = pool.pick(0)
+    assert busy.index == 0
+    write([1])
+    weights.push(1)
+    assert not pool.servers[0].listed and pool.servers[0].up
+    assert weights.pushed == [0, 1], "a draining server still takes every version"
+    assert {pool.pick(1).index for _ in range(3)} == {1}, "no new group on a draining server"
+    pool.finished(busy, 5)
+    weights.push(2)
+    assert not pool.servers[0].up and weights.pushed == [1]
+    assert "no longer in the fleet file: let go" in pool.servers[0].last_answer
+    assert weights.pushes[0] is not first and pool.servers[1].up
+    weights.push(3)
+    assert weights.returned == [] and not pool.servers[0].up, "let go, though it answers"
+    write([1, 0])
+    weights.push(4)
+    assert weights.returned == [0] and weights.pushes[0].pushed == [4]
+    weights.admit(0, 4)
+    assert [s.up for s in pool.servers] == [True, True]
+
+
+def test_a_server_listed_again_while_draining_takes_groups_at_once(tmp_path):
+    weights, write = on_fleet_file(tmp_path, [0, 1])
+    pool = weights.pool
+    busy = pool.pick(0)
+    write([1])
+    weights.push(1)
+    write([0, 1])
+    weights.push(2)
+    pool.finished(busy, 5)
+    assert pool.servers[0].listed and pool.servers[0].up and weights.pushed == [0, 1]
+    assert {pool.pick(2).index for _ in range(2)} == {0, 1}
+
+
+def test_an_unreadable_or_empty_fleet_file_changes_nothing(tmp_path):
+    weights, write = on_fleet_file(tmp_path, [0, 1])
+    for change in ["", "# being rewritten\n", None]:
+        path = tmp_path / "fleet"
+        if change is None:
+            path.unlink()
+        else:
+            path.write_text(change)
+        weights.push(1)
+        assert weights.pushed == [0, 1] and all(s.listed for s in weights.pool.servers)
+
+
+def test_no_server_listed_and_up_is_a_clear_error(tmp_path):
+    """The file lists only a server that cannot join: the push lets the idle server go and
+    stops the run naming each server."""
+    weights, write = on_fleet_file(tmp_path, [0])
+    weights._answers = lambda server: False
+    write([2])
+    with pytest.raises(NoServerLeftError, match="no longer in the fleet file(.|\n)*8003"):
+        weights.push(1)
+
+
 def test_servers_that_take_weights_differently_are_refused():
     check_same_push({0: ServerWay("adapter"), 1: ServerWay("adapter")}, URLS)
     check_same_push({0: ServerWay("shm"), 2: ServerWay("gloo")}, URLS)  # merged either way
@@ -111,10 +215,10 @@ def test_servers_that_serve_differently_are_refused(monkeypatch):
     }
     monkeypatch.setattr(connect, "serving_fingerprint", lambda cfg, i, url: prints[url])
     with pytest.raises(ConfigError, match=r"server 2 \(.*8003.*\) serves max_model_len=2048 but"):
-        check_same_serving(cfg, [0, 1, 2])
-    check_same_serving(cfg, [0, 1])  # server 2 down at start
+        check_same_serving(cfg, dict(enumerate(URLS)))
+    check_same_serving(cfg, {0: URLS[0], 1: URLS[1]})  # server 2 down at start
     prints[URLS[2]]["max_model_len"] = 4096
-    check_same_serving(cfg, [0, 1, 2])
+    check_same_serving(cfg, dict(enumerate(URLS)))
 
 
 class Checked(Recorded):
@@ -175,7 +279,7 @@ def probed_fleet(
     for i, push in enumerate(pushes):
         push.control = i
     weights = fleet(pushes, **kw)
-    weights.connect_one = lambda i: pushes[i]
+    weights.connect_one = lambda server: pushes[server.index]
     model_probe = ModelProbe([0] * 9) if probe else None
     probes = push_probes.PushProbes(Connection(weights, weights.pool, model_probe))
     accelerator = SimpleNamespace(device="cpu", is_main_process=True)
