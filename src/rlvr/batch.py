@@ -133,11 +133,13 @@ class RolloutResult:
     prompt_text: str
     completion_text: str
     answer: str = ""
-    longest_turn: int = 0
-    """Completion tokens of the rollout's longest model turn (the overlong penalty's length)."""
-    cut_turn: bool = False
-    """Some model turn stopped at its token limit (finish reason length) or was cut to
-    `max_seq_len`: the overlong penalty counts it as reaching its reply cap."""
+    longest_reply: int = 0
+    """Tokens of the rollout's longest model reply as generated, before any cut to
+    `max_seq_len` (the overlong penalty's length)."""
+    capped_reply: bool = False
+    """Some model reply stopped at its token limit (finish reason length): the overlong
+    penalty counts it as reaching its reply cap. A reply that stopped on its own is measured
+    by its length, even where its turn was cut to `max_seq_len` after a long prompt."""
 
 
 @dataclass

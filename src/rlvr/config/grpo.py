@@ -199,11 +199,11 @@ class LossConfig:
     tis_cap: float = 2.0
     """`correction=tis`'s truncation of the importance weight (inf: plain importance sampling)."""
     overlong_buffer: int = 0
-    """DAPO's soft overlong punishment: a rollout whose longest model turn reaches into the last
-    `overlong_buffer` tokens of its reply cap (max_tokens; a turn cut at max_tokens or
-    batch.max_seq_len reaches it) loses reward linearly, up to `overlong_penalty` at the cap,
-    for its advantage only, centred in its group and not scaled by the rewards' std (logged
-    rewards stay the environment's). 0: off."""
+    """DAPO's soft overlong punishment: a rollout whose longest model reply reaches into the
+    last `overlong_buffer` tokens of its reply cap (max_tokens; a reply stopped at max_tokens
+    reaches it, one cut to batch.max_seq_len is measured as generated) loses reward linearly,
+    up to `overlong_penalty` at the cap, for its advantage only, centred in its group and not
+    scaled by the rewards' std (logged rewards stay the environment's). 0: off."""
     overlong_penalty: float = 1.0
     """The reward a turn that hits its cap loses under `overlong_buffer`."""
 

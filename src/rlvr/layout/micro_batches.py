@@ -129,10 +129,23 @@ def largest_micro_batch(max_rows: int | None, max_tokens: int | None, max_seq_le
 
 
 def shard(samples: list[Sample], rank: int, world_size: int) -> list[Sample]:
-    """This rank's share of the step's samples (round-robin over the length-sorted list keeps
-    the ranks' token counts close)."""
-    ordered = sorted(samples, key=len, reverse=True)
-    return ordered[rank::world_size]
+    """This rank's share of the step's samples, longest first. A rollout's samples stay on one
+    rank (on two, each part would take its own GSPO or MIS sequence ratio, and no micro-batch
+    budget could join them); rollouts go, longest first, to the rank with the fewest tokens so
+    far (ties to the lowest), which keeps the ranks' token counts close. Every rank deals
+    alike from the same list."""
+    rollouts: dict[tuple[str, int], list[Sample]] = {}
+    for i, s in enumerate(samples):
+        key = ("sample", i) if s.rollout is None else ("rollout", s.rollout)
+        rollouts.setdefault(key, []).append(s)
+    tokens = [0] * world_size
+    mine: list[Sample] = []
+    for rollout in sorted(rollouts.values(), key=lambda r: sum(map(len, r)), reverse=True):
+        least = min(range(world_size), key=lambda r: tokens[r])
+        tokens[least] += sum(map(len, rollout))
+        if least == rank:
+            mine += rollout
+    return sorted(mine, key=len, reverse=True)
 
 
 def padding_micro_batch(pad_id: int) -> list[Row]:

@@ -10,7 +10,7 @@ docs/training.md#what-a-step-does and docs/training.md#token-in-multi-turn.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlvr.batch import RolloutResult, Sample
 from rlvr.finite import finite_number
@@ -82,23 +82,53 @@ def reference_answer(state: Any) -> Any:
     return state.get("answer")
 
 
+class TurnReply(NamedTuple):
+    """A model turn's reply as the server generated it (the overlong penalty's measure)."""
+
+    tokens: int
+    """Its length, counted before verifiers cuts the turn to `max_seq_len`."""
+    capped: bool
+    """It stopped at its token limit (finish reason length): unfinished."""
+
+
+def turn_reply(step: dict) -> TurnReply:
+    """What the server generated in `step`, from the response verifiers keeps beside the
+    step's (possibly cut) tokens. A step without one (an environment server's episode, which
+    is not cut) says both in its own tokens and `is_truncated`."""
+    kept = (step.get("tokens") or {}).get("completion_ids") or []
+    message = _field(step.get("response"), "message")
+    if message is None:
+        return TurnReply(len(kept), bool(step.get("is_truncated")))
+    generated = _field(_field(message, "tokens"), "completion_ids")
+    finished_at_cap = _field(message, "finish_reason") == "length"
+    return TurnReply(len(kept if generated is None else generated), finished_at_cap)
+
+
+def _field(record: Any, name: str) -> Any:
+    """`record.name` or `record[name]` (a response kept as an object or as its dict); None
+    where there is none."""
+    if isinstance(record, dict):
+        return record.get(name)
+    return getattr(record, name, None)
+
+
 def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> RolloutResult:
-    """A scored rollout's state reduced to a `RolloutResult` (a turn verifiers marks
-    truncated, by its finish reason length or by its cut to `max_seq_len`, is its `cut_turn`:
-    what was left of it no longer tells how long it ran). Raises `NonFiniteRewardError`
-    for a reward that is not a finite number; rubric metrics that are not finite numbers are
-    left out (a mean of them would be NaN or raise)."""
+    """A scored rollout's state reduced to a `RolloutResult` (its longest reply and whether a
+    reply stopped at its token limit are measured on what the server generated, not on what
+    is left of a turn cut to `max_seq_len`). Raises `NonFiniteRewardError` for a reward that
+    is not a finite number; rubric metrics that are not finite numbers are left out (a mean
+    of them would be NaN or raise)."""
     reward = finite_number(state.get("reward"))
     if reward is None:
         raise NonFiniteRewardError(f"reward {state.get('reward')!r} is not a finite number")
     trajectory = state.get("trajectory") or []
-    cut_turn = any(step.get("is_truncated") for step in trajectory)
-    truncated = bool(state.get("is_truncated")) or cut_turn
+    truncated = bool(state.get("is_truncated")) or any(s.get("is_truncated") for s in trajectory)
     samples = trajectory_samples(trajectory, max_seq_len)
     if truncated and mask_truncated:
         samples = []
     turn_tokens = [len((s.get("tokens") or {}).get("completion_ids", [])) for s in trajectory]
     completion_tokens = sum(turn_tokens)
+    replies = [turn_reply(step) for step in trajectory]
     return RolloutResult(
         example_id=int(state.get("example_id", 0)),
         reward=reward,
@@ -114,6 +144,6 @@ def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> Rollou
         prompt_text=render_messages(state.get("prompt")),
         completion_text=render_messages(state.get("completion")),
         answer=str(reference_answer(state) or ""),
-        longest_turn=max(turn_tokens, default=0),
-        cut_turn=cut_turn,
+        longest_reply=max((r.tokens for r in replies), default=0),
+        capped_reply=any(r.capped for r in replies),
     )

@@ -11,16 +11,17 @@ from rlvr.config import LossConfig
 
 def overlong_penalty(rollout: RolloutResult, reply_cap: int | None, loss: LossConfig) -> float:
     """DAPO's soft overlong punishment of a rollout (Yu et al., 2025, eq. 13): 0 while its
-    longest turn stays `loss.overlong_buffer` tokens short of the reply cap, rising linearly to
-    `loss.overlong_penalty` at the cap. A turn cut at its token limit or at `max_seq_len`
-    (`RolloutResult.cut_turn`) counts as reaching the cap. A reply cut at the cap is mostly
-    unfinished work; the graded penalty teaches the model to finish sooner without the cliff
-    between a reply one token short of the cap and one that hits it (DAPO measured the cliff
-    as noise)."""
+    longest reply stays `loss.overlong_buffer` tokens short of the reply cap, rising linearly to
+    `loss.overlong_penalty` at the cap. A reply that stopped at its token limit
+    (`RolloutResult.capped_reply`) counts as reaching the cap; any other is measured as
+    generated, so a short reply whose turn was cut to `max_seq_len` after a long prompt pays
+    nothing. A reply cut at the cap is mostly unfinished work; the graded penalty teaches the
+    model to finish sooner without the cliff between a reply one token short of the cap and
+    one that hits it (DAPO measured the cliff as noise)."""
     if not loss.overlong_buffer or not reply_cap:
         return 0.0
     buffer = min(loss.overlong_buffer, reply_cap)
-    length = reply_cap if rollout.cut_turn else rollout.longest_turn
+    length = reply_cap if rollout.capped_reply else rollout.longest_reply
     over = length - (reply_cap - buffer)
     return loss.overlong_penalty * min(1.0, max(0, over) / buffer)
 

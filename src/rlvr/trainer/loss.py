@@ -34,7 +34,7 @@ The choices (`rlvr.config.LossConfig`; docs/training.md#loss-choices has the pap
                      is a constant), no token masked; tis_cap=inf is plain importance sampling
 
 s_i is a mean over the rollout's tokens in the micro-batch at hand: a rollout whose samples
-the layout put in different micro-batches or on different ranks gets, in each, the ratio of
+the layout put in different micro-batches (never on different ranks) gets, in each, the ratio of
 the part there (`ratio/split_rollout_frac` logs the share of loss tokens this concerns; the
 gradient then differs from the single-batch one). A ratio that overflows `exp` on a token the
 correction masks stays out of the loss and its gradient (no inf * 0).

@@ -212,13 +212,13 @@ def mismatch_warning(step: int, metrics: dict[str, float], limit: float) -> str 
 
 
 def split_warning(step: int, metrics: dict[str, float]) -> str | None:
-    """The warning when loss tokens belong to rollouts split across micro-batches or ranks."""
+    """The warning when loss tokens belong to rollouts split across micro-batches."""
     split = metrics.get("ratio/split_rollout_frac", 0.0)
     if split <= 0:
         return None
     return (
         f"step {step}: {split:.1%} of the loss tokens belong to rollouts whose samples landed "
-        "in different micro-batches or ranks, where each part takes its own sequence-level "
+        "in different micro-batches, where each part takes its own sequence-level "
         "(GSPO or MIS) ratio (docs/training.md#loss-choices): set rollouts.token_in=true or "
         "raise batch.micro_batch_tokens"
     )

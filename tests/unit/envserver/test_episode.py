@@ -100,7 +100,7 @@ def test_truncation_follows_the_stop_condition_and_the_last_good_call() -> None:
     cut = trace([node(None, [1]), node(0, [9, 5], sampled_from=1, logprobs=[-1.0])])
     cut["calls"] = [{"node": 1, "finish_reason": "length"}]
     result = rollout_result(episode_state(episode(cut), {}), 100, mask_truncated=True)
-    assert result.truncated and result.cut_turn and result.samples == []
+    assert result.truncated and result.capped_reply and result.samples == []
 
 
 def test_an_errored_or_unfinished_or_multi_agent_episode_cannot_train() -> None:

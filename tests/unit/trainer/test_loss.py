@@ -521,7 +521,7 @@ def step_gradient(
 @pytest.mark.slow
 def test_loss_normalisation_is_invariant_to_micro_batch_split_and_ranks(aggregation):
     """Every aggregation gives the single-batch gradient however the step's samples are cut
-    into micro-batches and spread over ranks, rollouts split over both included."""
+    into micro-batches and spread over ranks, rollouts split over micro-batches included."""
     model = tiny_policy()
     samples = make_samples()
     whole = step_gradient(model, samples, len(samples), overrides=(aggregation,))
@@ -529,6 +529,32 @@ def test_loss_normalisation_is_invariant_to_micro_batch_split_and_ranks(aggregat
     for mbs, world in [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (2, 3)]:
         split = step_gradient(model, samples, mbs, world, overrides=(aggregation,))
         assert torch.allclose(split, whole, rtol=1e-4, atol=1e-7), (mbs, world)
+
+
+WIDE = ("loss.ratio_mask_low=1e-30", "loss.ratio_mask_high=1e30")
+"""Ratio bounds no token of `make_samples` leaves (its sampler log-probabilities are random)."""
+
+
+@pytest.mark.parametrize("correction", ["token_mask", "sequence_mask"])
+def test_a_rollouts_samples_stay_on_one_rank(correction):
+    """GSPO (alone, and with MIS) takes one ratio per rollout, so a rollout's samples (a
+    multi-turn rollout cut in two) stay on one rank at any world size: with micro-batches
+    that hold a rank's share, two and three ranks train exactly the single-rank step (dealt
+    round-robin by length, the pieces of most rollouts landed on different ranks, each with
+    its own ratio)."""
+    samples = make_samples()
+    for world in (2, 3):
+        shares = [shard(samples, r, world) for r in range(world)]
+        owners = {s.rollout: r for r, share in enumerate(shares) for s in share}
+        assert all(owners[s.rollout] == r for r, share in enumerate(shares) for s in share)
+        assert sorted(map(id, sum(shares, []))) == sorted(map(id, samples))
+    model = tiny_policy()
+    gspo = ("loss.ratio_level=sequence", f"loss.correction={correction}", *WIDE)
+    whole = step_gradient(model, samples, len(samples), overrides=gspo)
+    assert whole.abs().sum() > 0
+    for world in (2, 3):
+        ranks = step_gradient(model, samples, len(samples), world, overrides=gspo)
+        assert torch.allclose(ranks, whole, rtol=1e-4, atol=1e-7), world
 
 
 def test_a_per_micro_batch_mean_would_not_be_invariant():

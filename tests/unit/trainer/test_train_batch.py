@@ -3,6 +3,8 @@ environment, and DAPO's soft overlong penalty, which shapes advantages and nothi
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from rlvr.batch import GroupResult, RolloutResult, Sample, StepBatch
@@ -102,10 +104,12 @@ def test_overlong_penalty_is_linear_in_flat_groups():
     assert dropped.metrics["rollouts/dropped_groups"] == 2 and len(dropped.samples) == 2
 
 
-def turn(prompt: int, completion: int, truncated: bool = False) -> dict:
+def turn(prompt: int, completion: int, truncated: bool = False, **reply) -> dict:
     """A trajectory step as verifiers records it: a turn cut to `max_seq_len` keeps only the
-    completion ids that fit, and is marked truncated (as is one that stopped at max_tokens)."""
-    return {
+    completion ids that fit, and is marked truncated (as is one that stopped at max_tokens).
+    `reply` (`generated`, `finish`): the server's response beside it, with the completion as
+    generated and its finish reason."""
+    step = {
         "tokens": {
             "prompt_ids": list(range(prompt)),
             "completion_ids": [7] * completion,
@@ -113,6 +117,11 @@ def turn(prompt: int, completion: int, truncated: bool = False) -> dict:
         },
         "is_truncated": truncated,
     }
+    if reply:
+        tokens = SimpleNamespace(completion_ids=[7] * reply["generated"])
+        message = SimpleNamespace(tokens=tokens, finish_reason=reply["finish"])
+        step["response"] = SimpleNamespace(message=message)
+    return step
 
 
 def test_overlong_penalty_counts_cut_replies():
@@ -121,13 +130,34 @@ def test_overlong_penalty_counts_cut_replies():
     stopped at max_tokens. The penalty measures each turn, not the rollout's turns together:
     two turns of 700 tokens are 1,400 tokens of replies but none reaches the buffer."""
     loss = load_config(overrides=["loss.overlong_buffer=256"]).loss
-    cut = rollout_result({"reward": 1.0, "trajectory": [turn(600, 600, True)]}, 1200, False)
-    assert cut.longest_turn == 600 and cut.cut_turn
-    assert overlong_penalty(cut, 1024, loss) == 1.0
+    ran = {"generated": 1024, "finish": "length"}
+    for step in [turn(600, 600, True), turn(600, 600, True, **ran)]:
+        cut = rollout_result({"reward": 1.0, "trajectory": [step]}, 1200, False)
+        assert cut.capped_reply and overlong_penalty(cut, 1024, loss) == 1.0
     capped = rollout_result({"reward": 1.0, "trajectory": [turn(10, 1024, True)]}, 4096, False)
     assert overlong_penalty(capped, 1024, loss) == 1.0
     turns = [turn(10, 700), turn(720, 700)]
     two = rollout_result({"reward": 1.0, "trajectory": turns}, 4096, False)
-    assert (two.longest_turn, two.cut_turn, overlong_penalty(two, 1024, loss)) == (700, False, 0)
+    assert (two.longest_reply, two.capped_reply) == (700, False)
+    assert overlong_penalty(two, 1024, loss) == 0
     ramp = rollout_result({"reward": 1.0, "trajectory": [turn(10, 896)]}, 4096, False)
     assert overlong_penalty(ramp, 1024, loss) == 0.5
+
+
+def test_overlong_penalty_measures_the_reply_not_the_cut():
+    """max_seq_len 1200, max_tokens 1024: a 20-token reply that stopped on its own after a
+    1,190-token prompt is cut to 10 tokens and marked truncated, yet reached nowhere near its
+    cap (DAPO's eq. 13: no penalty); an 896-token reply that stopped after a 600-token prompt
+    (cut to 600) pays what 896 tokens pay, not the cap's."""
+    loss = load_config(overrides=["loss.overlong_buffer=256"]).loss
+    short = turn(1190, 10, True, generated=20, finish="stop")
+    result = rollout_result({"reward": 1.0, "trajectory": [short]}, 1200, False)
+    assert result.truncated and not result.capped_reply and result.longest_reply == 20
+    assert overlong_penalty(result, 1024, loss) == 0.0
+    long = turn(600, 600, True, generated=896, finish="stop")
+    result = rollout_result({"reward": 1.0, "trajectory": [long]}, 1200, False)
+    assert overlong_penalty(result, 1024, loss) == 0.5
+    as_dict = {"message": {"tokens": {"completion_ids": [7] * 20}, "finish_reason": "stop"}}
+    kept = {**turn(1190, 10, True), "response": as_dict}
+    result = rollout_result({"reward": 1.0, "trajectory": [kept]}, 1200, False)
+    assert (result.longest_reply, result.capped_reply) == (20, False)
