@@ -156,6 +156,7 @@ class Bridge:
         host: str = "127.0.0.1",
         port: int = 0,
         timeout_s: float | None = None,
+        api_key: str | None = None,
         keep_calls: int | None = 4096,
         on_request: Callable[[str | None], None] | None = None,
         on_upstream_failure: Callable[[str | None, UpstreamsDown], None] | None = None,
@@ -167,6 +168,9 @@ class Bridge:
         self.host = host
         self.port = port
         self.timeout_s = timeout_s
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        """The upstreams' key (`server.api_key`), sent instead of whatever 0.4's client sends
+        (its own placeholder): a vf-vllm started with --api-key answers 401 to anything else."""
         self.keep_calls = keep_calls
         self.on_request = on_request
         """Called with the rollout mark (`ROLLOUT_HEADER`) of each generate call forwarded."""
@@ -296,6 +300,7 @@ class Bridge:
         (nothing was sent then); return the upstream and its answer as it came."""
         assert self._session is not None
         headers = {k: request.headers[k] for k in FORWARDED_HEADERS if k in request.headers}
+        headers.update(self._auth)
         failures = []
         for upstream in self._by_load():
             self._in_flight[upstream] += 1
@@ -345,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--keep-calls", type=int, default=0, help="calls kept in memory")
+    parser.add_argument("--api-key", default=None, help="the upstreams' key (vf-vllm --api-key)")
     args = parser.parse_args(argv)
     done = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -354,6 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         args.temperature,
         host=args.host,
         port=args.port,
+        api_key=args.api_key,
         keep_calls=args.keep_calls,
     )
     with bridge:

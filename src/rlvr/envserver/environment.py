@@ -77,11 +77,18 @@ def run_request(
     }
 
 
-def check_generate_route(upstream: str) -> None:
+def check_generate_route(upstream: str, api_key: str | None) -> None:
     """Raise MissingTokensError (which stops the run) unless `upstream` serves the token-in
-    generate route 0.4's train client calls (vLLM serves it only with --enable-scale-out)."""
+    generate route 0.4's train client calls (vLLM serves it only with --enable-scale-out) to
+    a caller with `api_key`."""
     url = server_root(upstream) + GENERATE_PATH
-    reply = httpx.post(url, json={}, timeout=30)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    reply = httpx.post(url, json={}, headers=headers, timeout=30)
+    if reply.status_code == 401:
+        raise MissingTokensError(
+            f"{url} answered 401 ({reply.text[:200]}): the server was started with --api-key; "
+            "set server.api_key to that key"
+        )
     if reply.status_code in (403, 404):
         raise MissingTokensError(
             f"{url} answered {reply.status_code} ({reply.text[:200]}): a verifiers 0.4 "
@@ -92,6 +99,11 @@ def check_generate_route(upstream: str) -> None:
 def upstream_of(client: Any) -> str:
     """The vf-vllm base URL a rollout client talks to."""
     return str(client.client.base_url).rstrip("/")
+
+
+def api_key_of(client: Any) -> str | None:
+    """The key a rollout client sends its vf-vllm (`server.api_key`), for the bridge to send."""
+    return getattr(client.client, "api_key", None)
 
 
 class EnvServerEnv(vf.Environment):
@@ -148,13 +160,15 @@ class EnvServerEnv(vf.Environment):
             self.clients[loop] = EnvServerClient(self.server.address)
         return self.clients[loop]
 
-    def _bridge(self, upstream: str) -> str:
-        """The base URL of the bridge in front of `upstream`, started on first use."""
+    def _bridge(self, upstream: str, api_key: str | None) -> str:
+        """The base URL of the bridge in front of `upstream` (called with `api_key`), started
+        on first use."""
         if upstream not in self.bridges:
-            check_generate_route(upstream)
+            check_generate_route(upstream, api_key)
             self.bridges[upstream] = Bridge(
                 [upstream],
                 temperature=self.temperature,
+                api_key=api_key,
                 on_request=lambda mark: self._tell(mark, "requested"),
                 on_upstream_failure=lambda mark, error: self._tell(mark, "failed", error),
             )
@@ -172,7 +186,7 @@ class EnvServerEnv(vf.Environment):
         self, input: dict, client: Any, model: str, sampling_args: dict | None = None, **_: Any
     ) -> dict:
         mark = uuid.uuid4().hex
-        url = self._bridge(upstream_of(client))
+        url = self._bridge(upstream_of(client), api_key_of(client))
         request = run_request(input, url, self.tokenizer, model, sampling_args or {}, mark)
         self.attempts[mark] = (asyncio.get_running_loop(), getattr(client, "attempt", None))
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from typing import Any
 
@@ -15,6 +16,8 @@ import msgpack
 import numpy as np
 import zmq
 import zmq.asyncio
+
+log = logging.getLogger(__name__)
 
 TRACE_VERSIONS = {1}
 """Trace schema versions whose nodes this client reads (`Trace.version`)."""
@@ -141,22 +144,35 @@ class EnvServerClient:
         self._receiver: asyncio.Task | None = None
 
     async def _receive(self) -> None:
+        """Route every frame to its request, whatever the frames: one that cannot be read is
+        dropped with a warning (its request, if any, fails or meets its deadline), and the
+        loop goes on serving every other request."""
         while True:
             frames = await self.socket.recv_multipart()
-            if len(frames) != 3:
-                continue  # not this protocol's frame; the request it belongs to times out
-            request_id, kind, data = frames[0].decode(), frames[1], frames[2]
-            if kind == b"delta":
-                assembly = self._assemblies.get(request_id)
-                if assembly is not None:
-                    try:
-                        assembly.apply(unpack(data))
-                    except Exception as e:  # the run fails with it, the loop goes on
-                        self._fail(request_id, e)
-                continue
-            future = self._replies.pop(request_id, None)
-            if future is not None and not future.done():
-                future.set_result(data)
+            try:
+                self._route(frames)
+            except Exception as e:
+                log.warning("dropped a frame from the environment server %s: %s", self.address, e)
+
+    def _route(self, frames: list[bytes]) -> None:
+        if len(frames) != 3:
+            raise ValueError(f"{len(frames)} parts, not the protocol's 3")
+        try:
+            request_id = frames[0].decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"request id {frames[0][:40]!r} is not UTF-8") from None
+        kind, data = frames[1], frames[2]
+        if kind == b"delta":
+            assembly = self._assemblies.get(request_id)
+            if assembly is not None:
+                try:
+                    assembly.apply(unpack(data))
+                except Exception as e:  # the run fails with it, the loop goes on
+                    self._fail(request_id, e)
+            return
+        future = self._replies.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(data)
 
     def _fail(self, request_id: str, error: Exception) -> None:
         self._assemblies.pop(request_id, None)
@@ -174,9 +190,15 @@ class EnvServerClient:
         self._replies[request_id] = future
         await self.socket.send_multipart([request_id.encode(), method.encode(), pack(payload)])
         try:
-            reply = unpack(await asyncio.wait_for(future, timeout))
+            data = await asyncio.wait_for(future, timeout)
         finally:
             self._replies.pop(request_id, None)
+        try:
+            reply = unpack(data)
+            if not isinstance(reply, dict):
+                raise TypeError(f"a {type(reply).__name__}, not a map")
+        except Exception as e:  # this request's reply only: the loop goes on
+            raise EnvServerError(f"{method}: the server's reply cannot be read ({e})") from None
         if not reply.get("success", False):
             raise EnvServerError(reply.get("error") or f"{method} failed")
         return reply

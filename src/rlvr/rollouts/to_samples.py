@@ -104,6 +104,25 @@ def turn_reply(step: dict) -> TurnReply:
     return TurnReply(len(kept if generated is None else generated), finished_at_cap)
 
 
+def fit_turn(step: dict, max_seq_len: int) -> dict:
+    """`step` cut to `max_seq_len` tokens as verifiers cuts a classic turn: its completion to
+    what fits after the prompt (a prompt alone too long keeps none of it), marked truncated;
+    unchanged where it fits. Classic turns arrive cut already; an environment server's do not,
+    and are cut here alike."""
+    tokens = step.get("tokens")
+    if tokens is None:
+        return step
+    prompt, completion = tokens["prompt_ids"], tokens["completion_ids"]
+    room = max(max_seq_len - len(prompt), 0)
+    if len(prompt) + len(completion) <= max_seq_len:
+        return step
+    cut = {**tokens, "prompt_ids": list(prompt)[:max_seq_len]}
+    for name in ("completion_ids", "completion_mask", "completion_logprobs"):
+        if tokens.get(name) is not None:
+            cut[name] = list(tokens[name])[:room]
+    return {**step, "tokens": cut, "is_truncated": True}
+
+
 def _field(record: Any, name: str) -> Any:
     """`record.name` or `record[name]` (a response kept as an object or as its dict); None
     where there is none."""
@@ -121,14 +140,15 @@ def rollout_result(state: Any, max_seq_len: int, mask_truncated: bool) -> Rollou
     reward = finite_number(state.get("reward"))
     if reward is None:
         raise NonFiniteRewardError(f"reward {state.get('reward')!r} is not a finite number")
-    trajectory = state.get("trajectory") or []
+    generated = state.get("trajectory") or []
+    replies = [turn_reply(step) for step in generated]
+    trajectory = [fit_turn(step, max_seq_len) for step in generated]
     truncated = bool(state.get("is_truncated")) or any(s.get("is_truncated") for s in trajectory)
     samples = trajectory_samples(trajectory, max_seq_len)
     if truncated and mask_truncated:
         samples = []
     turn_tokens = [len((s.get("tokens") or {}).get("completion_ids", [])) for s in trajectory]
     completion_tokens = sum(turn_tokens)
-    replies = [turn_reply(step) for step in trajectory]
     return RolloutResult(
         example_id=int(state.get("example_id", 0)),
         reward=reward,

@@ -52,11 +52,13 @@ def vllm_answer(prompt_ids: list[int], seed: int | None) -> dict:
 
 
 class FakeVLLM:
-    """A stand-in for vf-vllm's generate and models routes that keeps the bodies it got;
-    `fail_with` makes generate answer that (status, text) instead."""
+    """A stand-in for vf-vllm's generate and models routes that keeps the bodies it got and
+    each call's Authorization header; `fail_with` makes generate answer that (status, text)
+    instead."""
 
     def __init__(self):
         self.bodies: list[dict] = []
+        self.keys: list[str | None] = []
         self.fail_with: tuple[int, str] | None = None
         fake = self
 
@@ -77,6 +79,7 @@ class FakeVLLM:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.bodies.append(body)
+                fake.keys.append(self.headers.get("Authorization"))
                 if fake.fail_with is not None:
                     self._send(fake.fail_with[0], fake.fail_with[1])
                     return
@@ -224,6 +227,31 @@ def test_calls_beyond_keep_calls_are_dropped_loudly(upstream):
         assert [c.prompt_ids for c in bridge.calls_since(1)] == [[1, 1], [1, 2]]
         with pytest.raises(LookupError, match="no longer kept"):
             bridge.calls_since(0)
+
+
+def test_the_runs_api_key_replaces_the_clients(upstream):
+    """0.4's client sends its own placeholder key; a vf-vllm started with --api-key answers
+    401 to it, so the bridge sends the run's `server.api_key` instead (and, without one,
+    passes the client's on)."""
+    placeholder = {"Authorization": "Bearer EMPTY"}
+    with Bridge([upstream.url], 0.7, api_key="secret") as keyed:
+        body = generate_body([1, 2])
+        httpx.post(f"{keyed.root_url}/inference/v1/generate", json=body, headers=placeholder)
+    with Bridge([upstream.url], 0.7) as plain:
+        httpx.post(f"{plain.root_url}/inference/v1/generate", json=body, headers=placeholder)
+    assert upstream.keys == ["Bearer secret", "Bearer EMPTY"]
+
+
+def test_a_server_that_wants_a_key_is_a_clear_error_at_start(upstream):
+    from rlvr.envserver.environment import check_generate_route
+    from rlvr.rollouts.to_samples import MissingTokensError
+
+    upstream.fail_with = (401, json.dumps({"error": "Unauthorized"}))
+    with pytest.raises(MissingTokensError, match="answered 401.*set server.api_key"):
+        check_generate_route(upstream.url, "wrong")
+    assert upstream.keys == ["Bearer wrong"]
+    upstream.fail_with = (400, json.dumps({"error": "token_ids missing"}))
+    check_generate_route(upstream.url, "right")  # the route is there: the empty body is refused
 
 
 def test_models_pass_through(bridge):

@@ -103,6 +103,22 @@ def test_truncation_follows_the_stop_condition_and_the_last_good_call() -> None:
     assert result.truncated and result.capped_reply and result.samples == []
 
 
+def test_max_seq_len_cuts_an_episode_as_it_cuts_a_classic_turn() -> None:
+    """A 28-token sample at max_seq_len 16: the turn keeps the 16 tokens that fit, no loss
+    token lies past them, it is marked truncated (so mask_truncated drops it), and the
+    overlong penalty still measures its 17-token reply as generated, which stopped on its own."""
+    reply = node(0, [90, *range(100, 117)], sampled_from=1, logprobs=[-0.5] * 17)
+    long = trace([node(None, list(range(1, 11))), reply])
+    long["calls"] = [{"node": 1, "finish_reason": "stop"}]
+    state = episode_state(episode(long), {})
+    result = rollout_result(state, max_seq_len=16, mask_truncated=False)
+    (sample,) = result.samples
+    assert len(sample) == 16 and sample.loss_mask == [0] * 11 + [1] * 5
+    assert result.truncated and not result.capped_reply and result.longest_reply == 17
+    assert rollout_result(state, max_seq_len=16, mask_truncated=True).samples == []
+    assert not rollout_result(state, max_seq_len=28, mask_truncated=True).truncated
+
+
 def test_an_errored_or_unfinished_or_multi_agent_episode_cannot_train() -> None:
     one = trace([node(None, [1]), node(0, [9, 5], sampled_from=1, logprobs=[-1.0])])
     assert episode_error(episode(one)) is None

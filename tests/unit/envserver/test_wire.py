@@ -137,3 +137,42 @@ def test_a_deadline_cancels_the_run_on_the_server() -> None:
         assert len(cancelled) == 1 and len(cancelled[0]) == 32
 
     run_against(handle, body)
+
+
+def test_a_bad_frame_fails_its_request_only_and_the_loop_goes_on() -> None:
+    """A frame whose request id is not UTF-8 and one of two parts are dropped; a reply that
+    is not msgpack fails its own request with a clear error; the client goes on answering
+    the requests after them (before, the first one ended its receive loop for good)."""
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        client = EnvServerClient(f"tcp://127.0.0.1:{port}")
+        ok = pack({"success": True})
+
+        async def answer(frames_for) -> None:
+            """Answer the next request with the frames `frames_for(its request id)`."""
+            peer, request_id, _, _ = await router.recv_multipart()
+            for frames in frames_for(request_id):
+                await router.send_multipart([peer, *frames])
+
+        try:
+            asking = asyncio.ensure_future(client.health(timeout=5))
+            await answer(
+                lambda rid: [[b"\xff\xfe", b"reply", ok], [rid, b"reply"], [rid, b"reply", ok]]
+            )
+            assert await asking
+            asking = asyncio.ensure_future(client.cancel("run-1", timeout=5))
+            await answer(lambda rid: [[rid, b"reply", b"\xc1"]])
+            with pytest.raises(EnvServerError, match="cancel: the server's reply cannot be read"):
+                await asking
+            asking = asyncio.ensure_future(client.health(timeout=5))
+            await answer(lambda rid: [[rid, b"reply", ok]])
+            assert await asking
+        finally:
+            client.close()
+            router.close(linger=0)
+            ctx.term()
+
+    asyncio.run(main())
