@@ -2,7 +2,8 @@
 token-in route (`--enable-scale-out`). It forwards each call to an upstream, spells each
 log-probability as renderers 0.1.12 reads it (`"token": "token_id:N"`), derives a seed per turn
 (`derive_seed`), samples at the run's temperature, refuses (400) sampling the trainer cannot
-reproduce, and records every call (`BridgeCall`).
+reproduce, records every call (`BridgeCall`), and reports each rollout's calls, answers and
+server failures (`CallReport`) so that the run's router weighs them as it weighs its own.
 Design: docs/training.md#verifiers-04-environments.
 
 Alone: `python -m rlvr.envserver.bridge --upstream http://127.0.0.1:8000/v1 --temperature 1`.
@@ -17,14 +18,15 @@ import json
 import signal
 import threading
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
 from rlvr.config.sampling import SamplingFilterError, check_reproducible
+from rlvr.rollouts.router import SERVER_STATE_STATUSES, Fault, UpstreamFailure
 from rlvr.weight_sync.control import server_root
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -44,8 +46,20 @@ class RequestRefused(ValueError):
     """A generate request the bridge does not forward (answered with HTTP 400)."""
 
 
-class UpstreamsDown(RuntimeError):
-    """No upstream could be reached (answered with HTTP 502)."""
+class UpstreamsDown(UpstreamFailure):
+    """No upstream answered: none could be reached, or the one called timed out or dropped the
+    call (answered with HTTP 502)."""
+
+
+class CallReport(Protocol):
+    """Who hears of the generate calls of each rollout (`mark`: its `ROLLOUT_HEADER`, None
+    when the caller sent none): in a run, the rollout's router attempt."""
+
+    def requested(self, mark: str | None) -> None: ...
+
+    def answered(self, mark: str | None) -> None: ...
+
+    def failed(self, mark: str | None, failure: UpstreamFailure) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -158,8 +172,7 @@ class Bridge:
         timeout_s: float | None = None,
         api_key: str | None = None,
         keep_calls: int | None = 4096,
-        on_request: Callable[[str | None], None] | None = None,
-        on_upstream_failure: Callable[[str | None, UpstreamsDown], None] | None = None,
+        report: CallReport | None = None,
     ):
         if not upstreams:
             raise ValueError("the bridge needs at least one upstream")
@@ -172,10 +185,10 @@ class Bridge:
         """The upstreams' key (`server.api_key`), sent instead of whatever 0.4's client sends
         (its own placeholder): a vf-vllm started with --api-key answers 401 to anything else."""
         self.keep_calls = keep_calls
-        self.on_request = on_request
-        """Called with the rollout mark (`ROLLOUT_HEADER`) of each generate call forwarded."""
-        self.on_upstream_failure = on_upstream_failure
-        """Called with the rollout mark of a generate call no upstream answered (a 502)."""
+        self.report = report
+        """Hears each generate call forwarded, its answer, and its server failure: none
+        reached or answered in `timeout_s` (a 502 to the caller), or a 5xx or 401/403/404
+        (passed on to the caller as it came)."""
         self._calls: list[BridgeCall] = []
         self._dropped = 0
         self._lock = threading.Lock()
@@ -273,16 +286,23 @@ class Bridge:
         except ValueError as e:  # RequestRefused, or a body that is not JSON
             return error_response(400, str(e))
         mark = request.headers.get(ROLLOUT_HEADER)
-        if self.on_request is not None:
-            self.on_request(mark)
+        if self.report is not None:
+            self.report.requested(mark)
         try:
             upstream, reply = await self._forward("POST", GENERATE_PATH, request, sent)
         except UpstreamsDown as e:
-            if self.on_upstream_failure is not None:
-                self.on_upstream_failure(mark, e)
+            if self.report is not None:
+                self.report.failed(mark, e)
             return error_response(502, str(e))
         if reply.status != 200:
+            if self.report is not None and (
+                reply.status >= 500 or reply.status in SERVER_STATE_STATUSES
+            ):
+                said = f"{upstream} answered {reply.status}: {reply.text[:300]}"
+                self.report.failed(mark, UpstreamFailure(said, Fault.SUSPECT))
             return reply
+        if self.report is not None:
+            self.report.answered(mark)
         data = json.loads(reply.body)
         self._record(call_record(sent, data, upstream))
         return web.json_response(reshape_logprobs(data))
@@ -315,11 +335,15 @@ class Bridge:
                     return upstream, reply
             except aiohttp.ClientConnectorError as e:
                 failures.append(f"{upstream}: {e}")
-            except (TimeoutError, aiohttp.ClientError) as e:
-                raise UpstreamsDown(f"{upstream}{path} failed: {e!r}") from e
+            except TimeoutError as e:  # a hung server, or a request too long for the deadline
+                why = f"{upstream}{path} did not answer within {self.timeout_s} s"
+                raise UpstreamsDown(why, Fault.SUSPECT) from e
+            except aiohttp.ClientError as e:  # dropped mid-call
+                raise UpstreamsDown(f"{upstream}{path} failed: {e!r}", Fault.GONE) from e
             finally:
                 self._in_flight[upstream] -= 1
-        raise UpstreamsDown("no upstream could be reached: " + "; ".join(failures))
+        why = "no upstream could be reached: " + "; ".join(failures)
+        raise UpstreamsDown(why, Fault.GONE)
 
     def _by_load(self) -> list[str]:
         """The upstreams, fewest calls in flight first; ties rotate from call to call."""

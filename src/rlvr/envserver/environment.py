@@ -12,9 +12,11 @@ docs/training.md#verifiers-04-environments.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from rlvr.envserver.rows import export_rows, read_rows
 from rlvr.envserver.side_venv import ensure_side_venv
 from rlvr.envserver.wire import EnvServerClient, EpisodeDeadline, UnknownServerError
 from rlvr.model.names import resolve_model
+from rlvr.rollouts.router import Attempt, UpstreamFailure
 from rlvr.rollouts.to_samples import MissingTokensError
 from rlvr.weight_sync.control import server_root
 
@@ -106,6 +109,47 @@ def api_key_of(client: Any) -> str | None:
     return getattr(client.client, "api_key", None)
 
 
+def timeout_of(client: Any) -> float | None:
+    """A rollout client's deadline for one call (`server.timeout_s`), for the bridge's."""
+    timeout = getattr(client.client, "timeout", None)
+    if isinstance(timeout, httpx.Timeout):
+        timeout = timeout.read
+    return float(timeout) if isinstance(timeout, int | float) else None
+
+
+class RolloutAttempts:
+    """The router attempt of each rollout in flight, by its mark (`ROLLOUT_HEADER`): the
+    bridges' `CallReport`. A bridge serves from a thread of its own, so each report reaches
+    its attempt on the attempt's event loop."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, tuple[asyncio.AbstractEventLoop, Attempt]] = {}
+
+    @contextlib.contextmanager
+    def running(self, mark: str, attempt: Attempt | None) -> Iterator[None]:
+        """Reports of rollout `mark` reach `attempt` (None: an evaluation, nobody hears)."""
+        if attempt is not None:
+            self._running[mark] = (asyncio.get_running_loop(), attempt)
+        try:
+            yield
+        finally:
+            self._running.pop(mark, None)
+
+    def requested(self, mark: str | None) -> None:
+        self._on_loop(mark, lambda attempt: attempt.requested())
+
+    def answered(self, mark: str | None) -> None:
+        self._on_loop(mark, lambda attempt: attempt.answered())
+
+    def failed(self, mark: str | None, failure: UpstreamFailure) -> None:
+        self._on_loop(mark, lambda attempt: attempt.failed(failure))
+
+    def _on_loop(self, mark: str | None, call: Callable[[Attempt], None]) -> None:
+        loop, attempt = self._running.get(mark or "", (None, None))
+        if attempt is not None:
+            loop.call_soon_threadsafe(call, attempt)
+
+
 class EnvServerEnv(vf.Environment):
     """A 0.4 taskset behind its EnvServer: `start` it, roll out through it, `close` it."""
 
@@ -140,8 +184,7 @@ class EnvServerEnv(vf.Environment):
             startup_timeout_s=cfg.startup_timeout_s,
         )
         self.bridges: dict[str, Bridge] = {}
-        self.attempts: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
-        """Each rollout in flight's router attempt (`rlvr.rollouts.router.Attempt`), by mark."""
+        self.attempts = RolloutAttempts()
         self.clients: dict[asyncio.AbstractEventLoop, EnvServerClient] = {}
         self.deadlines = 0
         """Episodes cancelled at their deadline."""
@@ -160,44 +203,36 @@ class EnvServerEnv(vf.Environment):
             self.clients[loop] = EnvServerClient(self.server.address)
         return self.clients[loop]
 
-    def _bridge(self, upstream: str, api_key: str | None) -> str:
-        """The base URL of the bridge in front of `upstream` (called with `api_key`), started
-        on first use."""
+    def _bridge(self, client: Any) -> str:
+        """The base URL of the bridge in front of the vf-vllm `client` talks to (with the
+        client's key and deadline), started on first use."""
+        upstream = upstream_of(client)
         if upstream not in self.bridges:
-            check_generate_route(upstream, api_key)
+            check_generate_route(upstream, api_key_of(client))
             self.bridges[upstream] = Bridge(
                 [upstream],
                 temperature=self.temperature,
-                api_key=api_key,
-                on_request=lambda mark: self._tell(mark, "requested"),
-                on_upstream_failure=lambda mark, error: self._tell(mark, "failed", error),
+                timeout_s=timeout_of(client),
+                api_key=api_key_of(client),
+                report=self.attempts,
             )
             self.bridges[upstream].start()
         return self.bridges[upstream].base_url
-
-    def _tell(self, mark: str | None, event: str, *args: Any) -> None:
-        """Report a bridge event of rollout `mark` to its router attempt, on the attempt's loop
-        (the bridge serves from a thread of its own)."""
-        loop, attempt = self.attempts.get(mark or "", (None, None))
-        if attempt is not None:
-            loop.call_soon_threadsafe(getattr(attempt, event), *args)
 
     async def rollout(
         self, input: dict, client: Any, model: str, sampling_args: dict | None = None, **_: Any
     ) -> dict:
         mark = uuid.uuid4().hex
-        url = self._bridge(upstream_of(client), api_key_of(client))
+        url = self._bridge(client)
         request = run_request(input, url, self.tokenizer, model, sampling_args or {}, mark)
-        self.attempts[mark] = (asyncio.get_running_loop(), getattr(client, "attempt", None))
         try:
-            episode = await self._client().run(request, self.cfg.episode_timeout_s)
+            with self.attempts.running(mark, getattr(client, "attempt", None)):
+                episode = await self._client().run(request, self.cfg.episode_timeout_s)
         except EpisodeDeadline as e:
             self.deadlines += 1
             return {"example_id": input.get("example_id", 0), "error": str(e)}
         except UnknownServerError as e:  # no episode of this server can train: stop the run
             raise MissingTokensError(str(e)) from e
-        finally:
-            del self.attempts[mark]
         return episode_state(episode, input)
 
     def close(self) -> None:

@@ -42,6 +42,16 @@ class Fault(enum.Enum):
     SUSPECT = "suspect"
 
 
+class UpstreamFailure(RuntimeError):
+    """A server failure seen by a client that reaches the server through something else (the
+    generate bridge of verifiers 0.4 environments), with whose it may be: the router weighs it
+    as it weighs the same failure seen by its own HTTP client."""
+
+    def __init__(self, message: str, fault: Fault):
+        super().__init__(message)
+        self.fault = fault
+
+
 def server_failure(error: BaseException | None) -> BaseException | None:
     """The error in `error`'s chain (itself, or what it was raised from) that may be the
     server's: connection refused or dropped, a timeout, a 5xx or a 401/403/404 answer. None
@@ -49,7 +59,7 @@ def server_failure(error: BaseException | None) -> BaseException | None:
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, openai.APIConnectionError | httpx.TransportError):
+        if isinstance(error, openai.APIConnectionError | httpx.TransportError | UpstreamFailure):
             return error
         if isinstance(error, openai.APIStatusError) and (
             error.status_code >= 500 or error.status_code in SERVER_STATE_STATUSES
@@ -61,6 +71,8 @@ def server_failure(error: BaseException | None) -> BaseException | None:
 
 def fault(failure: BaseException) -> Fault:
     """Whose a `server_failure` is: a connection refused or dropped is the server's."""
+    if isinstance(failure, UpstreamFailure):
+        return failure.fault
     suspect = openai.APITimeoutError | httpx.TimeoutException | openai.APIStatusError
     return Fault.SUSPECT if isinstance(failure, suspect) else Fault.GONE
 

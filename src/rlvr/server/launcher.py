@@ -33,6 +33,7 @@ LOG_TAIL_LINES = 60
 CPU_KVCACHE_GIB = 2
 CPU_MEMORY_FRACTION = "0.5"
 CHUNKED_PREFILL_FLAGS = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
+SCALE_OUT_FLAGS = ("--enable-scale-out", "--no-enable-scale-out")
 WORKER_EXTENSION = "rlvr.server.worker_extension.WorkerExtension"
 
 
@@ -178,6 +179,10 @@ def vllm_command(args: argparse.Namespace, passthrough: list[str], cuda: bool) -
         # ("CPU Generator does not use offset"). Whole-prompt prefills never rewind, and the
         # trainer seeds every request.
         cmd += ["--no-enable-chunked-prefill"]
+    if not any(has_flag(passthrough, f) for f in SCALE_OUT_FLAGS):
+        # vLLM's token-in generate route, which verifiers 0.4 environments sample through
+        # (rlvr.envserver.bridge): on by default, so no server of a run lacks it.
+        cmd += ["--enable-scale-out"]
     cmd += reasoning_vocab_args(model_path, passthrough)
     return cmd + lora_defaults(passthrough) + passthrough
 

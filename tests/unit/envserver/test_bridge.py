@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -21,6 +22,7 @@ from rlvr.envserver.bridge import (
     prepare,
     reshape_logprobs,
 )
+from rlvr.rollouts.router import Fault
 from rlvr.weight_sync.rendezvous import free_port
 
 MODEL = "policy-v3"
@@ -59,6 +61,7 @@ class FakeVLLM:
     def __init__(self):
         self.bodies: list[dict] = []
         self.keys: list[str | None] = []
+        self.delay_s = 0.0
         self.fail_with: tuple[int, str] | None = None
         fake = self
 
@@ -80,6 +83,7 @@ class FakeVLLM:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.bodies.append(body)
                 fake.keys.append(self.headers.get("Authorization"))
+                time.sleep(fake.delay_s)
                 if fake.fail_with is not None:
                     self._send(fake.fail_with[0], fake.fail_with[1])
                     return
@@ -279,28 +283,58 @@ def test_dead_upstream_is_a_502_with_its_error():
             assert dead.removesuffix("/v1") in message and "Cannot connect" in message
 
 
-def test_hooks_hear_each_rollouts_calls_and_its_upstream_failures(upstream):
-    """The rollout mark (ROLLOUT_HEADER) reaches `on_request` for every generate call and
-    `on_upstream_failure` for one no upstream answered: how a 0.4 episode's server failure
-    reaches the run's router."""
-    heard: list[tuple] = []
-    live = Bridge([upstream.url], 1.0, on_request=lambda mark: heard.append(("call", mark)))
-    with live:
-        body = generate_body([1, 2])
-        httpx.post(
-            f"{live.root_url}/inference/v1/generate", json=body, headers={ROLLOUT_HEADER: "r1"}
-        )
-        post(live, body)
-    assert heard == [("call", "r1"), ("call", None)]
-    dead = Bridge(
-        [f"http://127.0.0.1:{free_port()}/v1"],
-        1.0,
-        on_upstream_failure=lambda mark, error: heard.append((mark, type(error).__name__)),
-    )
-    with dead:
-        url = f"{dead.root_url}/inference/v1/generate"
-        reply = httpx.post(url, json=generate_body([3]), headers={ROLLOUT_HEADER: "r2"}, timeout=30)
-    assert reply.status_code == 502 and heard[-1] == ("r2", "UpstreamsDown")
+class Heard:
+    """A `CallReport` that writes down what it hears: (event, mark, fault)."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def requested(self, mark):
+        self.events.append(("requested", mark))
+
+    def answered(self, mark):
+        self.events.append(("answered", mark))
+
+    def failed(self, mark, failure):
+        self.events.append(("failed", mark, failure.fault))
+
+
+def call(bridge: Bridge, mark: str, body: dict | None = None) -> httpx.Response:
+    url = f"{bridge.root_url}/inference/v1/generate"
+    body = body or generate_body([1, 2])
+    return httpx.post(url, json=body, headers={ROLLOUT_HEADER: mark}, timeout=30)
+
+
+def test_reports_hear_each_rollouts_calls_answers_and_server_failures(upstream):
+    """The rollout mark (ROLLOUT_HEADER) comes with every report: each call, each answer, and
+    each server failure with whose it may be, as the router's own client would weigh it: a
+    5xx, a 404 or a call past the deadline may be the request's (SUSPECT, passed on as it
+    came, or a 502 for the deadline); an upstream no one can reach is the server's (GONE); a
+    400 is the request's alone (no failure)."""
+    heard = Heard()
+    with Bridge([upstream.url], 1.0, timeout_s=0.5, report=heard) as bridge:
+        assert call(bridge, "ok").status_code == 200
+        for status, mark in [(503, "busy"), (404, "lost"), (400, "bad")]:
+            upstream.fail_with = (status, json.dumps({"error": {"message": "no"}}))
+            assert call(bridge, mark).status_code == status
+        upstream.fail_with, upstream.delay_s = None, 2.0
+        assert call(bridge, "slow").status_code == 502
+    upstream.delay_s = 0.0
+    with Bridge([f"http://127.0.0.1:{free_port()}/v1"], 1.0, report=heard) as dead:
+        assert call(dead, "gone").status_code == 502
+    assert heard.events == [
+        ("requested", "ok"),
+        ("answered", "ok"),
+        ("requested", "busy"),
+        ("failed", "busy", Fault.SUSPECT),
+        ("requested", "lost"),
+        ("failed", "lost", Fault.SUSPECT),
+        ("requested", "bad"),
+        ("requested", "slow"),
+        ("failed", "slow", Fault.SUSPECT),
+        ("requested", "gone"),
+        ("failed", "gone", Fault.GONE),
+    ]
 
 
 def test_a_dead_upstream_is_skipped(upstream):

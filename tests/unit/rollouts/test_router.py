@@ -13,7 +13,7 @@ import verifiers as vf
 
 from rlvr.batch import GroupResult, RolloutResult
 from rlvr.config import ConfigError, load_config
-from rlvr.rollouts.router import STRIKES, Fault, Router, fault, server_failure
+from rlvr.rollouts.router import STRIKES, Fault, Router, UpstreamFailure, fault, server_failure
 from rlvr.rollouts.servers import NoServerLeftError, ServerPool
 
 URLS = ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1"]
@@ -202,6 +202,25 @@ def test_a_request_that_fails_on_two_servers_is_the_requests(servers):
     assert len(poisoned) == 2 and (servers == 1 or poisoned[0] != poisoned[1])
     assert router.request_errors == 1 and router.retried_groups == 1
     assert all(s.up for s in pool.servers)
+
+
+def test_a_bridge_reported_failure_weighs_as_the_clients_own():
+    """A verifiers 0.4 group reaches its server through the generate bridge, which reports
+    failures as UpstreamFailure with whose they may be: a SUSPECT one (the bridge saw a 5xx
+    or a deadline) runs the group again on the other server and counts a strike; a GONE one
+    (unreachable) takes the server out at once, as a refused connection does."""
+    suspect = UpstreamFailure("server 0 answered 503", Fault.SUSPECT)
+    assert server_failure(suspect) is suspect and fault(suspect) is Fault.SUSPECT
+    pool = ServerPool(URLS)
+    router = Router(pool)
+    results, tries = requests_on(router, {0: suspect}, ["g"])
+    assert results[0].errored == 0 and tries == [("g", 0), ("g", 1)]
+    assert pool.servers[0].up and pool.servers[0].strikes == 1
+    gone = UpstreamFailure("no upstream could be reached", Fault.GONE)
+    pool = ServerPool(URLS)
+    results, tries = requests_on(Router(pool), {0: gone}, ["h"])
+    assert results[0].errored == 0 and tries == [("h", 0), ("h", 1)]
+    assert [s.up for s in pool.servers] == [False, True]
 
 
 @pytest.mark.parametrize("status", [500, 404])

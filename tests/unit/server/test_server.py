@@ -76,6 +76,18 @@ def test_cpu_servers_default_to_whole_prompt_prefill(cuda, user_flags, expect_of
     assert cmd[len(cmd) - len(user_flags) :] == user_flags  # passed through, last
 
 
+@pytest.mark.parametrize(
+    ("user_flags", "expect_on"), [([], True), (["--no-enable-scale-out"], False)]
+)
+def test_the_token_in_generate_route_is_served_unless_turned_off(
+    user_flags, expect_on, tiny_model_dir
+):
+    """verifiers 0.4 environments sample through vLLM's token-in route, which vLLM registers
+    only with --enable-scale-out: vf-vllm passes it unless told otherwise."""
+    cmd = command(tiny_model_dir, user_flags)
+    assert ("--enable-scale-out" in cmd) == expect_on
+
+
 def command(model_dir, user_flags: list[str], cuda: bool = False) -> list[str]:
     import argparse
 
