@@ -28,6 +28,7 @@ from rlvr.config.env_server import EnvServerConfig
 from rlvr.envserver.bridge import GENERATE_PATH, ROLLOUT_HEADER, Bridge
 from rlvr.envserver.episode import episode_state
 from rlvr.envserver.launcher import EnvServerProcess, EnvServerSpec
+from rlvr.envserver.liveness import Liveness
 from rlvr.envserver.rows import export_rows, read_rows
 from rlvr.envserver.side_venv import ensure_side_venv
 from rlvr.envserver.wire import EnvServerClient, EpisodeDeadline, UnknownServerError
@@ -95,7 +96,8 @@ def check_generate_route(upstream: str, api_key: str | None) -> None:
     if reply.status_code in (403, 404):
         raise MissingTokensError(
             f"{url} answered {reply.status_code} ({reply.text[:200]}): a verifiers 0.4 "
-            "environment needs it; start vf-vllm with --enable-scale-out"
+            "environment needs it; serve with vf-vllm (it serves the route unless given "
+            "--no-enable-scale-out), or start vllm serve with --enable-scale-out"
         )
 
 
@@ -183,6 +185,7 @@ class EnvServerEnv(vf.Environment):
             log_path=log_dir / "envserver.log",
             startup_timeout_s=cfg.startup_timeout_s,
         )
+        self.liveness = Liveness(self.server, cfg.taskset)
         self.bridges: dict[str, Bridge] = {}
         self.attempts = RolloutAttempts()
         self.clients: dict[asyncio.AbstractEventLoop, EnvServerClient] = {}
@@ -195,10 +198,13 @@ class EnvServerEnv(vf.Environment):
 
     def _client(self) -> EnvServerClient:
         """This event loop's connection to the server (a zmq.asyncio socket serves one loop);
-        a connection whose loop has closed is closed too."""
+        a connection whose loop has closed, or to a server since restarted elsewhere, is
+        closed too."""
         loop = asyncio.get_running_loop()
         for other in [o for o in self.clients if o.is_closed()]:
             self.clients.pop(other).close()
+        if loop in self.clients and self.clients[loop].address != self.server.address:
+            self.clients.pop(loop).close()
         if loop not in self.clients:
             self.clients[loop] = EnvServerClient(self.server.address)
         return self.clients[loop]
@@ -227,7 +233,8 @@ class EnvServerEnv(vf.Environment):
         request = run_request(input, url, self.tokenizer, model, sampling_args or {}, mark)
         try:
             with self.attempts.running(mark, getattr(client, "attempt", None)):
-                episode = await self._client().run(request, self.cfg.episode_timeout_s)
+                deadline = self.cfg.episode_timeout_s
+                episode = await self.liveness.run(lambda: self._client().run(request, deadline))
         except EpisodeDeadline as e:
             self.deadlines += 1
             return {"example_id": input.get("example_id", 0), "error": str(e)}

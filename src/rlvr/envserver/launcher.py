@@ -53,6 +53,9 @@ serve_env(
 """Run by the side venv's python with the JSON spec as argv[1]. `serve_env` reports the bound
 address (the OS picks the port: `:0`) through any object with `put`; here, a file."""
 
+HEALTH_DEADLINE_S = 10.0
+"""How long a running server gets to answer a health request before it counts as wedged (0.4's
+broker answers health beside the episodes, so a busy server still answers at once)."""
 STOP_GRACE_S = 10.0
 """How long the group gets after SIGTERM by default (0.4 turns SIGTERM into a clean asyncio
 teardown) before SIGKILL."""
@@ -203,6 +206,22 @@ class EnvServerProcess:
             f"EnvServer for {self.spec.taskset_id!r} did not answer health within "
             f"{self.startup_timeout_s}s; log {self.log_path}:\n{self.log_tail()}"
         )
+
+    def trouble(self, deadline_s: float = HEALTH_DEADLINE_S) -> str | None:
+        """Why the server is not serving, or None: it exited (its code and the log's tail), or
+        it runs but answered no health request within `deadline_s` (wedged)."""
+        if self.proc is None or self.address is None:
+            return "it is not running"
+        if self.proc.poll() is not None:
+            return f"it exited with {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}"
+        if not health(self.address, deadline_s):
+            return f"it answered no health request within {deadline_s:g} s; log {self.log_path}"
+        return None
+
+    def restart(self) -> EnvServerProcess:
+        """Stop whatever is left of it and start it afresh (on a new port: `address` changes)."""
+        self.stop()
+        return self.start()
 
     def log_tail(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines)

@@ -18,6 +18,11 @@ from rlvr.rollouts.to_samples import (
 log = logging.getLogger(__name__)
 
 
+class EnvironmentDown(RuntimeError):
+    """An environment that can run no rollout any more (its server died and was restarted as
+    often as allowed): the run stops, naming why, instead of training steps of errors."""
+
+
 def environment_name(env: Any) -> str:
     """The name that identifies `env` in warnings: its verifiers id, else its class."""
     return getattr(env, "env_id", "") or type(env).__name__
@@ -112,7 +117,7 @@ async def run_group(
     states = []
     errors = []
     for result in outcomes:
-        if isinstance(result, MissingTokensError | SamplingFilterError):
+        if isinstance(result, MissingTokensError | SamplingFilterError | EnvironmentDown):
             raise result  # no rollout of this run could train: stop it, naming the cause
         if isinstance(result, BaseException):
             errors.append(f"{type(result).__name__}: {result}")

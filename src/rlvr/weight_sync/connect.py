@@ -57,12 +57,12 @@ def connect(
     and joins, checked the same way, when it answers at a push (`connect_one`). `model` is the
     (wrapped) policy, `say` prints on the main process."""
     server, rank = cfg.server, accelerator.process_index
-    urls = dict(enumerate(server.urls))
     unwrapped = accelerator.unwrap_model(model)
     agree = agreement(accelerator)
+    urls = agree(dict(enumerate(server.urls)) if accelerator.is_main_process else None)
     ways = None
     if accelerator.is_main_process:
-        up = wait_for_servers(cfg, say)
+        up = wait_for_servers(cfg, say, urls=list(urls.values()))
         ways = {i: plan_server(cfg, urls[i], unwrapped, env, reasoning_vocab, say) for i in up}
         check_same_push(ways, urls)
         if len(up) > 1:
@@ -116,21 +116,25 @@ START_GRACE_S = 30.0
 `server.start_wait_s`): servers started together join at once, not a step later."""
 
 
-def wait_for_servers(cfg: Config, say: Callable[[str], None], poll_s: float = 1.0) -> list[int]:
-    """Rank 0: the indices of the servers that answer their health check. Waits up to
+def wait_for_servers(
+    cfg: Config, say: Callable[[str], None], poll_s: float = 1.0, urls: list[str] | None = None
+) -> list[int]:
+    """Rank 0: the indices of the servers (`urls`, default `server.urls`, read once: a fleet
+    file may change meanwhile) that answer their health check. Waits up to
     `server.start_wait_s` for one (a trainer started beside servers still loading), then up
     to `START_GRACE_S` more for the rest (the others join when they answer); a ConfigError
     naming the servers and how to start one when none answers."""
     server = cfg.server
+    urls = urls or server.urls
     deadline = time.monotonic() + server.start_wait_s
     up: list[int] = []
-    waiting, told, first_up = list(range(len(server.urls))), -math.inf, math.inf
+    waiting, told, first_up = list(range(len(urls))), -math.inf, math.inf
     while True:
-        up += [i for i in waiting if server_answers(server.urls[i], server.api_key)]
+        up += [i for i in waiting if server_answers(urls[i], server.api_key)]
         waiting = [i for i in waiting if i not in up]
         now = time.monotonic()
         first_up = min(first_up, now) if up else first_up
-        names = ", ".join(server.urls[i] for i in waiting)
+        names = ", ".join(urls[i] for i in waiting)
         if not waiting:
             return sorted(up)
         if now >= min(deadline, first_up + START_GRACE_S) and up:

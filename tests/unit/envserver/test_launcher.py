@@ -5,6 +5,7 @@ no process of the server's group. The real-server tests run verifiers 0.4 from t
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import time
 from pathlib import Path
@@ -86,6 +87,27 @@ def test_stop_leaves_no_process_of_the_group(side_venv, tmp_path) -> None:
         wait_for_pool_workers(pgid, 2)
     assert_group_gone(pgid)
     assert server.proc is None
+
+
+@pytest.mark.slow
+def test_a_dead_or_wedged_server_is_seen_and_restarted(side_venv, tmp_path) -> None:
+    """`trouble` names a server that was SIGKILLed (its exit code and log) or SIGSTOPped (no
+    health answer within the deadline), and `restart` starts it afresh on a new address."""
+    spec = EnvServerSpec("vf04-reverse-text")
+    server = EnvServerProcess(spec, venv=side_venv, log_path=tmp_path / "server.log")
+    server.stop_grace_s = 1.0
+    with server:
+        assert server.trouble() is None
+        os.killpg(server.pgid, signal.SIGKILL)
+        server.proc.wait(30)
+        assert "it exited with -9; log" in server.trouble()
+        first = server.address
+        server.restart()
+        assert server.trouble() is None and server.address != first
+        os.killpg(server.pgid, signal.SIGSTOP)
+        assert "answered no health request within 1 s" in server.trouble(deadline_s=1.0)
+        server.restart()
+        assert server.trouble() is None
 
 
 def wait_for_pool_workers(pgid: int, workers: int, timeout_s: float = 60.0) -> None:
