@@ -234,7 +234,7 @@ def recording_proxy(server, answer: Callable[[str, dict | None], int | None] | N
     """An HTTP proxy in front of a real vf-vllm that records every request it forwards:
     yields (base URL ending in /v1, list of (method, path, body)). `answer(path, body)`: a
     status the proxy answers itself instead of forwarding (None: forward)."""
-    from rlvr.weight_sync.control import server_root
+    from rlvr.config.server import server_root
 
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     proxy.upstream = server_root(server.base_url)

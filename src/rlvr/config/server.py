@@ -139,9 +139,15 @@ class ServerConfig:
         )
 
 
-def server_key(url: str) -> str:
-    """What identifies a server in a list of URLs: its root, with or without `/v1`."""
-    return url.rstrip("/").removesuffix("/v1")
+def server_root(base_url: str) -> str:
+    """A server's root from its OpenAI base URL (".../v1") or the root itself: what identifies
+    a server in a list of URLs, and where its non-OpenAI routes live."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+def auth_header(api_key: str | None) -> dict[str, str]:
+    """The header that carries `server.api_key` to a server (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def check_server_urls(urls: list[str], field_name: str) -> None:
@@ -153,7 +159,7 @@ def check_server_urls(urls: list[str], field_name: str) -> None:
             url,
             "must be an http(s) URL such as http://127.0.0.1:8000/v1",
         )
-    keys = [server_key(url) for url in urls]
+    keys = [server_root(url) for url in urls]
     require(len(set(keys)) == len(keys), field_name, urls, "lists a server twice")
 
 

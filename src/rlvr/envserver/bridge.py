@@ -26,8 +26,8 @@ import aiohttp
 from aiohttp import web
 
 from rlvr.config.sampling import SamplingFilterError, check_reproducible
+from rlvr.config.server import auth_header, server_root
 from rlvr.rollouts.router import SERVER_STATE_STATUSES, Fault, UpstreamFailure
-from rlvr.weight_sync.control import server_root
 
 GENERATE_PATH = "/inference/v1/generate"
 MODELS_PATH = "/v1/models"
@@ -181,7 +181,7 @@ class Bridge:
         self.host = host
         self.port = port
         self.timeout_s = timeout_s
-        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._auth = auth_header(api_key)
         """The upstreams' key (`server.api_key`), sent instead of whatever 0.4's client sends
         (its own placeholder): a vf-vllm started with --api-key answers 401 to anything else."""
         self.keep_calls = keep_calls

@@ -25,6 +25,7 @@ import verifiers as vf
 from datasets import Dataset
 
 from rlvr.config.env_server import EnvServerConfig
+from rlvr.config.server import auth_header, server_root
 from rlvr.envserver.bridge import GENERATE_PATH, ROLLOUT_HEADER, Bridge
 from rlvr.envserver.episode import episode_state
 from rlvr.envserver.launcher import EnvServerProcess, EnvServerSpec
@@ -35,7 +36,6 @@ from rlvr.envserver.wire import EnvServerClient, EpisodeDeadline, UnknownServerE
 from rlvr.model.names import resolve_model
 from rlvr.rollouts.router import Attempt, UpstreamFailure
 from rlvr.rollouts.to_samples import MissingTokensError
-from rlvr.weight_sync.control import server_root
 
 API_KEY_VAR = "RLVR_ENVSERVER_API_KEY"
 """The variable the EnvServer reads the bridge's API key from (the bridge needs none)."""
@@ -86,8 +86,7 @@ def check_generate_route(upstream: str, api_key: str | None) -> None:
     generate route 0.4's train client calls (vLLM serves it only with --enable-scale-out) to
     a caller with `api_key`."""
     url = server_root(upstream) + GENERATE_PATH
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    reply = httpx.post(url, json={}, headers=headers, timeout=30)
+    reply = httpx.post(url, json={}, headers=auth_header(api_key), timeout=30)
     if reply.status_code == 401:
         raise MissingTokensError(
             f"{url} answered 401 ({reply.text[:200]}): the server was started with --api-key; "

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import httpx
 
+from rlvr.config.server import auth_header, server_root
 from rlvr.rollouts.router import Router
 from rlvr.rollouts.servers import Server
-from rlvr.weight_sync.control import server_root
 
 
 class HealthWatch:
@@ -40,7 +40,7 @@ class HealthWatch:
         self.every_s = every_s
         self.hang_s = hang_s
         self.clock = clock
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = auth_header(api_key)
         self._answered: dict[int, float] = {}
         """When each watched server last answered (or, until it does, when watching began)."""
         self._asking: dict[int, asyncio.Task] = {}

@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 
+from rlvr.config.server import auth_header
 from rlvr.model.names import resolve_model
 from rlvr.reasoning_vocab.mapping import ReasoningVocab
 from rlvr.server.lifetime import dies_with, start_watchdog
@@ -278,7 +279,7 @@ def engine_env(cuda: bool, backend: str, workers: int = 1, lora: bool = False) -
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float, api_key: str | None) -> None:
     """Return once `url` answers 200; LaunchError if the engine exits or `timeout` passes."""
     deadline = time.monotonic() + timeout
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_header(api_key)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LaunchError(f"the vLLM engine exited with code {proc.returncode} before ready")

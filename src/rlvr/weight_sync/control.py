@@ -9,17 +9,13 @@ from typing import Any
 
 import httpx
 
+from rlvr.config.server import auth_header, server_root
+
 log = logging.getLogger(__name__)
 
 
 class ServerError(RuntimeError):
     """The server answered a control call with an error (its text is in the message)."""
-
-
-def server_root(base_url: str) -> str:
-    """Accept the OpenAI base URL (".../v1") as well as the server root."""
-    url = base_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 class ServerControl:
@@ -31,7 +27,7 @@ class ServerControl:
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 300.0):
         self.root = server_root(base_url)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = auth_header(api_key)
         # No keep-alive: a connection idle for uvicorn's 5 s keep-alive timeout may be closed
         # by the server just as the next call reuses it ("Server disconnected without sending
         # a response"). Control calls are a handful per step; a fresh connection costs ~1 ms.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.config import ConfigError
-from rlvr.config.server import read_fleet_file, server_key
+from rlvr.config.server import read_fleet_file, server_root
 from rlvr.rollouts.servers import Server, ServerPool
 from rlvr.weight_sync.base import WeightPush
 from rlvr.weight_sync.control import ServerError, server_answers
@@ -154,13 +154,13 @@ class FleetPush(WeightPush):
         except ConfigError as e:
             log.warning("%s: the fleet stays as it is", e)
             return []
-        keys = {server_key(url) for url in urls}
-        known = {server_key(s.url): s for s in self.pool.servers}
+        keys = {server_root(url) for url in urls}
+        known = {server_root(s.url): s for s in self.pool.servers}
         for key, server in known.items():
             if (key in keys) != server.listed:
                 self.pool.list_in_fleet(server, key in keys)
                 log.warning("%s: %s", server.describe(), server.last_answer)
-        return [url for url in urls if server_key(url) not in known]
+        return [url for url in urls if server_root(url) not in known]
 
     def _let_go(self, index: int) -> None:
         """Close the connection to server `index`, drained after the fleet file dropped it
