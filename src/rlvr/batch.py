@@ -35,13 +35,24 @@ class Sample:
     several samples); None: a rollout of its own."""
     rollout_tokens: int | None = None
     """Loss tokens of the whole rollout, over all its samples; None: this sample's own."""
+    teacher_logprobs: list[float] | None = None
+    """On-policy distillation: the teacher's log-probability of each token where loss_mask is
+    1 (0.0 elsewhere), scored on exactly these ids (`rlvr.distill.teacher`); None: no teacher."""
+    token_advantages: list[float] | None = None
+    """A per-token term added to `advantage` (distillation's, `rlvr.trainer.advantages`);
+    None: `advantage` alone."""
 
     def __post_init__(self) -> None:
-        if not len(self.input_ids) == len(self.loss_mask) == len(self.sampler_logprobs):
-            raise ValueError(
-                f"sample fields differ in length: ids {len(self.input_ids)}, mask "
-                f"{len(self.loss_mask)}, logprobs {len(self.sampler_logprobs)}"
-            )
+        lengths = {
+            "ids": len(self.input_ids),
+            "mask": len(self.loss_mask),
+            "logprobs": len(self.sampler_logprobs),
+            "teacher logprobs": len(self.teacher_logprobs or self.input_ids),
+            "token advantages": len(self.token_advantages or self.input_ids),
+        }
+        if len(set(lengths.values())) > 1:
+            told = ", ".join(f"{name} {n}" for name, n in lengths.items())
+            raise ValueError(f"sample fields differ in length: {told}")
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -54,10 +65,33 @@ class Sample:
         """This sample scored with `advantage` (a new sample: rollouts keep their own)."""
         return replace(self, advantage=advantage)
 
-    def scored(self, advantage: float, rollout: int, rollout_tokens: int) -> Sample:
-        """This sample with `advantage`, as part of the step's rollout `rollout` of
-        `rollout_tokens` loss tokens (a new sample: rollouts keep their own)."""
-        return replace(self, advantage=advantage, rollout=rollout, rollout_tokens=rollout_tokens)
+    def scored(
+        self,
+        advantage: float,
+        rollout: int,
+        rollout_tokens: int,
+        token_advantages: list[float] | None = None,
+    ) -> Sample:
+        """This sample with `advantage` (plus `token_advantages`, per token), as part of the
+        step's rollout `rollout` of `rollout_tokens` loss tokens (a new sample: rollouts keep
+        their own)."""
+        return replace(
+            self,
+            advantage=advantage,
+            rollout=rollout,
+            rollout_tokens=rollout_tokens,
+            token_advantages=token_advantages,
+        )
+
+    @property
+    def carries_advantage(self) -> bool:
+        """Some loss token of this sample has a non-zero advantage."""
+        if not self.num_loss_tokens:
+            return False
+        if self.advantage != 0.0:
+            return True
+        extra = self.token_advantages or []
+        return any(a != 0.0 for a, m in zip(extra, self.loss_mask, strict=True) if m)
 
     @property
     def rollout_loss_tokens(self) -> int:
@@ -206,6 +240,11 @@ class StepBatch:
     (the rollout errored), not on a server (`rlvr.rollouts.router`)."""
     servers: dict[str, float] = field(default_factory=dict)
     """Per-server metrics of its generation (`servers/<i>/*`, `rlvr.rollouts.servers`)."""
+    teacher_s: float = 0.0
+    """On-policy distillation: seconds of the teacher's scoring requests, summed."""
+    teacher_wait_s: float = 0.0
+    """How much later the batch was ready than its last group was generated: the time spent
+    waiting for the teacher alone (its scoring otherwise runs beside generation)."""
 
     @property
     def newest_policy_version(self) -> int:
@@ -247,7 +286,7 @@ class TrainBatch:
     def has_signal(self) -> bool:
         """Some loss token carries a non-zero advantage; without one the policy-gradient loss
         and its gradient are exactly 0."""
-        return any(s.advantage != 0.0 and s.num_loss_tokens for s in self.samples)
+        return any(s.carries_advantage for s in self.samples)
 
     @cached_property
     def loss_sequences(self) -> int:

@@ -5,7 +5,8 @@ The order, lowest first (a unit may import its own layer and any layer below it)
     0  ground floor   rlvr.finite, rlvr.atomic, rlvr.batch, rlvr.config, rlvr.scripted,
                       rlvr.messages, rlvr.pass_at_k, rlvr.jsonl
     1  building parts rlvr.model, rlvr.data, rlvr.reasoning_vocab, rlvr.layout
-    2  step machinery rlvr.rollouts, rlvr.weight_sync, rlvr.server, rlvr.envserver
+    2  step machinery rlvr.rollouts, rlvr.weight_sync, rlvr.server, rlvr.envserver,
+                      rlvr.distill
     3  the loop       rlvr.trainer
     4  top            rlvr.eval, rlvr.demo, rlvr (the package's own __init__)
 
@@ -53,7 +54,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "rlvr.jsonl",
     ),
     ("rlvr.model", "rlvr.data", "rlvr.reasoning_vocab", "rlvr.layout"),
-    ("rlvr.rollouts", "rlvr.weight_sync", "rlvr.server", "rlvr.envserver"),
+    ("rlvr.rollouts", "rlvr.weight_sync", "rlvr.server", "rlvr.envserver", "rlvr.distill"),
     ("rlvr.trainer",),
     ("rlvr.eval", "rlvr.demo", "rlvr"),
 )

@@ -1,11 +1,12 @@
 """Run configuration: `checks` (ConfigError, require), `loader` (YAML + dotted overrides,
-type-checked), `sections` (shared by both trainers), `grpo` (`Config`), `sampling` and `server`
-(GRPO sections with rules of their own), `sft` (`SFTConfig`), `cli` (the scripts' command
+type-checked), `sections` (shared by both trainers), `grpo` (`Config`), `sampling`, `server` and
+`distill` (GRPO sections with rules of their own), `sft` (`SFTConfig`), `cli` (the scripts' command
 lines). Every section checks its own values in `validate()`; the public names are re-exported
 here. Design: docs/training.md#configuration.
 """
 
 from rlvr.config.checks import ConfigError
+from rlvr.config.distill import DistillConfig
 from rlvr.config.grpo import (
     BatchConfig,
     Config,
@@ -46,6 +47,7 @@ __all__ = [
     "CheckpointConfig",
     "Config",
     "ConfigError",
+    "DistillConfig",
     "DistributedConfig",
     "EnvConfig",
     "MixtureEnvConfig",

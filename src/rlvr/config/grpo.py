@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlvr.config.checks import require
+from rlvr.config.distill import DistillConfig
 from rlvr.config.env_server import EnvServerConfig
 from rlvr.config.sampling import SamplingConfig
 from rlvr.config.sections import (
@@ -328,6 +329,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     rollouts: RolloutsConfig = field(default_factory=RolloutsConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """On-policy distillation from a served teacher (docs/training.md#on-policy-distillation)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -347,6 +350,7 @@ class Config:
         self.server.validate()
         self.distributed.validate()
         self.loss.validate()
+        self.distill.validate()
         self.curriculum.validate()
         self.model.validate()
         self.lora.validate()

@@ -45,6 +45,8 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
             mask[r, start] = 0  # not predicted from the previous sample's last token
             logprobs[r, start:end] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
             advantages[r, start:end] = s.advantage
+            if s.token_advantages is not None:
+                advantages[r, start:end] += torch.tensor(s.token_advantages)
             start = end
         positions[r, start:] = torch.arange(width - start)
     packed = any(len(row) > 1 for row in rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from rlvr.batch import RolloutResult, rewards_equal
+from rlvr.batch import RolloutResult, Sample, rewards_equal
 from rlvr.config import LossConfig
 
 
@@ -66,3 +66,22 @@ def centred(values: Sequence[float], scale: bool = False, eps: float = 1e-6) -> 
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / n) if n else 0.0
     denom = std + eps if scale else 1.0
     return [(v - mean) / denom for v in values]
+
+
+def distill_advantages(sample: Sample, coef: float) -> list[float]:
+    """On-policy distillation's per-token advantage of `sample`: coef x (teacher log-probability
+    - sampler log-probability) of each sampled token, 0 on every other token.
+
+    The difference is the negative of the per-token reverse KL, log pi_sampler - log pi_teacher,
+    at the token the student sampled: a token the teacher finds likelier than the student is
+    pushed up, one it finds unlikely down, and the expectation over the student's own samples is
+    the reverse KL's gradient (on-policy distillation as Agarwal et al., 2024, and the field's
+    recipes since). It needs no reward, so it teaches in groups whose rewards are all equal."""
+    if sample.teacher_logprobs is None:
+        raise ValueError("a sample without teacher log-probabilities cannot be distilled")
+    return [
+        coef * (teacher - sampler) if mask else 0.0
+        for teacher, sampler, mask in zip(
+            sample.teacher_logprobs, sample.sampler_logprobs, sample.loss_mask, strict=True
+        )
+    ]

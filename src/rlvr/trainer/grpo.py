@@ -20,6 +20,7 @@ import torch
 
 from rlvr.batch import MicroBatch, StepBatch, TrainBatch
 from rlvr.config import Config, ConfigError, save_config, to_yaml
+from rlvr.distill.teacher import Teacher
 from rlvr.layout.layout_check import check_shared_layouts
 from rlvr.layout.micro_batches import largest_micro_batch
 from rlvr.layout.plan import plan_step
@@ -36,6 +37,7 @@ from rlvr.trainer.memory import GIB, Budget, fit_policy, peak_bytes, reset_peak,
 from rlvr.trainer.metrics import (
     Laps,
     RunLogger,
+    distill_wait,
     mismatch_warning,
     split_warning,
     step_line,
@@ -91,6 +93,7 @@ class Trainer:
         self.pool: ServerPool | None = None
         self.probes: PushProbes | None = None
         self.worker: RolloutWorker | None = None  # rank 0
+        self.teacher: Teacher | None = None  # rank 0, with `distill:`
         self._warned_split = False  # a step's split sequence-level ratio was told
 
     # ---- set-up ---------------------------------------------------------------------
@@ -112,6 +115,8 @@ class Trainer:
         if acc.is_main_process:  # a bad environment or sampling setting fails before loading
             self.env = load_env(cfg, self.env)
         self._load_policy()
+        if acc.is_main_process and cfg.distill.enabled:  # a wrong teacher fails before training
+            self.teacher = Teacher.checked(cfg.distill, self.tokenizer, cfg.batch.max_seq_len)
         self.opt = Optimization(
             acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size or 1
         )
@@ -152,6 +157,7 @@ class Trainer:
                 curriculum_state=self.curriculum_state,
                 served_name=self.weights.served_name,
                 pool=self.pool,
+                teacher=self.teacher,
             )
 
     def _load_policy(self) -> None:
@@ -259,6 +265,7 @@ class Trainer:
             **{f"push/{i}/seconds": v for i, v in self.weights.seconds.items()},
             **pushed.probe,
             "time/step": step_s,
+            **distill_wait(batch.metrics, laps.seconds["time/wait_rollouts"], step_s),
             **trained.throughput(batch, laps.seconds["time/forward_backward"]),
             "throughput/tokens_per_s": batch.metrics["rollouts/completion_tokens"] / step_s,
             "memory/peak_gib": peak_bytes(self.accelerator.device) / GIB,
@@ -273,6 +280,8 @@ class Trainer:
             batch = build_train_batch(rollouts, self.cfg, self.hooks)
             batch.metrics["rollouts/retried_groups"] = rollouts.retried_groups
             batch.metrics["fleet/request_errors"] = rollouts.request_errors
+            if self.teacher is not None:
+                batch.metrics["distill/teacher_wait_s"] = rollouts.teacher_wait_s
             batch.metrics.update(rollouts.servers)
             if rollouts.curriculum_state is not None:
                 self.curriculum_state = rollouts.curriculum_state

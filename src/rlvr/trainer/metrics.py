@@ -77,6 +77,17 @@ class Laps:
         return time.perf_counter() - self.began
 
 
+def distill_wait(metrics: dict[str, float], waited: float, step_s: float) -> dict[str, float]:
+    """`distill/wait_share`: the share of the step's wall time the trainer spent waiting for
+    the teacher alone. The teacher grades each group as it finishes, so it holds the trainer up
+    only by how much later the batch was ready than its last group was generated
+    (`distill/teacher_wait_s`), and only while the trainer was waiting for the batch at all
+    (`waited`: none when the batch was ready first, as under `batch.async_level` >= 1)."""
+    if "distill/teacher_wait_s" not in metrics:
+        return {}
+    return {"distill/wait_share": min(metrics["distill/teacher_wait_s"], waited) / step_s}
+
+
 def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
     """The console line of a GRPO step when there is no progress bar (logs, `make demo`): the
     reward, the environment's own metrics (what it is made of; named as logged, since `env/loss`

@@ -12,6 +12,7 @@ from typing import Any
 
 from rlvr.config import Config, ConfigError, EnvConfig, MixtureEnvConfig
 from rlvr.config.sampling import SamplingFilterError
+from rlvr.distill.teacher import Teacher
 from rlvr.envserver.environment import EnvServerEnv, load_env_server
 from rlvr.rollouts.client import make_client
 from rlvr.rollouts.groups import UnsupportedEnvironmentError, check_rollout_stage_only
@@ -73,9 +74,11 @@ def start_worker(
     curriculum_state: dict[int, Any] | None,
     served_name: Any,
     pool: ServerPool,
+    teacher: Teacher | None = None,
 ) -> RolloutWorker:
     """The started rollout worker of a run at `start_step` (its weight version too), its
-    prompts filtered to `batch.max_prompt_len` tokens and `in_flight` batches preloaded."""
+    prompts filtered to `batch.max_prompt_len` tokens and `in_flight` batches preloaded;
+    `teacher` grades its training groups (on-policy distillation)."""
     env.set_max_seq_len(cfg.batch.max_seq_len)
     fits = routed_filter(
         env,
@@ -107,4 +110,5 @@ def start_worker(
         curriculum_state=curriculum_state,
         served_name=served_name,
         pool=pool,
+        teacher=teacher,
     ).start()

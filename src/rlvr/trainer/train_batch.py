@@ -10,7 +10,7 @@ from rlvr.config import Config
 from rlvr.finite import metric_means
 from rlvr.reasoning_vocab.hooks import PolicyHooks
 from rlvr.rollouts.curriculum import curriculum_metrics
-from rlvr.trainer.advantages import group_advantages, overlong_penalty
+from rlvr.trainer.advantages import distill_advantages, group_advantages, overlong_penalty
 from rlvr.trainer.metrics import distribution, mean
 
 
@@ -21,23 +21,28 @@ def build_train_batch(
 
     Groups where more than `batch.max_errored_frac` of the rollouts errored get no loss;
     groups whose environment rewards are all equal (counted in `rollouts/zero_variance_groups`
-    whatever their overlong penalties) are dropped when `loss.drop_zero_variance`. The
-    rollouts keep their own samples: the advantages go on new ones (`rollout_samples`)."""
+    whatever their overlong penalties) are dropped when `loss.drop_zero_variance`, unless a
+    teacher grades them (`distill:`: its per-token term carries signal there too). Pure
+    distillation (`distill.rewards=false`) trains on the teacher's term alone. The rollouts
+    keep their own samples: the advantages go on new ones (`rollout_samples`)."""
     hooks = hooks or PolicyHooks()
     limit = cfg.batch.max_errored_frac
     groups = [g for g in batch.groups if g.rollouts and not g.too_errored(limit)]
     penalties = [[overlong_penalty(r, g.reply_cap, cfg.loss) for r in g.rollouts] for g in groups]
     rewards = [[r.reward for r in g.rollouts] for g in groups]
     advantages, flat = group_advantages(rewards, cfg.loss.scale_rewards, penalties)
+    distill = cfg.distill.coef if cfg.distill.enabled else None
+    if distill is not None and not cfg.distill.rewards:  # pure distillation
+        advantages = [[0.0] * len(group) for group in advantages]
     samples: list[Sample] = []
     scored: list[tuple[RolloutResult, float, str | None]] = []
     dropped = 0
     for group, group_adv, is_flat in zip(groups, advantages, flat, strict=True):
-        if is_flat and cfg.loss.drop_zero_variance:
+        if is_flat and cfg.loss.drop_zero_variance and distill is None:
             dropped += 1
             continue
         for rollout, adv in zip(group.rollouts, group_adv, strict=True):
-            samples += rollout_samples(rollout, adv, len(scored))
+            samples += rollout_samples(rollout, adv, len(scored), distill)
             scored.append((rollout, adv, group.env))
     kept = {
         "rollouts/zero_variance_groups": sum(flat),
@@ -47,6 +52,8 @@ def build_train_batch(
     metrics = rollout_metrics(batch, kept, len(samples))
     if cfg.loss.overlong_buffer:
         metrics["rollouts/overlong_penalty"] = mean([p for ps in penalties for p in ps])
+    if distill is not None:
+        metrics.update(distill_metrics(samples, batch.teacher_s))
     metrics.update(mixture_metrics(batch.groups))
     metrics.update(hooks.rollout_metrics(s for r in batch.rollouts for s in r.samples))
     if batch.curriculum_state is not None:
@@ -55,11 +62,44 @@ def build_train_batch(
     return TrainBatch(samples, metrics, table, batch.data_position)
 
 
-def rollout_samples(rollout: RolloutResult, advantage: float, index: int) -> list[Sample]:
+def rollout_samples(
+    rollout: RolloutResult, advantage: float, index: int, distill: float | None = None
+) -> list[Sample]:
     """`rollout`'s samples scored with `advantage`, each marked as part of the step's rollout
-    `index` with the rollout's loss tokens (the per-sequence losses reduce over rollouts)."""
+    `index` with the rollout's loss tokens (the per-sequence losses reduce over rollouts);
+    with a distillation coefficient `distill`, each token also gains the teacher's term."""
     tokens = sum(s.num_loss_tokens for s in rollout.samples)
-    return [s.scored(advantage, index, tokens) for s in rollout.samples]
+    return [
+        s.scored(
+            advantage,
+            index,
+            tokens,
+            None if distill is None else distill_advantages(s, distill),
+        )
+        for s in rollout.samples
+    ]
+
+
+def distill_metrics(samples: list[Sample], teacher_s: float) -> dict[str, float]:
+    """The teacher's view of the step's trained tokens: `distill/reverse_kl` (the mean over
+    loss tokens of log pi_sampler - log pi_teacher at the sampled token, an estimate of the
+    reverse KL), `distill/advantage_abs` (the mean size of the distillation term per token)
+    and `distill/teacher_seconds` (its scoring requests' time, summed)."""
+    gaps: list[float] = []
+    terms: list[float] = []
+    for s in samples:
+        extra = s.token_advantages or [0.0] * len(s)
+        teacher = s.teacher_logprobs or s.sampler_logprobs
+        rows = zip(s.loss_mask, s.sampler_logprobs, teacher, extra, strict=True)
+        for m, sampler, graded, term in rows:
+            if m:
+                gaps.append(sampler - graded)
+                terms.append(abs(term))
+    return {
+        "distill/reverse_kl": mean(gaps),
+        "distill/advantage_abs": mean(terms),
+        "distill/teacher_seconds": teacher_s,
+    }
 
 
 def rollout_metrics(batch: StepBatch, kept: dict[str, int], samples: int) -> dict[str, float]:
