@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[3]
 TRAINER = "tests/unit/trainer"
 LOSS = f"{TRAINER}/test_loss.py"
 BATCH = f"{TRAINER}/test_train_batch.py"
-FILES = [LOSS, BATCH, "tests/unit/layout/test_micro_batches.py"]
+DISTILL = f"{TRAINER}/test_distill.py"
+FILES = [LOSS, BATCH, DISTILL, "tests/unit/layout/test_micro_batches.py"]
 """The loss path's test files (what `make mutants` runs against every mutant)."""
 WARM = [
     "rlvr.trainer.grpo",
@@ -160,6 +161,44 @@ MUTANTS = [
         "log_ratio = rollout_log_ratio + logprobs - logprobs.detach()",
         "log_ratio = token_log_ratio",
         (f"{LOSS}::test_loss_variants_match_reference_formulas",),
+    ),
+    Mutant(
+        "the distillation term's sign flipped (forward, not reverse, direction)",
+        "src/rlvr/trainer/advantages.py",
+        "coef * (teacher - sampler) if mask else 0.0",
+        "coef * (sampler - teacher) if mask else 0.0",
+        (f"{DISTILL}::test_distill_advantage_is_teacher_minus_sampler_logprob",),
+    ),
+    Mutant(
+        "the distillation term without its coefficient",
+        "src/rlvr/trainer/advantages.py",
+        "coef * (teacher - sampler) if mask else 0.0",
+        "(teacher - sampler) if mask else 0.0",
+        (f"{DISTILL}::test_distill_advantage_is_teacher_minus_sampler_logprob",),
+    ),
+    Mutant(
+        "the distillation term dropped by the collation",
+        "src/rlvr/layout/micro_batches.py",
+        "advantages[r, start:end] += torch.tensor(s.token_advantages)",
+        "pass",
+        (
+            f"{DISTILL}::test_distill_advantage_is_teacher_minus_sampler_logprob",
+            f"{DISTILL}::test_distillation_trains_every_layout",
+        ),
+    ),
+    Mutant(
+        "pure distillation keeps the group advantages",
+        "src/rlvr/trainer/train_batch.py",
+        "advantages = [[0.0] * len(group) for group in advantages]",
+        "pass",
+        (f"{DISTILL}::test_distill_advantage_is_teacher_minus_sampler_logprob",),
+    ),
+    Mutant(
+        "a teacher's flat groups dropped anyway",
+        "src/rlvr/trainer/train_batch.py",
+        "if is_flat and cfg.loss.drop_zero_variance and distill is None:",
+        "if is_flat and cfg.loss.drop_zero_variance:",
+        (f"{DISTILL}::test_a_teacher_keeps_groups_whose_rewards_are_equal",),
     ),
 ]
 """The five wrong formulas of issue 48 first, then others of their kind."""
