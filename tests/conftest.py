@@ -284,6 +284,19 @@ def tiny_lora_server(request, shared_servers, tmp_path_factory):
     return shared_servers.get("tiny_lora_server", request, tmp_path_factory)
 
 
+@pytest.fixture
+def smollm2_adapter(smollm2_server, tmp_path):
+    """A random LoRA adapter on SmolLM2 (a Llama: vLLM wraps its logits processor for LoRA),
+    loaded at run time as adapter sync loads its versions (its name); unloaded after."""
+    from support import loaded_adapter
+
+    from rlvr.model.tiny_model import build_tiny_adapter
+
+    path = build_tiny_adapter(smollm2_server.model_dir, tmp_path / "adapter")
+    with loaded_adapter(smollm2_server, path, "scored-adapter") as name:
+        yield name
+
+
 # How each shared server is prepared (in the test's thread: directories, ports) into the opener
 # its own thread runs.
 PREPARE: dict[str, Callable[..., Opener]] = {

@@ -190,6 +190,19 @@ def restore_base_weights(server) -> None:
         sync.push(0)
 
 
+@contextlib.contextmanager
+def loaded_adapter(server, path, name: str):
+    """The LoRA adapter at `path` loaded on `server` under `name` at run time, as adapter sync
+    loads its versions; unloaded after. Yields `name`."""
+    root = server.base_url.removesuffix("/v1")
+    body = {"lora_name": name, "lora_path": str(path)}
+    httpx.post(f"{root}/v1/load_lora_adapter", json=body, timeout=120).raise_for_status()
+    try:
+        yield name
+    finally:
+        httpx.post(f"{root}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+
+
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """Forwards each request to `server.upstream` and records (method, path, JSON body);
     answers a status of its own instead where `server.answer(path, body)` names one."""

@@ -90,8 +90,10 @@ class Sample:
             return False
         if self.advantage != 0.0:
             return True
-        extra = self.token_advantages or []
-        return any(a != 0.0 for a, m in zip(extra, self.loss_mask, strict=True) if m)
+        if self.token_advantages is None:
+            return False
+        pairs = zip(self.token_advantages, self.loss_mask, strict=True)
+        return any(a != 0.0 for a, m in pairs if m)
 
     @property
     def rollout_loss_tokens(self) -> int:

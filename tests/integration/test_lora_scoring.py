@@ -11,20 +11,6 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def smollm2_adapter(smollm2_server, tmp_path):
-    """A random LoRA adapter on SmolLM2 (a Llama: vLLM wraps its logits processor for LoRA),
-    loaded at run time as adapter sync loads its versions; unloaded after."""
-    from rlvr.model.tiny_model import build_tiny_adapter
-
-    path = build_tiny_adapter(smollm2_server.model_dir, tmp_path / "adapter")
-    root = smollm2_server.base_url.removesuffix("/v1")
-    body = {"lora_name": "scored-adapter", "lora_path": str(path)}
-    httpx.post(f"{root}/v1/load_lora_adapter", json=body, timeout=120).raise_for_status()
-    yield "scored-adapter"
-    httpx.post(f"{root}/v1/unload_lora_adapter", json={"lora_name": "scored-adapter"}, timeout=60)
-
-
 def test_scoring_during_lora_generation_keeps_the_server_alive(smollm2_server, smollm2_adapter):
     """16 adapter generations and 4 prompt-log-probability requests at once: every one
     answers, the scores are the same as when scored alone, and the server is healthy after

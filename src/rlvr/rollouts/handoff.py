@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rlvr.batch import StepBatch
+from rlvr.distill.teacher import TeacherError
 from rlvr.rollouts.servers import NoServerLeftError
+
+TOLD_IN_FULL = (NoServerLeftError, TeacherError)
+"""Worker failures raised to the trainer as they are: their message says all there is to say
+(each server and its last answer; the teacher and each try's answer)."""
 
 
 class Batches:
@@ -49,8 +54,8 @@ class Batches:
                 "generation is slower than distributed.timeout_s allows (raise it, or lower "
                 "batch.batch_size / sampling.max_tokens)"
             )
-        if isinstance(self.failure, NoServerLeftError):
-            raise self.failure  # says all there is to say: each server and its last answer
+        if isinstance(self.failure, TOLD_IN_FULL):
+            raise self.failure
         if self.failure is not None and not done():
             raise RuntimeError("the rollout worker failed") from self.failure
 

@@ -220,7 +220,8 @@ class RolloutWorker:
         asyncio.set_event_loop(self._loop)
         try:
             self._loop.run_until_complete(self._main())
-        finally:
+        finally:  # after the main task: `close` cancels that task alone, never its clean-up
+            self._loop.run_until_complete(self._close_clients())
             self._loop.close()
 
     async def _main(self) -> None:
@@ -251,10 +252,12 @@ class RolloutWorker:
         finally:
             if watch is not None:
                 watch.cancel()
-            for client in self._clients.values():
-                await client.close()
-            if self.teacher is not None:
-                await self.teacher.aclose()
+
+    async def _close_clients(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        if self.teacher is not None:
+            await self.teacher.aclose()
 
     def _client(self, server: Server) -> Any:
         """The client of `server`, made at its first group (servers join during a run)."""

@@ -86,6 +86,8 @@ def test_a_teacher_keeps_groups_whose_rewards_are_equal():
     drop = "loss.drop_zero_variance=true"
     grpo = build_train_batch(step(flat, single), load_config(overrides=[drop]))
     assert grpo.samples == [] and grpo.metrics["rollouts/dropped_groups"] == 2
+    kept = build_train_batch(step(flat, single), load_config())
+    assert len(kept.samples) == 3 and not kept.has_signal  # no teacher: zero advantages
     distilled = build_train_batch(step(flat, single), load_config(overrides=[drop, TEACHER]))
     assert len(distilled.samples) == 3 and distilled.has_signal
     assert distilled.metrics["rollouts/zero_variance_groups"] == 2
