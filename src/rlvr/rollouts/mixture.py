@@ -1,8 +1,8 @@
 """Environment mixtures: several environments in one run, each step's groups drawn by weight.
 A mixture loads as verifiers' `EnvGroup` (`load_mixture`); the trainer routes each row to its
 own environment (`route`: its reply length, rubric and metrics); `MixtureOrder` follows the
-weights exactly and depends on the position alone, so a checkpoint resumes it.
-Design: docs/training.md#mixtures.
+weights exactly and depends on the position alone, so a checkpoint resumes it; `prompt_order`
+picks it, or one permutation of every row. Design: docs/training.md#mixtures.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.config import MixtureEnvConfig
+from rlvr.config import Config, MixtureEnvConfig
 from rlvr.rollouts.prompts import PromptOrder
 
 ROUTE_KEY = "env_id"
@@ -170,3 +170,12 @@ class MixtureOrder:
             (local,) = self._orders[env].rows(nth, 1)
             out.append(self._rows[env][local])
         return out
+
+
+def prompt_order(env: Any, dataset: Any, cfg: Config) -> PromptOrder | MixtureOrder:
+    """The order the rows of `dataset` are used in: drawn by the weights of `envs:`, or in one
+    permutation of all rows (one environment, or a group the environment itself made)."""
+    if cfg.envs and is_group(env):
+        rows = rows_by_env(dataset, env.env_names)
+        return MixtureOrder(rows, [entry.weight for entry in cfg.envs], cfg.seed)
+    return PromptOrder(len(dataset), cfg.seed)

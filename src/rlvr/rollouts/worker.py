@@ -24,16 +24,7 @@ from rlvr.rollouts.eval_result import EvalResult
 from rlvr.rollouts.groups import run_group
 from rlvr.rollouts.handoff import Batches, VersionClock
 from rlvr.rollouts.health import HealthWatch
-from rlvr.rollouts.mixture import (
-    MixtureOrder,
-    Routed,
-    is_group,
-    leaves,
-    mixture_entry,
-    route,
-    rows_by_env,
-)
-from rlvr.rollouts.prompts import PromptOrder
+from rlvr.rollouts.mixture import Routed, is_group, leaves, mixture_entry, prompt_order, route
 from rlvr.rollouts.request_args import build_sampling_args, request_seed
 from rlvr.rollouts.router import Attempt, Router
 from rlvr.rollouts.servers import Server, ServerPool
@@ -449,12 +440,3 @@ class RolloutWorker:
         if is_group(self.env):
             result.per_env = {name: EvalResult.of(g, bar) for name, g in per_env.items()}
         return result
-
-
-def prompt_order(env: Any, dataset: Any, cfg: Config) -> PromptOrder | MixtureOrder:
-    """The order the rows of `dataset` are used in: drawn by the weights of `envs:`, or in one
-    permutation of all rows (one environment, or a group the environment itself made)."""
-    if cfg.envs and is_group(env):
-        rows = rows_by_env(dataset, env.env_names)
-        return MixtureOrder(rows, [entry.weight for entry in cfg.envs], cfg.seed)
-    return PromptOrder(len(dataset), cfg.seed)

@@ -20,7 +20,6 @@ import torch
 
 from rlvr.batch import MicroBatch, StepBatch, TrainBatch
 from rlvr.config import Config, ConfigError, save_config, to_yaml
-from rlvr.distill.teacher import Teacher
 from rlvr.layout.layout_check import check_shared_layouts
 from rlvr.layout.micro_batches import largest_micro_batch
 from rlvr.layout.plan import plan_step
@@ -93,7 +92,6 @@ class Trainer:
         self.pool: ServerPool | None = None
         self.probes: PushProbes | None = None
         self.worker: RolloutWorker | None = None  # rank 0
-        self.teacher: Teacher | None = None  # rank 0, with `distill:`
         self._warned_split = False  # a step's split sequence-level ratio was told
 
     # ---- set-up ---------------------------------------------------------------------
@@ -115,8 +113,6 @@ class Trainer:
         if acc.is_main_process:  # a bad environment or sampling setting fails before loading
             self.env = load_env(cfg, self.env)
         self._load_policy()
-        if acc.is_main_process and cfg.distill.enabled:  # a wrong teacher fails before training
-            self.teacher = Teacher.checked(cfg.distill, self.tokenizer, cfg.batch.max_seq_len)
         self.opt = Optimization(
             acc, self.model, cfg.optim, cfg.max_steps, cfg.batch.micro_batch_size or 1
         )
@@ -157,7 +153,6 @@ class Trainer:
                 curriculum_state=self.curriculum_state,
                 served_name=self.weights.served_name,
                 pool=self.pool,
-                teacher=self.teacher,
             )
 
     def _load_policy(self) -> None:
@@ -280,8 +275,6 @@ class Trainer:
             batch = build_train_batch(rollouts, self.cfg, self.hooks)
             batch.metrics["rollouts/retried_groups"] = rollouts.retried_groups
             batch.metrics["fleet/request_errors"] = rollouts.request_errors
-            if self.teacher is not None:
-                batch.metrics["distill/teacher_wait_s"] = rollouts.teacher_wait_s
             batch.metrics.update(rollouts.servers)
             if rollouts.curriculum_state is not None:
                 self.curriculum_state = rollouts.curriculum_state

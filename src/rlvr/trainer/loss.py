@@ -10,6 +10,9 @@ Loss (per sampled token t of sequence i, a rollout's sample with advantage A), t
     kl_t = exp(ref - logp) - (ref - logp) - 1             (only when beta > 0)
     loss = sum_t m_t (pg_t + beta kl_t) / N
 
+A is per token: the rollout's group advantage, plus, under on-policy distillation, the
+teacher's term coef * (logp_teacher(t) - logp_sampler(t)) (`rlvr.trainer.advantages`).
+
 The ratio corrects for the off-policy lag (rollouts generated `async_level` steps earlier, or
 with weights that changed mid-rollout) and for numeric differences between vLLM and the
 trainer. Tokens whose ratio leaves [ratio_mask_low, ratio_mask_high] get m_t = 0: their

@@ -74,11 +74,13 @@ def start_worker(
     curriculum_state: dict[int, Any] | None,
     served_name: Any,
     pool: ServerPool,
-    teacher: Teacher | None = None,
 ) -> RolloutWorker:
     """The started rollout worker of a run at `start_step` (its weight version too), its
-    prompts filtered to `batch.max_prompt_len` tokens and `in_flight` batches preloaded;
-    `teacher` grades its training groups (on-policy distillation)."""
+    prompts filtered to `batch.max_prompt_len` tokens and `in_flight` batches preloaded; with
+    `distill:`, the teacher that grades its training groups, checked first."""
+    teacher = None
+    if cfg.distill.enabled:
+        teacher = Teacher.checked(cfg.distill, tokenizer, cfg.batch.max_seq_len)
     env.set_max_seq_len(cfg.batch.max_seq_len)
     fits = routed_filter(
         env,

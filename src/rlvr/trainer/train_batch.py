@@ -53,7 +53,7 @@ def build_train_batch(
     if cfg.loss.overlong_buffer:
         metrics["rollouts/overlong_penalty"] = mean([p for ps in penalties for p in ps])
     if distill is not None:
-        metrics.update(distill_metrics(samples, batch.teacher_s))
+        metrics.update(distill_metrics(samples, batch))
     metrics.update(mixture_metrics(batch.groups))
     metrics.update(hooks.rollout_metrics(s for r in batch.rollouts for s in r.samples))
     if batch.curriculum_state is not None:
@@ -80,11 +80,13 @@ def rollout_samples(
     ]
 
 
-def distill_metrics(samples: list[Sample], teacher_s: float) -> dict[str, float]:
+def distill_metrics(samples: list[Sample], batch: StepBatch) -> dict[str, float]:
     """The teacher's view of the step's trained tokens: `distill/reverse_kl` (the mean over
     loss tokens of log pi_sampler - log pi_teacher at the sampled token, an estimate of the
-    reverse KL), `distill/advantage_abs` (the mean size of the distillation term per token)
-    and `distill/teacher_seconds` (its scoring requests' time, summed)."""
+    reverse KL), `distill/advantage_abs` (the mean size of the distillation term per token),
+    `distill/teacher_seconds` (its scoring requests' time, summed) and
+    `distill/teacher_wait_s` (how much later the batch was ready than its last group was
+    generated: `rlvr.trainer.metrics.distill_wait` makes it a share of the step)."""
     gaps: list[float] = []
     terms: list[float] = []
     for s in samples:
@@ -98,7 +100,8 @@ def distill_metrics(samples: list[Sample], teacher_s: float) -> dict[str, float]
     return {
         "distill/reverse_kl": mean(gaps),
         "distill/advantage_abs": mean(terms),
-        "distill/teacher_seconds": teacher_s,
+        "distill/teacher_seconds": batch.teacher_s,
+        "distill/teacher_wait_s": batch.teacher_wait_s,
     }
 
 

@@ -181,10 +181,7 @@ MUTANTS = [
         "src/rlvr/layout/micro_batches.py",
         "advantages[r, start:end] += torch.tensor(s.token_advantages)",
         "pass",
-        (
-            f"{DISTILL}::test_distill_advantage_is_teacher_minus_sampler_logprob",
-            f"{DISTILL}::test_distillation_trains_every_layout",
-        ),
+        (f"{DISTILL}::test_distill_advantage_is_teacher_minus_sampler_logprob",),
     ),
     Mutant(
         "pure distillation keeps the group advantages",
