@@ -29,6 +29,7 @@ from rlvr.batch import Sample, StepBatch
 from rlvr.config import ConfigError, DistillConfig
 from rlvr.distill.teacher import Teacher, TeacherError
 from rlvr.model.policy import trainable_state
+from rlvr.trainer.checkpoint import list_checkpoints
 from rlvr.trainer.grpo import Trainer
 
 pytestmark = pytest.mark.integration
@@ -157,9 +158,8 @@ def test_a_lost_teacher_is_a_clear_error(tiny_server, tmp_path):
         return None
 
     with recording_proxy(tiny_server, answer) as (url, _):
-        cfg = config(
-            tiny_server, tmp_path / "run", "max_steps=3", *teacher_at(url, tiny_server.model)
-        )
+        teacher = teacher_at(url, tiny_server.model)
+        cfg = config(tiny_server, tmp_path / "run", "max_steps=3", "checkpoint.every=1", *teacher)
         with pytest.raises(TeacherError) as told:
             Trainer(cfg, env=target_share_env(target_id(tiny_server.model_dir))).run()
     message = str(told.value)
@@ -167,6 +167,7 @@ def test_a_lost_teacher_is_a_clear_error(tiny_server, tmp_path):
     assert message.count(f"{url}: TeacherError: HTTP 503") == 2
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert [m["step"] for m in logged if "reward/mean" in m] == [1]
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step_000001"]
 
 
 def test_teacher_scoring_beside_lora_generation_keeps_the_server_alive(

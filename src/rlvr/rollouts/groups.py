@@ -23,6 +23,30 @@ class EnvironmentDown(RuntimeError):
     often as allowed): the run stops, naming why, instead of training steps of errors."""
 
 
+class EveryRolloutErroredError(RuntimeError):
+    """Every rollout of a training step errored (after any refills): nothing can train, and a
+    run that went on would train nothing step after step. The message holds the first errors."""
+
+    def __init__(self, step: int, errors: list[str]):
+        first = "; ".join(dict.fromkeys(errors[:10]))[:2000]
+        super().__init__(
+            f"step {step}: every one of its {len(errors)} rollouts errored, so nothing can "
+            f"train; the first errors: {first}"
+        )
+
+
+def error_text(error: Any) -> str:
+    """What an errored rollout says: the error and the chain of its causes (verifiers wraps a
+    model's failure in a `ModelError` of its own that says nothing by itself)."""
+    if not isinstance(error, BaseException):
+        return repr(error)
+    parts = []
+    while error is not None and len(parts) < 4:
+        parts.append(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+        error = error.__cause__ or error.__context__
+    return " <- ".join(parts)
+
+
 def environment_name(env: Any) -> str:
     """The name that identifies `env` in warnings: its verifiers id, else its class."""
     return getattr(env, "env_id", "") or type(env).__name__
@@ -120,9 +144,9 @@ async def run_group(
         if isinstance(result, MissingTokensError | SamplingFilterError | EnvironmentDown):
             raise result  # no rollout of this run could train: stop it, naming the cause
         if isinstance(result, BaseException):
-            errors.append(f"{type(result).__name__}: {result}")
+            errors.append(error_text(result))
         elif result.get("error") is not None:
-            errors.append(repr(result["error"]))
+            errors.append(error_text(result["error"]))
         else:
             states.append(result)
     where = f"environment {environment_name(env)}, example_id {row.get('example_id')}"

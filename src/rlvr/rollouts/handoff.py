@@ -14,11 +14,12 @@ from contextlib import contextmanager
 
 from rlvr.batch import StepBatch
 from rlvr.distill.teacher import TeacherError
+from rlvr.rollouts.groups import EveryRolloutErroredError
 from rlvr.rollouts.servers import NoServerLeftError
 
-TOLD_IN_FULL = (NoServerLeftError, TeacherError)
+TOLD_IN_FULL = (NoServerLeftError, TeacherError, EveryRolloutErroredError)
 """Worker failures raised to the trainer as they are: their message says all there is to say
-(each server and its last answer; the teacher and each try's answer)."""
+(each server and its last answer; the teacher and each try's answer; a step's first errors)."""
 
 
 class Batches:

@@ -21,7 +21,7 @@ from rlvr.batch import GroupResult, StepBatch
 from rlvr.config import Config, SamplingConfig
 from rlvr.rollouts.curriculum import Curriculum
 from rlvr.rollouts.eval_result import EvalResult
-from rlvr.rollouts.groups import run_group
+from rlvr.rollouts.groups import EveryRolloutErroredError, run_group
 from rlvr.rollouts.handoff import Batches, VersionClock
 from rlvr.rollouts.health import HealthWatch
 from rlvr.rollouts.mixture import Routed, is_group, leaves, mixture_entry, prompt_order, route
@@ -361,6 +361,8 @@ class RolloutWorker:
         self._observe(groups)
         refill = await self._refill(groups, step, version)
         errors = [e for g in groups for e in g.errors]
+        if groups and not any(g.rollouts for g in groups):
+            raise EveryRolloutErroredError(step, errors)
         for message in errors[:3]:
             log.warning("step %d: rollout errored: %s", step, message)
         newest = self.clock.pushing

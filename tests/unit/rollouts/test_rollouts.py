@@ -27,7 +27,7 @@ from rlvr.config.sampling import SamplingFilterError
 from rlvr.pass_at_k import mean_pass_at_k, succeeded
 from rlvr.rollouts.client import RolloutClient
 from rlvr.rollouts.curriculum import Curriculum
-from rlvr.rollouts.groups import run_group
+from rlvr.rollouts.groups import EveryRolloutErroredError, run_group
 from rlvr.rollouts.prompts import PromptOrder
 from rlvr.rollouts.request_args import (
     FALLBACK_MAX_TOKENS,
@@ -650,6 +650,41 @@ def test_closing_a_failed_worker_leaves_its_failure_to_be_seen(tokenizer):
     assert worker._loop.is_closed()
     worker._thread.is_alive = lambda: True  # the check ran before the loop closed
     worker.close()
+
+
+class BrokenClient(ScriptedClient):
+    """Every request fails as a broken renderer or environment would (not the server's
+    failure: the router blames the request)."""
+
+    async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
+        raise ValueError("DefaultRenderer does not support tools")
+
+
+@pytest.mark.parametrize("refills", ["false", "true"])
+def test_a_run_of_only_errored_rollouts_stops(tokenizer, refills):
+    """A step whose every rollout errored (after dynamic sampling's refills, where on) stops
+    the run with the first errors' text, instead of training nothing step after step."""
+    cfg = load_config(
+        overrides=[
+            "batch.batch_size=8",
+            "batch.rollouts_per_example=2",
+            "batch.async_level=0",
+            "max_steps=2",
+            f"batch.dynamic_sampling={refills}",
+            "batch.max_refill_rounds=1",
+        ]
+    )
+    env = signal_env()
+    client = BrokenClient(tokenizer, [""])
+    worker = RolloutWorker(env, env.get_dataset(), cfg, lambda url: client).start()
+    try:
+        with pytest.raises(EveryRolloutErroredError) as told:
+            worker.get(0, timeout_s=120)
+    finally:
+        worker.close()
+    message = str(told.value)
+    assert message.startswith("step 0: every one of its 8 rollouts errored")
+    assert "DefaultRenderer does not support tools" in message
 
 
 def test_dynamic_sampling_fills_the_batch_with_signal(tokenizer):
