@@ -89,10 +89,10 @@ def distill_metrics(samples: list[Sample], batch: StepBatch) -> dict[str, float]
     generated: `rlvr.trainer.metrics.distill_wait` makes it a share of the step)."""
     gaps: list[float] = []
     terms: list[float] = []
-    for s in samples:
-        extra = s.token_advantages or [0.0] * len(s)
-        teacher = s.teacher_logprobs or s.sampler_logprobs
-        rows = zip(s.loss_mask, s.sampler_logprobs, teacher, extra, strict=True)
+    for s in samples:  # every one graded: `distill_advantages` refuses a sample without scores
+        rows = zip(
+            s.loss_mask, s.sampler_logprobs, s.teacher_logprobs, s.token_advantages, strict=True
+        )
         for m, sampler, graded, term in rows:
             if m:
                 gaps.append(sampler - graded)
